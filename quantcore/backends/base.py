@@ -1,0 +1,123 @@
+"""`Impl`: one implementation of one op, described by data, launched lazily.
+
+The constraints are plain fields so that one function (`Constraints.reasons`) turns them into the
+reason strings used by the dispatcher, the errors, the report and the tests' skips.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from ..capability import DeviceProfile, module_available
+
+
+@dataclass(frozen=True)
+class Query:
+    """What selection looks at: the op, the effective device profile and the static features of a call.
+
+    `fmt` is the quantized format read or written ("fp8_e4m3"/"int8"); `out_fmt` a quantized output
+    format where the op re-quantizes; `blocks` every block/group size the call uses.
+    """
+
+    op: str
+    profile: DeviceProfile
+    fmt: str
+    out_fmt: str | None = None
+    blocks: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Constraints:
+    """Where an implementation can run. Every field is checked by `reasons`."""
+
+    devices: tuple[str, ...] = ("cuda",)
+    min_cc: tuple[int, int] | None = None
+    max_cc: tuple[int, int] | None = None  # exclusive: for paths that newer GPUs do better natively
+    formats: tuple[str, ...] = ("fp8_e4m3", "int8")
+    requires: tuple[str, ...] = ()  # importable Python modules
+    fp8_mma: bool = False  # needs e4m3 tensor cores when the format is FP8
+    int8_mma: bool = False  # needs s8 tensor cores when the format is INT8
+    bf16_mma: bool = False
+    interpreter: bool = False  # also runs on the CPU under TRITON_INTERPRET=1
+    pow2_blocks_min: int | None = None  # block sizes must be powers of two >= this
+
+    def reasons(self, q: Query) -> list[str]:
+        """Why this implementation cannot run `q` (empty when it can)."""
+        p = q.profile
+        out: list[str] = []
+        missing = [m for m in self.requires if not module_available(m)]
+        if missing:
+            out.append(f"{', '.join(missing)} not installed")
+        on_interpreter = self.interpreter and p.kind == "cpu" and p.triton_interpreter
+        if p.kind not in self.devices and not on_interpreter:
+            hint = " (or the CPU with TRITON_INTERPRET=1)" if self.interpreter else ""
+            out.append(f"runs on {'/'.join(self.devices)}{hint}, not {p.kind}")
+        elif p.kind == "cuda":
+            cc = p.compute_capability or (0, 0)
+            if self.min_cc and cc < self.min_cc:
+                out.append(f"needs compute capability >= {_cc(self.min_cc)}, device is {_cc(cc)}")
+            if self.max_cc and cc >= self.max_cc:
+                out.append(f"only for compute capability < {_cc(self.max_cc)} (native path preferred), device is {_cc(cc)}")
+            if self.fp8_mma and "fp8_e4m3" in (q.fmt, q.out_fmt) and not p.fp8_mma:
+                out.append(f"needs FP8 tensor cores (sm_89+), {p.arch} has none")
+            if self.int8_mma and q.fmt == "int8" and not p.int8_mma:
+                out.append(f"needs INT8 tensor cores (sm_75+), {p.arch} has none")
+            if self.bf16_mma and not p.bf16_mma:
+                out.append(f"needs bf16 tensor cores (sm_80+), {p.arch} has none")
+        for fmt in (q.fmt, q.out_fmt):
+            if fmt is not None and fmt not in self.formats:
+                out.append(f"format {fmt} not implemented (has {', '.join(self.formats)})")
+        if self.pow2_blocks_min is not None:
+            bad = [b for b in q.blocks if b < self.pow2_blocks_min or b & (b - 1)]
+            if bad:
+                out.append(f"block/group sizes must be powers of two >= {self.pow2_blocks_min}, got {bad}")
+        return out
+
+
+@functools.lru_cache(maxsize=None)
+def _resolve(launch: str) -> Callable[..., Any]:
+    module, _, name = launch.partition(":")
+    return getattr(importlib.import_module(f"quantcore.backends.{module}"), name)
+
+
+def _cc(cc: tuple[int, int]) -> str:
+    return f"{cc[0]}.{cc[1]}"
+
+
+@dataclass(frozen=True)
+class Impl:
+    """One (op, backend) implementation.
+
+    `launch` names the function as "module:function" relative to `quantcore.backends`, resolved on
+    first use so that describing an implementation never imports Triton or CuPy. `numerics` is
+    "exact" or a short description of how it departs from the contract's arithmetic (an emulated
+    path); the registry makes any departure visible.
+    """
+
+    op: str
+    backend: str
+    launch: str
+    constraints: Constraints = field(default_factory=Constraints)
+    variant: str = ""
+    numerics: str = "exact"
+    fallback: str = ""  # set on paths that stand in for a faster native one: what they do instead
+    options: tuple[tuple[str, Any], ...] = ()  # fixed keyword arguments this variant passes to launch
+
+    @property
+    def label(self) -> str:
+        """"triton" or "triton[w8a16]": unique per op."""
+        return f"{self.backend}[{self.variant}]" if self.variant else self.backend
+
+    def not_supported_reasons(self, query: Query) -> list[str]:
+        """Reasons this implementation cannot run `query`; empty when it can."""
+        return self.constraints.reasons(query)
+
+    def function(self) -> Callable[..., Any]:
+        """The launch function (imports the backend's kernels on first call)."""
+        return _resolve(self.launch)
+
+    def __call__(self, **kwargs: Any) -> Any:
+        return self.function()(**kwargs, **dict(self.options))

@@ -1,0 +1,23 @@
+"""Reference fused epilogues: dequant + bias (seed 002) and quantized GELU (seed 001)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .quant import act_dequant, act_quant
+
+
+def dequant_bias(g, scale_a, scale_b, bias, *, out_dtype, profile=None):
+    """g [M, N] (bf16/fp16/fp32/int32) -> fp32(g) * sa[m] * sb[n] + bias[n], cast to out_dtype."""
+    out = g.float() * scale_a.float()[:, None] * scale_b.float()[None, :]
+    if bias is not None:
+        out = out + bias.float()
+    return out.to(out_dtype)
+
+
+def quantized_gelu(q, scale, *, group_size, approximate, out_qdtype, ue8m0, eps, profile=None):
+    """q [M, K], scale [M, KB] -> GELU of the dequantized values, re-quantized per 1×group_size."""
+    x = act_dequant(q, scale, group_size=group_size, out_dtype=torch.float32)
+    y = F.gelu(x, approximate=approximate)
+    return act_quant(y, qdtype=out_qdtype, group_size=group_size, ue8m0=ue8m0, eps=eps, scale_m_major=False)

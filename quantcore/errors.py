@@ -1,0 +1,31 @@
+"""Typed errors raised by quantcore.
+
+`InvalidInputError` is a `ValueError`: the caller passed something the op cannot accept.
+`UnsupportedError` is a `NotImplementedError`: the input is valid but no (or not the requested)
+implementation can run it here; it carries the reasons of every backend that was considered.
+"""
+
+from __future__ import annotations
+
+
+class QuantcoreError(Exception):
+    """Base class of every error quantcore raises on purpose."""
+
+
+class InvalidInputError(QuantcoreError, ValueError):
+    """An argument has the wrong dtype, shape, device, layout or value."""
+
+
+class UnsupportedError(QuantcoreError, NotImplementedError):
+    """No implementation can run this call; `reasons` maps backend name -> list of reasons."""
+
+    def __init__(self, message: str, reasons: dict[str, list[str]] | None = None):
+        self.reasons = dict(reasons or {})
+        lines = [message]
+        for backend, why in self.reasons.items():
+            lines.append(f"  {backend}: " + "; ".join(why))
+        super().__init__("\n".join(lines))
+
+
+class NonFiniteInputError(InvalidInputError):
+    """Raised instead of producing non-finite scales when a caller opts in with `check_finite=True`."""

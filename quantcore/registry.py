@@ -1,0 +1,227 @@
+"""(op, backend) -> implementation, chosen by data.
+
+Priority is a list of backend names: the default per device kind below, replaced by the
+environment (`QUANTCORE_PRIORITY=cupy,triton`), by a context (`with priority("cupy"):`) or per call
+(`backend=("cupy", "triton")`). The reference ("torch") is appended to any list that does not
+place it, so automatic selection never dead-ends. An explicit `backend="triton"` runs that backend or raises
+`UnsupportedError` with its reasons. Implementations whose numerics depart from the contract
+(emulated paths) are reported by `explain()` and warned about once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib
+import os
+import threading
+import warnings
+from typing import Iterator, Sequence
+
+from pydantic import BaseModel
+
+from .backends import BACKEND_PACKAGES
+from .backends.base import Impl, Query
+from .errors import InvalidInputError, UnsupportedError
+
+REFERENCE = "torch"
+PRIORITY_ENV = "QUANTCORE_PRIORITY"
+DEFAULT_PRIORITY: dict[str, tuple[str, ...]] = {
+    "cuda": ("triton", "cupy", "torch"),
+    "cpu": ("torch", "triton"),
+}
+
+BackendChoice = str | Sequence[str] | None
+
+
+class NumericsWarning(UserWarning):
+    """An implementation whose arithmetic departs from the numerics contract was selected."""
+
+
+class Candidate(BaseModel):
+    """One implementation as seen by `explain()`: its status and the reasons it cannot run."""
+
+    impl: str
+    status: str  # selected | fallback | available | unavailable
+    numerics: str
+    reasons: list[str]
+
+
+class Explanation(BaseModel):
+    """Which implementation a call would run on this device, and why each other one was not chosen."""
+
+    op: str
+    device: str
+    arch: str
+    format: str
+    selected: str | None
+    numerics: str | None
+    candidates: list[Candidate]
+
+    def __str__(self) -> str:
+        head = f"{self.op} [{self.format}] on {self.device} ({self.arch}): "
+        head += f"runs {self.selected}" if self.selected else "nothing can run"
+        if self.numerics and self.numerics != "exact":
+            head += f" (numerics: {self.numerics})"
+        rows = [f"  {c.impl:<18} {c.status:<11} {'; '.join(c.reasons)}" for c in self.candidates]
+        return "\n".join([head, *rows])
+
+
+_local = threading.local()
+
+
+@contextlib.contextmanager
+def priority(*backends: str) -> Iterator[None]:
+    """Within the block, automatic selection tries `backends` in this order (reference last)."""
+    _check_names(backends)
+    stack = _local.__dict__.setdefault("stack", [])
+    stack.append(tuple(backends))
+    try:
+        yield
+    finally:
+        stack.pop()
+
+
+def _check_names(names: Sequence[str]) -> None:
+    known = set(BACKEND_PACKAGES)
+    bad = [n for n in names if n.partition("[")[0] not in known]
+    if bad:
+        raise InvalidInputError(f"backend: unknown {bad}; expected names among {sorted(known)}")
+
+
+def current_priority(device_kind: str) -> tuple[str, ...]:
+    """The priority in force for a device kind: context, then environment, then the default."""
+    stack = getattr(_local, "stack", None)
+    if stack:
+        order = stack[-1]
+    elif os.environ.get(PRIORITY_ENV):
+        order = tuple(n.strip() for n in os.environ[PRIORITY_ENV].split(",") if n.strip())
+        _check_names(order)
+    else:
+        order = DEFAULT_PRIORITY.get(device_kind, (REFERENCE,))
+    return _with_reference(order)
+
+
+def _with_reference(order: tuple[str, ...]) -> tuple[str, ...]:
+    """The reference ends every priority list unless the list already places it."""
+    return order if REFERENCE in order else (*order, REFERENCE)
+
+
+@functools.lru_cache(maxsize=None)
+def _all_impls() -> dict[str, tuple[Impl, ...]]:
+    table: dict[str, list[Impl]] = {}
+    for package in BACKEND_PACKAGES:
+        for impl in importlib.import_module(f"quantcore.backends.{package}").IMPLS:
+            table.setdefault(impl.op, []).append(impl)
+    return {op: tuple(impls) for op, impls in table.items()}
+
+
+def impls(op: str) -> tuple[Impl, ...]:
+    """Every registered implementation of `op`, in registration order."""
+    return _all_impls().get(op, ())
+
+
+def reference(op: str) -> Impl:
+    """The reference implementation of `op`."""
+    return next(i for i in impls(op) if i.backend == REFERENCE)
+
+
+def _ordered(op: str, order: tuple[str, ...]) -> list[Impl]:
+    rank = {name: i for i, name in enumerate(order)}
+    listed = [i for i in impls(op) if i.backend in rank]
+    return sorted(listed, key=lambda i: rank[i.backend])  # stable: variants keep registration order
+
+
+def _resolve_choice(query: Query, backend: BackendChoice) -> tuple[str | None, tuple[str, ...]]:
+    """(explicit label or None, priority order) for a call's `backend=` argument."""
+    if backend is None or backend == "auto":
+        return None, current_priority(query.profile.kind)
+    if isinstance(backend, str):
+        _check_names([backend])
+        return backend, ()
+    names = tuple(backend)
+    _check_names(names)
+    return None, _with_reference(names)
+
+
+@functools.lru_cache(maxsize=4096)
+def _select_cached(query: Query, explicit: str | None, order: tuple[str, ...]) -> Impl:
+    if explicit is not None:
+        matching = [i for i in impls(query.op) if explicit in (i.backend, i.label)]
+        if not matching:
+            raise UnsupportedError(f"{query.op}: no implementation named {explicit!r}")
+        reasons = {}
+        for impl in matching:
+            why = impl.not_supported_reasons(query)
+            if not why:
+                return impl
+            reasons[impl.label] = why
+        raise UnsupportedError(
+            f"{query.op}: backend {explicit!r} cannot run on {query.profile.name} ({query.profile.arch}) "
+            f"for {query.fmt}; pass backend=None to choose automatically",
+            reasons,
+        )
+    reasons = {}
+    for impl in _ordered(query.op, order):
+        why = impl.not_supported_reasons(query)
+        if not why:
+            return impl
+        reasons[impl.label] = why
+    raise UnsupportedError(f"{query.op}: no implementation can run on {query.profile.name}", reasons)
+
+
+_warned: set[tuple[str, str, str]] = set()
+
+
+def select(query: Query, backend: BackendChoice = None) -> Impl:
+    """The implementation that runs `query` (cached per query and priority)."""
+    explicit, order = _resolve_choice(query, backend)
+    impl = _select_cached(query, explicit, order)
+    if impl.numerics != "exact":
+        key = (query.op, impl.label, query.profile.arch)
+        if key not in _warned:
+            _warned.add(key)
+            warnings.warn(
+                f"quantcore.{query.op}: {impl.label} on {query.profile.arch} computes {query.fmt} "
+                f"with changed numerics: {impl.numerics}",
+                NumericsWarning,
+                stacklevel=3,
+            )
+    return impl
+
+
+def explain_query(query: Query, backend: BackendChoice = None) -> Explanation:
+    """Every implementation of `query.op` with its status for this query."""
+    explicit, order = _resolve_choice(query, backend)
+    try:
+        chosen: Impl | None = _select_cached(query, explicit, order)
+    except UnsupportedError:
+        chosen = None
+    candidates = []
+    ranked = _ordered(query.op, order) if explicit is None else list(impls(query.op))
+    others = [i for i in impls(query.op) if i not in ranked]
+    for impl in ranked + others:
+        why = impl.not_supported_reasons(query)
+        if impl is chosen:
+            degraded = impl.numerics != "exact" or impl.fallback or (explicit is None and impl is not ranked[0])
+            status = "fallback" if degraded else "selected"
+            if impl.fallback:
+                why = [impl.fallback]
+        elif why:
+            status = "unavailable"
+        else:
+            status = "available"
+            if explicit is not None:
+                why = [f"not requested (backend={explicit!r})"]
+            elif impl in others:
+                why = ["not in the priority list"]
+            else:
+                why = ["lower priority"]
+        candidates.append(Candidate(impl=impl.label, status=status, numerics=impl.numerics, reasons=why))
+    p = query.profile
+    device = p.name + (f" simulated on {p.simulated_from}" if p.simulated_from else "")
+    return Explanation(
+        op=query.op, device=device, arch=p.arch, format=query.fmt,
+        selected=chosen.label if chosen else None, numerics=chosen.numerics if chosen else None,
+        candidates=candidates,
+    )

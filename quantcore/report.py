@@ -1,0 +1,78 @@
+"""The capability report: for this machine (or a simulated profile), every op × backend × dtype with
+its status and a one-line reason. Built from the registry's own reasons; never imports a backend's
+kernels, so a missing Triton or CuPy shows up as a reason rather than a crash."""
+
+from __future__ import annotations
+
+import platform
+
+from pydantic import BaseModel
+
+from . import capability, registry
+from .backends.base import Query
+from .formats import DEFAULT_BLOCK, DEFAULT_GROUP, FORMATS
+
+# The input formats each op is reported for (dequant_bias reads the GEMM's output dtype).
+REPORTED_FORMATS: dict[str, tuple[str, ...]] = {
+    "act_quant": tuple(f.name for f in FORMATS),
+    "act_dequant": tuple(f.name for f in FORMATS),
+    "weight_quant": tuple(f.name for f in FORMATS),
+    "weight_dequant": tuple(f.name for f in FORMATS),
+    "scaled_mm": tuple(f.name for f in FORMATS),
+    "dequant_bias": ("bfloat16", "float16", "float32", "int32"),
+    "quantized_gelu": tuple(f.name for f in FORMATS),
+}
+_BLOCKS = {"weight_quant": DEFAULT_BLOCK, "weight_dequant": DEFAULT_BLOCK, "scaled_mm": DEFAULT_BLOCK}
+
+
+class Row(BaseModel):
+    """One op × implementation × dtype cell."""
+
+    op: str
+    impl: str
+    dtype: str
+    status: str
+    numerics: str
+    reason: str
+
+
+class Report(BaseModel):
+    """Everything `quantcore report` prints; `--json` dumps this model."""
+
+    device: capability.DeviceProfile
+    versions: dict[str, str | None]
+    python: str
+    priority: list[str]
+    rows: list[Row]
+
+
+def build(simulate: str | None = None) -> Report:
+    """The report for the current machine, or for the simulated profile `simulate` ("sm80", "cpu", ...)."""
+    if simulate is not None:
+        with capability.simulate(simulate):
+            return build()
+    profile = capability.report_profile()
+    rows = []
+    for op, fmts in REPORTED_FORMATS.items():
+        blocks = _BLOCKS.get(op, (DEFAULT_GROUP,)) if op != "dequant_bias" else ()
+        for fmt in fmts:
+            explanation = registry.explain_query(Query(op, profile, fmt, blocks=blocks))
+            rows += [Row(op=op, impl=c.impl, dtype=fmt, status=c.status, numerics=c.numerics,
+                         reason="; ".join(c.reasons)) for c in explanation.candidates]
+    return Report(device=profile, versions=capability.versions(), python=platform.python_version(),
+                  priority=list(registry.current_priority(profile.kind)), rows=rows)
+
+
+def render(report: Report) -> str:
+    """The report as aligned text."""
+    d = report.device
+    title = f"device: {d.name} ({d.arch})" + (f", simulated on {d.simulated_from}" if d.simulated_from else "")
+    caps = f"fp8 MMA: {'yes' if d.fp8_mma else 'no'}, int8 MMA: {'yes' if d.int8_mma else 'no'}, " \
+           f"bf16 MMA: {'yes' if d.bf16_mma else 'no'}, smem/block: {d.smem_per_block // 1024} KiB"
+    vers = ", ".join(f"{k} {v or 'none'}" for k, v in report.versions.items())
+    lines = [title, caps, f"python {report.python}, {vers}", f"priority: {' > '.join(report.priority)}", ""]
+    widths = (15, 15, 9, 12)
+    lines.append(f"{'op':<{widths[0]}} {'impl':<{widths[1]}} {'dtype':<{widths[2]}} {'status':<{widths[3]}} reason")
+    for r in report.rows:
+        lines.append(f"{r.op:<{widths[0]}} {r.impl:<{widths[1]}} {r.dtype:<{widths[2]}} {r.status:<{widths[3]}} {r.reason}")
+    return "\n".join(lines)

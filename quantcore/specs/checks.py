@@ -1,0 +1,139 @@
+"""Validation helpers shared by the specs. Each raises `InvalidInputError` naming the op, the argument,
+what was wrong, what was expected and what to do instead."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable
+
+import torch
+
+from .. import capability
+from ..errors import InvalidInputError, NonFiniteInputError
+from ..formats import FLOAT_DTYPES, SCALE_FORMATS, QuantFormat, dtype_name, format_named, format_of_dtype
+
+
+def fail(op: str, message: str) -> InvalidInputError:
+    """The error to raise: `raise fail(op, "...")`."""
+    return InvalidInputError(f"{op}: {message}")
+
+
+def _names(dtypes: Iterable[torch.dtype]) -> str:
+    return ", ".join(dtype_name(d) for d in dtypes)
+
+
+def tensor(op: str, name: str, t: Any, dtypes: Iterable[torch.dtype], min_dim: int = 1) -> torch.Tensor:
+    """`t` is a tensor of one of `dtypes` with at least `min_dim` dims and no zero-sized trailing dim."""
+    dtypes = tuple(dtypes)
+    if not isinstance(t, torch.Tensor):
+        raise fail(op, f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in dtypes:
+        raise fail(op, f"{name} has dtype {dtype_name(t.dtype)}; expected one of {_names(dtypes)}")
+    if t.dim() < min_dim:
+        raise fail(op, f"{name} must have at least {min_dim} dimension(s), got shape {tuple(t.shape)}")
+    if t.dim() and t.shape[-1] == 0:
+        raise fail(op, f"{name} has an empty last dimension (shape {tuple(t.shape)}); blocks need at least one element")
+    if t.is_complex() or t.is_sparse:
+        raise fail(op, f"{name} must be a dense real tensor")
+    return t
+
+
+def matrix(op: str, name: str, t: Any, dtypes: Iterable[torch.dtype]) -> torch.Tensor:
+    """`t` is a 2-D tensor with both dimensions >= 1."""
+    t = tensor(op, name, t, dtypes, min_dim=2)
+    if t.dim() != 2 or min(t.shape) == 0:
+        raise fail(op, f"{name} must be 2-D [rows, cols] with both >= 1, got shape {tuple(t.shape)}")
+    return t
+
+
+def same_device(op: str, **tensors: torch.Tensor | None) -> torch.device:
+    """All given tensors live on one device; returns it."""
+    present = {k: v for k, v in tensors.items() if v is not None}
+    devices = {str(v.device) for v in present.values()}
+    if len(devices) > 1:
+        where = ", ".join(f"{k} on {v.device}" for k, v in present.items())
+        raise fail(op, f"tensors are on different devices ({where}); move them to one device")
+    return next(iter(present.values())).device
+
+
+def shape(op: str, name: str, t: torch.Tensor, expected: tuple[int, ...], why: str) -> None:
+    """`t.shape == expected`, else an error saying why that shape is expected."""
+    if tuple(t.shape) != tuple(expected):
+        raise fail(op, f"{name} has shape {tuple(t.shape)}; expected {tuple(expected)} ({why})")
+
+
+def positive_int(op: str, name: str, value: Any) -> int:
+    """A block or group size: an int >= 1 (bools refused)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise fail(op, f"{name} must be an int >= 1, got {value!r}")
+    return value
+
+
+def block_pair(op: str, value: Any) -> tuple[int, int]:
+    """A (Bn, Bk) weight block shape."""
+    if not isinstance(value, (tuple, list)) or len(value) != 2:
+        raise fail(op, f"block_size must be a pair (Bn, Bk), got {value!r}")
+    return positive_int(op, "block_size[0]", value[0]), positive_int(op, "block_size[1]", value[1])
+
+
+def eps(op: str, value: Any) -> float:
+    """The amax floor: a finite float > 0."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise fail(op, f"eps must be a finite number > 0, got {value!r}")
+    return float(value)
+
+
+def scale_fmt(op: str, value: Any) -> bool:
+    """True for "ue8m0" (power-of-two scales), False for "fp32"."""
+    if value not in SCALE_FORMATS:
+        raise fail(op, f"scale_fmt must be one of {SCALE_FORMATS}, got {value!r}")
+    return value == "ue8m0"
+
+
+def choice(op: str, name: str, value: Any, allowed: tuple) -> Any:
+    """`value` is one of `allowed`."""
+    if value not in allowed:
+        raise fail(op, f"{name} must be one of {allowed}, got {value!r}")
+    return value
+
+
+def out_float(op: str, name: str, dtype: Any) -> torch.dtype:
+    """An output dtype among bf16, fp16, fp32."""
+    if dtype not in FLOAT_DTYPES:
+        raise fail(op, f"{name} must be one of {_names(FLOAT_DTYPES)}, got {dtype!r}")
+    return dtype
+
+
+def quant_format(op: str, name: str, dtype: Any, device: torch.device) -> QuantFormat:
+    """A quantized dtype (torch.float8_e4m3fn, torch.int8, or "auto": FP8 where the GPU has FP8 MMA)."""
+    if isinstance(dtype, str):
+        fmt = format_named(capability.preferred_format_name(capability.profile_for(device))) if dtype == "auto" else None
+    else:
+        fmt = format_of_dtype(dtype)
+    if fmt is None:
+        raise fail(op, f"{name} must be torch.float8_e4m3fn, torch.int8 or \"auto\", got {dtype!r}")
+    return fmt
+
+
+def quantized(op: str, name: str, t: Any, min_dim: int = 1) -> tuple[torch.Tensor, QuantFormat]:
+    """A tensor of a quantized dtype, and its format."""
+    t = tensor(op, name, t, (torch.float8_e4m3fn, torch.int8), min_dim)
+    fmt = format_of_dtype(t.dtype)
+    return t, fmt  # type: ignore[return-value]
+
+
+def finite(op: str, name: str, t: torch.Tensor) -> None:
+    """Opt-in check (`check_finite=True`): refuse NaN/Inf instead of producing non-finite scales."""
+    if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+        raise NonFiniteInputError(f"{op}: {name} contains NaN or Inf; clean the input or pass check_finite=False "
+                                  "to get non-finite scales for the affected blocks only")
+
+
+def last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
+    """Kernels need unit stride along the last dim; other strides are passed through."""
+    return t if t.stride(-1) == 1 or t.shape[-1] == 1 else t.contiguous()
+
+
+def rows(t: torch.Tensor) -> torch.Tensor:
+    """[..., K] -> [M, K] without a copy when the leading dims are collapsible."""
+    return last_dim_contiguous(t.reshape(-1, t.shape[-1]))

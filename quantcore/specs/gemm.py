@@ -1,0 +1,74 @@
+"""Spec of the block-scaled GEMM `a[..., K] @ b[N, K]^T` with fused epilogues."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .. import capability
+from ..backends.base import Query
+from ..formats import ACTIVATIONS, DEFAULT_BLOCK, DEFAULT_EPS, DEFAULT_GROUP, FLOAT_DTYPES, dtype_name
+from . import checks
+from .base import Prepared
+
+
+def scaled_mm(a, a_scale, b, b_scale, *, bias=None, activation=None, out_dtype=torch.bfloat16, out_quant=None,
+              block_size=DEFAULT_BLOCK, out_group_size=DEFAULT_GROUP, out_scale_fmt="fp32",
+              eps=DEFAULT_EPS) -> Prepared:
+    """Spec of `ops.scaled_mm`.
+
+    a [..., K] and b [N, K] share one quantized dtype; a_scale [..., ceil(K/Bk)] fp32 (activations
+    quantized per 1×Bk: the group must equal the weight's K block); b_scale [ceil(N/Bn), ceil(K/Bk)] fp32;
+    bias [N]. Returns [..., N] out_dtype, or with `out_quant` a dtype, (q [..., N], scale [..., ceil(N/G)]).
+    """
+    op = "scaled_mm"
+    a, fmt = checks.quantized(op, "a", a)
+    b = checks.matrix(op, "b", b, (torch.float8_e4m3fn, torch.int8))
+    if b.dtype != a.dtype:
+        raise checks.fail(op, f"a is {dtype_name(a.dtype)} but b is {dtype_name(b.dtype)}; "
+                              "both operands must have the same quantized dtype")
+    a_scale = checks.tensor(op, "a_scale", a_scale, (torch.float32,))
+    b_scale = checks.matrix(op, "b_scale", b_scale, (torch.float32,))
+    bn, bk = checks.block_pair(op, block_size)
+    act = checks.choice(op, "activation", activation, ACTIVATIONS)
+    out = checks.out_float(op, "out_dtype", out_dtype)
+    lead, K = a.shape[:-1], a.shape[-1]
+    N = b.shape[0]
+    if b.shape[1] != K:
+        raise checks.fail(op, f"a has K={K} but b has shape {tuple(b.shape)}; b must be [N, K] (pass the weight, "
+                              "not its transpose)")
+    kb = math.ceil(K / bk)
+    if a_scale.shape[-1] != kb and a_scale.dim() == a.dim():
+        raise checks.fail(op, f"a_scale has {a_scale.shape[-1]} groups per row but the weight's K block {bk} gives "
+                              f"ceil({K}/{bk}) = {kb}; quantize the activation with group_size={bk}")
+    checks.shape(op, "a_scale", a_scale, (*lead, kb), f"one fp32 scale per 1x{bk} group of a's rows")
+    checks.shape(op, "b_scale", b_scale, (math.ceil(N / bn), kb), f"one fp32 scale per {bn}x{bk} block of b")
+    if bias is not None:
+        bias = checks.tensor(op, "bias", bias, FLOAT_DTYPES)
+        checks.shape(op, "bias", bias, (N,), "one value per output column")
+    checks.same_device(op, a=a, a_scale=a_scale, b=b, b_scale=b_scale, bias=bias)
+    out_fmt = None
+    group = checks.positive_int(op, "out_group_size", out_group_size)
+    ue8m0_out = checks.scale_fmt(op, out_scale_fmt)
+    floor = checks.eps(op, eps)
+    if out_quant is not None:
+        out_fmt = checks.quant_format(op, "out_quant", out_quant, a.device)
+    a2 = checks.rows(a)
+    blocks = (bn, bk) + ((group,) if out_fmt else ())
+    profile = capability.profile_for(a.device)
+
+    def finish(res):
+        if out_fmt is None:
+            return res.reshape(*lead, N)
+        q, s = res
+        return q.reshape(*lead, N), s.reshape(*lead, s.shape[-1])
+
+    return Prepared(
+        Query(op, profile, fmt.name, out_fmt.name if out_fmt else None, blocks),
+        dict(a=a2, a_scale=a_scale.reshape(-1, kb), b=checks.last_dim_contiguous(b), b_scale=b_scale,
+             block_n=bn, block_k=bk, bias=bias, activation=act, out_dtype=out,
+             out_quant=out_fmt.dtype if out_fmt else None, out_group=group, ue8m0_out=ue8m0_out, eps=floor,
+             profile=profile),
+        finish, empty=a2.shape[0] == 0,
+    )
