@@ -83,7 +83,7 @@ def priority(*backends: str) -> Iterator[None]:
 
 
 def _check_names(names: Sequence[str]) -> None:
-    known = set(BACKEND_PACKAGES)
+    known = set(BACKEND_PACKAGES) | {i.backend for i in _registered}
     bad = [n for n in names if n.partition("[")[0] not in known]
     if bad:
         raise InvalidInputError(f"backend: unknown {bad}; expected names among {sorted(known)}")
@@ -116,9 +116,26 @@ def _all_impls() -> dict[str, tuple[Impl, ...]]:
     return {op: tuple(impls) for op, impls in table.items()}
 
 
+_registered: list[Impl] = []
+
+
+def register(impl: Impl) -> None:
+    """Add an implementation from outside quantcore's backends (tried before built-ins of its backend name)."""
+    if not isinstance(impl, Impl):
+        raise InvalidInputError(f"register: expected a quantcore Impl, got {type(impl).__name__}")
+    _registered.insert(0, impl)
+    _select_cached.cache_clear()
+
+
+def unregister(impl: Impl) -> None:
+    """Remove an implementation added with `register`."""
+    _registered.remove(impl)
+    _select_cached.cache_clear()
+
+
 def impls(op: str) -> tuple[Impl, ...]:
-    """Every registered implementation of `op`, in registration order."""
-    return _all_impls().get(op, ())
+    """Every implementation of `op`: registered ones first, then the built-ins in registration order."""
+    return tuple(i for i in _registered if i.op == op) + _all_impls().get(op, ())
 
 
 def reference(op: str) -> Impl:

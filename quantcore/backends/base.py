@@ -92,14 +92,15 @@ class Impl:
     """One (op, backend) implementation.
 
     `launch` names the function as "module:function" relative to `quantcore.backends`, resolved on
-    first use so that describing an implementation never imports Triton or CuPy. `numerics` is
+    first use so that describing an implementation never imports Triton or CuPy (or is the function
+    itself, for implementations registered from outside). `numerics` is
     "exact" or a short description of how it departs from the contract's arithmetic (an emulated
     path); the registry makes any departure visible.
     """
 
     op: str
     backend: str
-    launch: str
+    launch: str | Callable[..., Any]
     constraints: Constraints = field(default_factory=Constraints)
     variant: str = ""
     numerics: str = "exact"
@@ -117,7 +118,7 @@ class Impl:
 
     def function(self) -> Callable[..., Any]:
         """The launch function (imports the backend's kernels on first call)."""
-        return _resolve(self.launch)
+        return self.launch if callable(self.launch) else _resolve(self.launch)
 
     def __call__(self, **kwargs: Any) -> Any:
         return self.function()(**kwargs, **dict(self.options))

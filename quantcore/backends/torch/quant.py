@@ -54,17 +54,19 @@ def _amax_blocks(xb: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
 def act_quant(x, *, qdtype, group_size, ue8m0, eps, scale_m_major, profile=None):
     """x [M, K] float -> (q [M, K] qdtype, scale [M, ceil(K/G)] fp32); see the backend contract."""
     M, K = x.shape
-    xb = _pad_last(x.float(), group_size).reshape(M, -1, group_size)
+    kb = math.ceil(K / group_size)
+    xb = _pad_last(x.float(), group_size).reshape(M, kb, group_size)
     scale = block_scale(_amax_blocks(xb, (2,)), qdtype, ue8m0, eps)
-    q = encode(xb / scale.unsqueeze(-1), qdtype).reshape(M, -1)[:, :K].contiguous()
+    q = encode(xb / scale.unsqueeze(-1), qdtype).reshape(M, kb * group_size)[:, :K].contiguous()
     return q, (scale.t().contiguous().t() if scale_m_major else scale)
 
 
 def act_dequant(q, scale, *, group_size, out_dtype, profile=None):
     """q [M, K], scale [M, KB] -> fp32(q) * scale cast to out_dtype, [M, K]."""
     M, K = q.shape
-    qb = _pad_last(q.float(), group_size).reshape(M, -1, group_size)
-    return (qb * scale.unsqueeze(-1)).reshape(M, -1)[:, :K].to(out_dtype)
+    kb = math.ceil(K / group_size)
+    qb = _pad_last(q.float(), group_size).reshape(M, kb, group_size)
+    return (qb * scale.unsqueeze(-1)).reshape(M, kb * group_size)[:, :K].to(out_dtype)
 
 
 def _weight_blocks(t: torch.Tensor, block_n: int, block_k: int) -> torch.Tensor:

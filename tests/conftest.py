@@ -1,0 +1,34 @@
+"""Shared fixtures: a seeded generator and random (never zero) inputs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import quantcore.registry as registry
+
+
+def pytest_collection_modifyitems(config, items):
+    """GPU tests skip cleanly where torch sees no GPU."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (run `pytest -m gpu` on a GPU machine)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def gen():
+    """A seeded CPU generator so failures reproduce."""
+    return torch.Generator().manual_seed(1234)
+
+
+@pytest.fixture(autouse=True)
+def _clean_registry_state(monkeypatch):
+    """Selection caches and warn-once state must not leak between tests."""
+    monkeypatch.delenv("QUANTCORE_SIMULATE", raising=False)
+    monkeypatch.delenv("QUANTCORE_PRIORITY", raising=False)
+    registry._select_cached.cache_clear()
+    registry._warned.clear()
+    yield

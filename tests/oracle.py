@@ -1,0 +1,129 @@
+"""An independent float64 computation of the numerics contract, written without the reference's code.
+
+fp32 results are obtained by computing in float64 and rounding once to fp32: for + − × ÷ of fp32
+operands this equals the IEEE fp32 operation (float64 has more than 2·24+2 bits). FP8 encoding
+rounds to the nearest of the 256 e4m3fn codes, ties to the even code.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+QMAX = {torch.float8_e4m3fn: 448.0, torch.int8: 127.0}
+_E4M3 = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(torch.float8_e4m3fn).double().numpy()
+_FINITE_CODES = np.array([c for c in range(128) if np.isfinite(_E4M3[c])])  # non-negative codes 0..0x7E
+_FINITE_VALUES = _E4M3[_FINITE_CODES]
+
+
+def f32(a: np.ndarray) -> np.ndarray:
+    """Round float64 values once to fp32 (kept as float64 for further exact arithmetic)."""
+    return np.asarray(a, dtype=np.float64).astype(np.float32).astype(np.float64)
+
+
+def encode_e4m3(v: np.ndarray) -> np.ndarray:
+    """float64 values -> e4m3fn codes (uint8): saturate to ±448, nearest, ties to even code; NaN -> 0x7F."""
+    mag = np.minimum(np.abs(v), 448.0)
+    idx = np.searchsorted(_FINITE_VALUES, mag)
+    lo = np.clip(idx - 1, 0, len(_FINITE_VALUES) - 1)
+    hi = np.clip(idx, 0, len(_FINITE_VALUES) - 1)
+    dlo, dhi = np.abs(mag - _FINITE_VALUES[lo]), np.abs(_FINITE_VALUES[hi] - mag)
+    pick_hi = (dhi < dlo) | ((dhi == dlo) & (_FINITE_CODES[hi] % 2 == 0))
+    codes = np.where(pick_hi, _FINITE_CODES[hi], _FINITE_CODES[lo]).astype(np.uint8)
+    codes = np.where(np.signbit(v) & (codes != 0), codes | 0x80, codes)
+    return np.where(np.isnan(v), 0x7F, codes).astype(np.uint8)
+
+
+def decode(q: torch.Tensor) -> np.ndarray:
+    """Quantized tensor -> float64 values."""
+    return q.double().numpy() if q.dtype == torch.int8 else _E4M3[q.view(torch.uint8).numpy()]
+
+
+def scales(amax: np.ndarray, qdtype: torch.dtype, ue8m0: bool, eps: float) -> np.ndarray:
+    """fp32 scale per block (float64 storage): max(amax, fp32(eps)) / qmax, ue8m0 = 2**ceil(log2)."""
+    s = f32(np.fmax(amax, f32(eps)) / QMAX[qdtype])
+    s = np.where(np.isnan(amax), np.nan, s)
+    if ue8m0:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            s = np.where(np.isfinite(s), np.exp2(np.ceil(np.log2(s))), s)
+    return s
+
+
+def quantize_values(x: np.ndarray, s: np.ndarray, qdtype: torch.dtype) -> torch.Tensor:
+    """x, s broadcastable float64 -> quantized tensor (int8 or e4m3 codes viewed as fp8)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        v = f32(x / s)
+    if qdtype == torch.int8:
+        r = np.clip(np.round(v), -127, 127)  # numpy rounds half to even
+        return torch.from_numpy(np.where(np.isnan(r), 0, r).astype(np.int8))
+    return torch.from_numpy(encode_e4m3(v)).view(torch.float8_e4m3fn)
+
+
+def act_quant(x: torch.Tensor, qdtype, group: int, ue8m0: bool = False, eps: float = 1e-4):
+    """[..., K] -> (q, scale) per 1×group along the last dim."""
+    xs = x.double().numpy().reshape(-1, x.shape[-1])
+    M, K = xs.shape
+    kb = math.ceil(K / group)
+    s = np.empty((M, kb))
+    for j in range(kb):
+        blk = np.abs(xs[:, j * group:(j + 1) * group])
+        s[:, j] = np.where(np.isnan(blk).any(1), np.nan, blk.max(1) if blk.size else 0)
+    s = scales(s, qdtype, ue8m0, eps)
+    q = quantize_values(xs, np.repeat(s, group, axis=1)[:, :K], qdtype)
+    return q.reshape(x.shape), torch.from_numpy(s).float().reshape(*x.shape[:-1], kb)
+
+
+def weight_quant(w: torch.Tensor, qdtype, bn: int, bk: int, ue8m0: bool = False, eps: float = 1e-4):
+    """[N, K] -> (q, scale [ceil(N/bn), ceil(K/bk)])."""
+    ws = w.double().numpy()
+    N, K = ws.shape
+    nb, kb = math.ceil(N / bn), math.ceil(K / bk)
+    s = np.empty((nb, kb))
+    for i in range(nb):
+        for j in range(kb):
+            blk = np.abs(ws[i * bn:(i + 1) * bn, j * bk:(j + 1) * bk])
+            s[i, j] = np.nan if np.isnan(blk).any() else blk.max()
+    s = scales(s, qdtype, ue8m0, eps)
+    full = np.repeat(np.repeat(s, bn, 0), bk, 1)[:N, :K]
+    return quantize_values(ws, full, qdtype), torch.from_numpy(s).float()
+
+
+def dequant(q: torch.Tensor, scale_full: np.ndarray, out_dtype) -> torch.Tensor:
+    """fp32(q) * scale (one fp32 multiply, exact in float64 then rounded) cast to out_dtype."""
+    return torch.from_numpy(f32(decode(q) * scale_full)).to(out_dtype)
+
+
+_erf = np.vectorize(math.erf, otypes=[np.float64])
+
+
+def gelu(x: np.ndarray, approximate: str = "none") -> np.ndarray:
+    """GELU in float64."""
+    if approximate == "tanh":
+        return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))
+    return 0.5 * x * (1 + _erf(x / math.sqrt(2)))
+
+
+def activation(x: np.ndarray, name: str | None) -> np.ndarray:
+    """The GEMM epilogue's activation in float64."""
+    if name is None:
+        return x
+    if name == "silu":
+        with np.errstate(over="ignore"):  # exp(-x) -> inf for very negative x gives the right 0
+            return x / (1 + np.exp(-x))
+    return gelu(x, "tanh" if name == "gelu_tanh" else "none")
+
+
+def scaled_mm(a, a_scale, b, b_scale, bn: int, bk: int, bias=None, act=None) -> np.ndarray:
+    """Σ_kb dot_kb · a_s · b_s + bias, activation — all in float64, [M, N]."""
+    A, B = decode(a).reshape(-1, a.shape[-1]), decode(b)
+    As = a_scale.double().numpy().reshape(A.shape[0], -1)
+    Bs = np.repeat(b_scale.double().numpy(), bn, 0)[: B.shape[0]]
+    out = np.zeros((A.shape[0], B.shape[0]))
+    for kb in range(As.shape[1]):
+        ks = slice(kb * bk, (kb + 1) * bk)
+        out += (A[:, ks] @ B[:, ks].T) * As[:, kb:kb + 1] * Bs[:, kb][None, :]
+    if bias is not None:
+        out += bias.double().numpy()
+    return activation(out, act)

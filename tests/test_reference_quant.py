@@ -1,0 +1,172 @@
+"""The torch reference's quantize/dequantize against the independent float64 oracle: bit-exact."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import oracle
+from helpers import randn
+from quantcore import ops
+
+QDTYPES = [torch.float8_e4m3fn, torch.int8]
+
+
+def assert_same_q(q: torch.Tensor, expected: torch.Tensor) -> None:
+    """Quantized tensors equal code for code (any NaN code counts as NaN for FP8)."""
+    assert q.dtype == expected.dtype and q.shape == expected.shape
+    if q.dtype == torch.float8_e4m3fn:
+        a, b = q.float(), expected.float()
+        assert torch.equal(a.isnan(), b.isnan())
+        assert torch.equal(a.nan_to_num(0), b.nan_to_num(0)), "fp8 codes differ"
+    else:
+        assert torch.equal(q, expected)
+
+
+def assert_same_scale(s: torch.Tensor, expected: torch.Tensor) -> None:
+    assert s.dtype == torch.float32 and s.shape == expected.shape
+    assert torch.equal(s.isnan(), expected.isnan())
+    assert torch.equal(s.nan_to_num(0, 1, -1), expected.nan_to_num(0, 1, -1)), "scales differ"
+
+
+@pytest.mark.parametrize("qdtype", QDTYPES)
+@pytest.mark.parametrize("K", [1, 64, 127, 128, 129, 576])
+@pytest.mark.parametrize("M", [1, 2, 3, 4, 5, 6, 7])
+def test_act_quant_matches_oracle_on_tails(gen, qdtype, K, M):
+    x = randn((M, K), gen=gen)
+    q, s = ops.act_quant(x, dtype=qdtype, backend="torch")
+    eq, es = oracle.act_quant(x, qdtype, 128)
+    assert_same_q(q, eq)
+    assert_same_scale(s, es)
+
+
+@pytest.mark.parametrize("qdtype", QDTYPES)
+@pytest.mark.parametrize("in_dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("scale_fmt", ["fp32", "ue8m0"])
+def test_act_quant_dtypes_and_ue8m0(gen, qdtype, in_dtype, scale_fmt):
+    x = randn((4096, 129), dtype=in_dtype, gen=gen)
+    q, s = ops.act_quant(x, dtype=qdtype, scale_fmt=scale_fmt, backend="torch")
+    eq, es = oracle.act_quant(x, qdtype, 128, ue8m0=scale_fmt == "ue8m0")
+    assert_same_q(q, eq)
+    assert_same_scale(s, es)
+    if scale_fmt == "ue8m0":  # every scale is a power of two: mantissa bits all zero
+        assert int((s.view(torch.int32) & 0x7FFFFF).abs().sum()) == 0
+
+
+@pytest.mark.parametrize("group", [32, 64, 100, 256])
+def test_act_quant_other_group_sizes_and_leading_dims(gen, group):
+    x = randn((2, 3, 5, 300), gen=gen)
+    q, s = ops.act_quant(x, dtype=torch.int8, group_size=group, backend="torch")
+    assert q.shape == x.shape and s.shape == (2, 3, 5, math.ceil(300 / group))
+    eq, es = oracle.act_quant(x, torch.int8, group)
+    assert_same_q(q, eq)
+    assert_same_scale(s, es)
+
+
+def test_act_quant_m_major_layout(gen):
+    x = randn((6, 384), gen=gen)
+    q, s = ops.act_quant(x, scale_layout="m_major", backend="torch")
+    _, es = oracle.act_quant(x, torch.float8_e4m3fn, 128)
+    assert s.stride() == (1, 6), "M-major: the rows dimension is the fastest"
+    assert_same_scale(s.contiguous(), es)
+    y = ops.act_dequant(q, s, out_dtype=torch.float32, backend="torch")
+    assert torch.equal(y, ops.act_dequant(q, s.contiguous(), out_dtype=torch.float32, backend="torch"))
+
+
+@pytest.mark.parametrize("qdtype", QDTYPES)
+def test_zero_blocks_get_the_eps_scale(qdtype):
+    x = torch.zeros(3, 256)
+    x[1, 130] = 5.0
+    q, s = ops.act_quant(x, dtype=qdtype, backend="torch")
+    floor = torch.tensor(1e-4, dtype=torch.float32) / oracle.QMAX[qdtype]
+    assert torch.equal(s[0], floor.expand(2)) and s[1, 0] == floor
+    assert s[1, 1] == torch.tensor(5.0) / oracle.QMAX[qdtype]
+    assert q.float().abs().sum() == oracle.QMAX[qdtype]
+
+
+@pytest.mark.parametrize("qdtype", QDTYPES)
+def test_non_finite_blocks_are_confined(gen, qdtype):
+    x = randn((4, 384), gen=gen)
+    x[0, 5] = float("nan")
+    x[1, 200] = float("inf")
+    x[2, 300] = -float("inf")
+    q, s = ops.act_quant(x, dtype=qdtype, backend="torch")
+    assert s[0, 0].isnan() and s[1, 1].isinf() and s[2, 2].isinf()
+    finite = torch.ones_like(s, dtype=torch.bool)
+    finite[0, 0] = finite[1, 1] = finite[2, 2] = False
+    assert torch.isfinite(s[finite]).all()
+    eq, es = oracle.act_quant(x, qdtype, 128)
+    assert_same_scale(s, es)
+    assert_same_q(q, eq)
+    if qdtype == torch.int8:  # NaN quotients become 0 in INT8
+        assert q[0, :128].abs().sum() == 0
+
+
+def test_check_finite_raises_instead():
+    x = torch.ones(2, 128)
+    x[1, 3] = float("nan")
+    with pytest.raises(ValueError, match="NaN or Inf"):
+        ops.act_quant(x, check_finite=True)
+
+
+@pytest.mark.parametrize("qdtype", QDTYPES)
+def test_saturation_at_block_max(qdtype):
+    # Every block's largest value maps to exactly ±qmax; values can't exceed it.
+    x = torch.tensor([[1000.0, -1000.0, 3.0, 999.99] + [0.5] * 124])
+    q, s = ops.act_quant(x, dtype=qdtype, backend="torch")
+    v = q.float()
+    assert v[0, 0] == oracle.QMAX[qdtype] and v[0, 1] == -oracle.QMAX[qdtype]
+    assert v.abs().max() <= oracle.QMAX[qdtype]
+    assert not v.isnan().any()
+
+
+def test_fp8_rounding_carry_into_exponent():
+    # 127.9 / s must round to 128 (a carry into the exponent), the case Triton's interpreter gets wrong.
+    x = torch.tensor([[448.0, 127.9, 239.9, -120.1]])
+    q, s = ops.act_quant(x, backend="torch")
+    assert s.item() == 1.0
+    assert q.float().tolist() == [[448.0, 128.0, 240.0, -120.0]]
+
+
+@pytest.mark.parametrize("qdtype", QDTYPES)
+@pytest.mark.parametrize("shape", [(1, 1), (7, 129), (130, 576), (256, 128), (129, 127)])
+@pytest.mark.parametrize("block", [(128, 128), (64, 32)])
+@pytest.mark.parametrize("scale_fmt", ["fp32", "ue8m0"])
+def test_weight_quant_matches_oracle(gen, qdtype, shape, block, scale_fmt):
+    w = randn(shape, gen=gen)
+    q, s = ops.weight_quant(w, dtype=qdtype, block_size=block, scale_fmt=scale_fmt, backend="torch")
+    eq, es = oracle.weight_quant(w, qdtype, *block, ue8m0=scale_fmt == "ue8m0")
+    assert s.shape == (math.ceil(shape[0] / block[0]), math.ceil(shape[1] / block[1]))
+    assert_same_q(q, eq)
+    assert_same_scale(s, es)
+
+
+@pytest.mark.parametrize("qdtype", QDTYPES)
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_dequant_is_one_fp32_multiply_then_a_cast(gen, qdtype, out_dtype):
+    x = randn((5, 2, 300), gen=gen)
+    q, s = ops.act_quant(x, dtype=qdtype, backend="torch")
+    y = ops.act_dequant(q, s, out_dtype=out_dtype, backend="torch")
+    full = np.repeat(s.double().numpy(), 128, axis=-1)[..., :300]
+    assert torch.equal(y, oracle.dequant(q, full, out_dtype))
+    w = randn((200, 300), gen=gen)
+    wq, ws = ops.weight_quant(w, dtype=qdtype, backend="torch")
+    wy = ops.weight_dequant(wq, ws, out_dtype=out_dtype, backend="torch")
+    wfull = np.repeat(np.repeat(ws.double().numpy(), 128, 0), 128, 1)[:200, :300]
+    assert torch.equal(wy, oracle.dequant(wq, wfull, out_dtype))
+
+
+def test_round_trip_error_is_within_half_a_step(gen):
+    x = randn((64, 512), gen=gen)
+    q, s = ops.act_quant(x, dtype=torch.int8, backend="torch")
+    y = ops.act_dequant(q, s, out_dtype=torch.float32, backend="torch")
+    step = s.repeat_interleave(128, dim=-1)
+    assert ((y - x).abs() <= step / 2 + 1e-6).all()
+
+
+def test_empty_rows_give_empty_outputs():
+    q, s = ops.act_quant(torch.randn(0, 256))
+    assert q.shape == (0, 256) and s.shape == (0, 2)

@@ -1,0 +1,144 @@
+"""Registry selection: constraints as data, priorities, explicit backends, simulated profiles."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import quantcore
+from quantcore import UnsupportedError, capability, ops, registry
+from quantcore.backends.base import Constraints, Impl, Query
+
+PROFILES = ["cpu", "sm70", "sm75", "sm80", "sm86", "sm89", "sm90", "sm100"]
+
+
+def query(op, profile, fmt="fp8_e4m3", blocks=(128, 128), out_fmt=None):
+    return Query(op, capability.simulated_profile(profile), fmt, out_fmt, blocks)
+
+
+# Automatic choice of the built-in backends per simulated profile (Triton and CuPy installed).
+EXPECTED = {
+    ("scaled_mm", "fp8_e4m3"): {"cpu": "torch", "sm70": "torch", "sm75": "torch", "sm80": "triton[w8a16]",
+                                "sm86": "triton[w8a16]", "sm89": "triton", "sm90": "triton", "sm100": "triton"},
+    ("scaled_mm", "int8"): {"cpu": "torch", "sm70": "torch", "sm75": "cupy", "sm80": "triton", "sm86": "triton",
+                            "sm89": "triton", "sm90": "triton", "sm100": "triton"},
+    ("act_quant", "fp8_e4m3"): {"cpu": "torch", "sm70": "cupy", "sm75": "cupy", "sm80": "triton", "sm86": "triton",
+                                "sm89": "triton", "sm90": "triton", "sm100": "triton"},
+}
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+@pytest.mark.parametrize("op,fmt", list(EXPECTED))
+def test_automatic_selection_per_profile(monkeypatch, profile, op, fmt):
+    monkeypatch.setattr(capability, "module_available", lambda name: True)
+    from quantcore.backends import base
+    monkeypatch.setattr(base, "module_available", lambda name: True)
+    impl = registry.select(query(op, profile, fmt, blocks=(128,) if op == "act_quant" else (128, 128)))
+    assert impl.label == EXPECTED[(op, fmt)][profile]
+
+
+def test_reference_is_reached_on_the_cpu():
+    out = ops.act_quant(torch.randn(2, 128))
+    assert out[0].dtype == torch.float8_e4m3fn
+    assert quantcore.explain("act_quant", torch.randn(2, 128)).selected == "torch"
+
+
+def fake(backend, op="act_quant", calls=None, **constraints):
+    def launch(**kwargs):
+        calls.append(backend)
+        return torch.zeros(2, 128), torch.zeros(2, 1)
+    return Impl(op, backend, launch, Constraints(**constraints))
+
+
+@pytest.fixture
+def fakes():
+    calls = []
+    made = [fake("fast", calls=calls, devices=("cpu",), formats=("int8",)),
+            fake("slow", calls=calls, devices=("cpu",))]
+    for impl in reversed(made):
+        registry.register(impl)
+    yield calls
+    for impl in made:
+        registry.unregister(impl)
+
+
+def test_explicit_backend_that_cannot_run_lists_its_reasons(fakes):
+    with pytest.raises(UnsupportedError) as err:
+        ops.act_quant(torch.randn(2, 128), backend="fast")  # fp8: fast only does int8
+    assert err.value.reasons == {"fast": ["format fp8_e4m3 not implemented (has int8)"]}
+    assert "backend 'fast' cannot run" in str(err.value)
+
+
+def test_priority_per_call_context_and_environment(fakes, monkeypatch):
+    x = torch.randn(2, 128)
+    ops.act_quant(x, dtype=torch.int8, backend=("fast", "slow"))
+    ops.act_quant(x, dtype=torch.float8_e4m3fn, backend=("fast", "slow"))  # fast refuses fp8
+    with quantcore.priority("slow", "fast"):
+        ops.act_quant(x, dtype=torch.int8)
+    monkeypatch.setenv("QUANTCORE_PRIORITY", "fast,slow")
+    ops.act_quant(x, dtype=torch.int8)
+    assert fakes == ["fast", "slow", "slow", "fast"]
+
+
+def test_explicit_backend_runs_even_when_not_first(fakes):
+    ops.act_quant(torch.randn(2, 128), dtype=torch.int8, backend="slow")
+    assert fakes == ["slow"]
+
+
+def test_default_priority_ignores_unlisted_fakes_and_explain_says_so(fakes):
+    exp = quantcore.explain("act_quant", torch.randn(2, 128), dtype=torch.int8)
+    assert exp.selected == "torch"
+    status = {c.impl: (c.status, c.reasons) for c in exp.candidates}
+    assert status["fast"] == ("available", ["not in the priority list"])
+    assert status["cupy"][0] == "unavailable" and "not cpu" in status["cupy"][1][0]
+
+
+def test_numerics_change_warns_once_and_is_explained(monkeypatch):
+    calls = []
+    emulated = Impl("act_dequant", "approx", lambda **kw: calls.append(1) or torch.zeros(2, 128),
+                    Constraints(devices=("cpu",)), numerics="emulated: fp8 via int8")
+    registry.register(emulated)
+    try:
+        q, s = ops.act_quant(torch.randn(2, 128))
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            ops.act_dequant(q, s, backend="approx")
+            ops.act_dequant(q, s, backend="approx")
+        assert [type(w.message) for w in seen] == [quantcore.NumericsWarning]
+        assert "emulated: fp8 via int8" in str(seen[0].message)
+        exp = quantcore.explain("act_dequant", q, s, backend="approx")
+        assert exp.numerics == "emulated: fp8 via int8"
+        assert {c.impl: c.status for c in exp.candidates}["approx"] == "fallback"
+    finally:
+        registry.unregister(emulated)
+
+
+@pytest.mark.parametrize("profile", ["sm70", "sm75", "sm80", "sm86"])
+def test_explicit_backend_reasons_name_the_device(profile):
+    with pytest.raises(UnsupportedError) as err:
+        registry.select(query("scaled_mm", profile, "fp8_e4m3"), backend="cupy")
+    text = str(err.value)
+    assert capability.simulated_profile(profile).arch in text or "not installed" in text
+
+
+def test_fallback_variant_reported_on_sm80():
+    exp = registry.explain_query(query("scaled_mm", "sm80"))
+    status = {c.impl: c.status for c in exp.candidates}
+    assert status["triton"] == "unavailable"
+    assert status["triton[w8a16]"] == "fallback"
+
+
+def test_unknown_priority_name_is_refused():
+    with pytest.raises(quantcore.InvalidInputError, match="unknown"):
+        with quantcore.priority("tensorrt"):
+            pass
+
+
+def test_selection_is_cached():
+    q = query("act_quant", "sm90", blocks=(128,))
+    registry.select(q)
+    before = registry._select_cached.cache_info().hits
+    registry.select(q)
+    assert registry._select_cached.cache_info().hits == before + 1

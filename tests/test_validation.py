@@ -1,0 +1,107 @@
+"""Bad inputs raise typed errors whose messages name the op and the problem."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from quantcore import InvalidInputError, NonFiniteInputError, UnsupportedError, explain, ops
+
+F8, I8 = torch.float8_e4m3fn, torch.int8
+x = torch.randn(4, 256)
+q8 = x.to(F8)
+s2 = torch.ones(4, 2)
+w = torch.randn(256, 256)
+wq = w.to(F8)
+ws = torch.ones(2, 2)
+g = torch.randn(4, 256)
+
+BAD = [
+    # (id, call, message fragment)
+    ("act_quant-not-tensor", lambda: ops.act_quant([1.0, 2.0]), "act_quant: x must be a torch.Tensor"),
+    ("act_quant-int-input", lambda: ops.act_quant(torch.ones(2, 8, dtype=torch.int32)), "x has dtype int32"),
+    ("act_quant-fp8-input", lambda: ops.act_quant(q8), "x has dtype float8_e4m3fn"),
+    ("act_quant-scalar", lambda: ops.act_quant(torch.tensor(1.0)), "at least 1 dimension"),
+    ("act_quant-empty-K", lambda: ops.act_quant(torch.ones(3, 0)), "empty last dimension"),
+    ("act_quant-bad-dtype", lambda: ops.act_quant(x, dtype=torch.float16), "dtype must be torch.float8_e4m3fn"),
+    ("act_quant-bad-dtype-name", lambda: ops.act_quant(x, dtype="fp4"), "dtype must be"),
+    ("act_quant-group-zero", lambda: ops.act_quant(x, group_size=0), "group_size must be an int >= 1"),
+    ("act_quant-group-float", lambda: ops.act_quant(x, group_size=128.0), "group_size must be an int"),
+    ("act_quant-group-bool", lambda: ops.act_quant(x, group_size=True), "group_size must be an int"),
+    ("act_quant-scale-fmt", lambda: ops.act_quant(x, scale_fmt="e8m0"), "scale_fmt must be one of"),
+    ("act_quant-eps-zero", lambda: ops.act_quant(x, eps=0.0), "eps must be a finite number > 0"),
+    ("act_quant-eps-nan", lambda: ops.act_quant(x, eps=float("nan")), "eps must be a finite number"),
+    ("act_quant-layout", lambda: ops.act_quant(x, scale_layout="col"), "scale_layout must be one of"),
+    ("act_dequant-float-q", lambda: ops.act_dequant(x, s2), "q has dtype float32"),
+    ("act_dequant-scale-dtype", lambda: ops.act_dequant(q8, s2.half()), "scale has dtype float16"),
+    ("act_dequant-scale-shape", lambda: ops.act_dequant(q8, torch.ones(4, 3)), "expected (4, 2)"),
+    ("act_dequant-group-mismatch", lambda: ops.act_dequant(q8, s2, group_size=64), "pass the group_size used"),
+    ("act_dequant-out-dtype", lambda: ops.act_dequant(q8, s2, out_dtype=torch.int8), "out_dtype must be one of"),
+    ("weight_quant-1d", lambda: ops.weight_quant(torch.randn(16)), "must have at least 2 dimension"),
+    ("weight_quant-3d", lambda: ops.weight_quant(torch.randn(2, 16, 16)), "w must be 2-D"),
+    ("weight_quant-block", lambda: ops.weight_quant(w, block_size=128), "block_size must be a pair"),
+    ("weight_quant-block-zero", lambda: ops.weight_quant(w, block_size=(128, 0)), "block_size[1] must be an int >= 1"),
+    ("weight_dequant-scale-shape", lambda: ops.weight_dequant(wq, torch.ones(2, 3)), "expected (2, 2)"),
+    ("weight_dequant-block-mismatch", lambda: ops.weight_dequant(wq, ws, block_size=(64, 128)), "block_size used"),
+    ("scaled_mm-float-a", lambda: ops.scaled_mm(x, s2, wq, ws), "a has dtype float32"),
+    ("scaled_mm-mixed", lambda: ops.scaled_mm(q8, s2, w.to(I8), ws), "same quantized dtype"),
+    ("scaled_mm-K-mismatch", lambda: ops.scaled_mm(q8, s2, wq[:, :128], ws[:, :1]), "b must be [N, K]"),
+    ("scaled_mm-group-mismatch", lambda: ops.scaled_mm(q8, torch.ones(4, 4), wq, ws), "group_size=128"),
+    ("scaled_mm-b-scale", lambda: ops.scaled_mm(q8, s2, wq, torch.ones(3, 2)), "b_scale has shape (3, 2)"),
+    ("scaled_mm-bias-shape", lambda: ops.scaled_mm(q8, s2, wq, ws, bias=torch.ones(255)), "bias has shape"),
+    ("scaled_mm-bias-dtype", lambda: ops.scaled_mm(q8, s2, wq, ws, bias=torch.ones(256, dtype=torch.int32)),
+     "bias has dtype int32"),
+    ("scaled_mm-activation", lambda: ops.scaled_mm(q8, s2, wq, ws, activation="relu"), "activation must be one of"),
+    ("scaled_mm-out-quant", lambda: ops.scaled_mm(q8, s2, wq, ws, out_quant=torch.bfloat16), "out_quant must be"),
+    ("scaled_mm-out-group", lambda: ops.scaled_mm(q8, s2, wq, ws, out_quant=F8, out_group_size=-1),
+     "out_group_size must be"),
+    ("scaled_mm-a-scale-dtype", lambda: ops.scaled_mm(q8, s2.double(), wq, ws), "a_scale has dtype float64"),
+    ("dequant_bias-dtype", lambda: ops.dequant_bias(g.to(I8), torch.ones(4), torch.ones(256)), "g has dtype int8"),
+    ("dequant_bias-scale-a", lambda: ops.dequant_bias(g, torch.ones(5), torch.ones(256)), "scale_a has shape (5,)"),
+    ("dequant_bias-scale-b", lambda: ops.dequant_bias(g, torch.ones(4), torch.ones(2, 256)), "scale_b has shape"),
+    ("dequant_bias-scale-b-dtype", lambda: ops.dequant_bias(g, torch.ones(4), torch.ones(256).half()),
+     "scale_b has dtype float16"),
+    ("dequant_bias-bias", lambda: ops.dequant_bias(g, torch.ones(4), torch.ones(256), torch.ones(255)),
+     "bias has shape (255,)"),
+    ("quantized_gelu-approx", lambda: ops.quantized_gelu(q8, s2, approximate="erf"), "approximate must be one of"),
+    ("quantized_gelu-out", lambda: ops.quantized_gelu(q8, s2, out_dtype=torch.float16), "out_dtype must be"),
+    ("quantized_gelu-scale", lambda: ops.quantized_gelu(q8, torch.ones(4, 1)), "scale has shape (4, 1)"),
+    ("explain-unknown-op", lambda: explain("fp8_gemm", x), "unknown op 'fp8_gemm'"),
+    ("unknown-backend", lambda: ops.act_quant(x, backend="cutlass"), "backend: unknown ['cutlass']"),
+]
+
+
+@pytest.mark.parametrize("call,fragment", [b[1:] for b in BAD], ids=[b[0] for b in BAD])
+def test_bad_input_raises_typed_error_naming_the_problem(call, fragment):
+    with pytest.raises(InvalidInputError) as err:
+        call()
+    assert isinstance(err.value, ValueError)
+    assert fragment in str(err.value)
+
+
+def test_there_are_at_least_thirty_distinct_bad_inputs():
+    assert len({b[0] for b in BAD}) >= 30
+
+
+def test_messages_name_the_op():
+    with pytest.raises(InvalidInputError, match=r"^scaled_mm: "):
+        ops.scaled_mm(q8, s2, wq, ws, activation="relu")
+
+
+def test_devices_must_match():
+    meta = torch.ones(4, 2, device="meta")
+    with pytest.raises(InvalidInputError, match="different devices"):
+        ops.act_dequant(q8, meta)
+
+
+def test_non_finite_opt_in_error_is_an_invalid_input():
+    bad = torch.full((2, 128), float("inf"))
+    with pytest.raises(NonFiniteInputError, match="weight_quant: w contains NaN or Inf"):
+        ops.weight_quant(bad, check_finite=True)
+
+
+def test_forcing_a_backend_that_cannot_run_says_why():
+    with pytest.raises(UnsupportedError) as err:
+        ops.act_quant(x, backend="cupy")
+    assert isinstance(err.value, NotImplementedError)
+    assert "cupy" in err.value.reasons and "runs on cuda, not cpu" in str(err.value)
