@@ -16,12 +16,20 @@ def _parser() -> argparse.ArgumentParser:
     rep.add_argument("--json", action="store_true", help="print the report as JSON")
     rep.add_argument("--simulate", metavar="PROFILE",
                      help=f"describe another device: cpu, {', '.join(capability.SIMULATED)}")
+    bench = sub.add_parser("bench", help="time every op and backend on this GPU beside the baselines")
+    bench.add_argument("--quick", action="store_true", help="a small shape set")
+    bench.add_argument("--ops", nargs="*", default=(), help="only these ops")
+    bench.add_argument("--json", metavar="PATH", help="write the results as JSON")
+    bench.add_argument("--plot", metavar="PATH", help="write a PNG of achieved vs ceiling")
+    bench.add_argument("--no-progress", action="store_true")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `quantcore` console script and `python -m quantcore`."""
     args = _parser().parse_args(argv)
+    if args.command == "bench":
+        return _bench(args, argv)
     from . import report
 
     try:
@@ -30,4 +38,26 @@ def main(argv: list[str] | None = None) -> int:
         print(f"quantcore: {err}", file=sys.stderr)
         return 2
     print(result.model_dump_json(indent=2) if args.json else report.render(result))
+    return 0
+
+
+def _bench(args: argparse.Namespace, argv: list[str] | None) -> int:
+    from .bench import run
+    from .bench.summary import summarize
+    from .errors import UnsupportedError
+
+    command = "quantcore " + " ".join(argv if argv is not None else sys.argv[1:])
+    try:
+        result = run(quick=args.quick, only=tuple(args.ops), progress=not args.no_progress, command=command)
+    except UnsupportedError as err:
+        print(f"quantcore: {err}", file=sys.stderr)
+        return 2
+    if args.json:
+        with open(args.json, "w") as f:
+            f.write(result.model_dump_json(indent=1))
+    if args.plot:
+        from .bench.plot import plot
+
+        plot(result, args.plot)
+    print(summarize(result))
     return 0

@@ -1,0 +1,88 @@
+"""What quantcore is measured against: torch.compile of the reference, and the vendor kernels torch
+exposes (cuBLAS block-wise FP8 through `scaled_mm`, `torch._int_mm`, bf16 `mm`)."""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+import torch.nn.functional as F
+
+from ..backends import torch as reference
+
+
+@functools.lru_cache(maxsize=None)
+def compiled_reference(op: str):
+    """`torch.compile` of the reference launch function for `op` (dynamic shapes: one compile per op)."""
+    return torch.compile(getattr(reference, op), dynamic=True)
+
+
+def _pad_cols(t: torch.Tensor, multiple: int) -> torch.Tensor:
+    pad = -t.shape[-1] % multiple
+    return F.pad(t, (0, pad), value=1.0) if pad else t
+
+
+def cublas_blockwise_fp8(a, a_scale, b, b_scale, out_dtype=torch.bfloat16):
+    """cuBLAS block-wise FP8 (1×128 activations, 128×128 weights), as torch exposes it on sm_90.
+
+    cuBLAS reads the activation scales M-major and wants the K-block count padded to a multiple of 4
+    and M to a multiple of 4 (the rows are zero-padded here; that copy is timed with the call).
+    Returns a callable, or raises with torch's own message when this torch/GPU refuses the layout.
+    """
+    M = a.shape[0]
+    pad_m = -M % 4
+    a_p = F.pad(a.view(torch.uint8), (0, 0, 0, pad_m)).view(a.dtype) if pad_m else a
+    a_s = _pad_cols(F.pad(a_scale, (0, 0, 0, pad_m), value=1.0) if pad_m else a_scale, 4)
+    a_s = a_s.t().contiguous().t()
+    b_s = _pad_cols(b_scale, 4).t()
+    if not hasattr(F, "scaled_mm"):
+        def call():
+            return torch._scaled_mm(a_p, b.t(), a_s, b_s, out_dtype=out_dtype)[:M]
+    else:
+        def call():
+            return F.scaled_mm(a_p, b.t(), a_s, F.ScalingType.BlockWise1x128, b_s, F.ScalingType.BlockWise128x128,
+                               output_dtype=out_dtype)[:M]
+    call()  # surface layout errors before timing
+    return call
+
+
+def cublas_tensorwise_fp8(a, b, out_dtype=torch.bfloat16):
+    """cuBLAS FP8 with one scale per tensor: the FP8 tensor-core ceiling for this shape."""
+    one = torch.ones((), device=a.device)
+    pad_m = -a.shape[0] % 16
+    a_p = F.pad(a.view(torch.uint8), (0, 0, 0, pad_m)).view(a.dtype) if pad_m else a
+
+    def call():
+        return torch._scaled_mm(a_p, b.t(), one, one, out_dtype=out_dtype)
+    call()
+    return call
+
+
+def int_mm(a, b):
+    """`torch._int_mm` alone (int8 × int8 → int32); cuBLAS needs M > 16, so small M is padded to 17."""
+    pad_m = max(0, 17 - a.shape[0]) + (-max(a.shape[0], 17) % 8)
+    a_p = F.pad(a, (0, 0, 0, pad_m)) if pad_m else a
+    bt = b.t()
+
+    def call():
+        return torch._int_mm(a_p, bt)
+    call()
+    return call
+
+
+def bf16_mm(m: int, n: int, k: int, device="cuda"):
+    """cuBLAS bf16 on the same shape: the dense tensor-core reference rate."""
+    x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
+    w = torch.randn(n, k, device=device, dtype=torch.bfloat16)
+    return lambda: x @ w.t()
+
+
+def gemm_flops(m: int, n: int, k: int) -> float:
+    """2·M·N·K."""
+    return 2.0 * m * n * k
+
+
+def act_bytes(m: int, k: int, group: int = 128, in_bytes: int = 2) -> int:
+    """Bytes moved by an activation (de)quantization: high-precision in/out, 1-byte q, fp32 scales."""
+    return m * k * (in_bytes + 1) + 4 * m * math.ceil(k / group)

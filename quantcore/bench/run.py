@@ -1,0 +1,202 @@
+"""`quantcore bench`: every op and backend on this GPU, timed in one run beside the baselines."""
+
+from __future__ import annotations
+
+import datetime
+import math
+import sys
+from typing import Callable
+
+import torch
+from pydantic import BaseModel
+
+from .. import capability, ops, registry, specs
+from ..errors import UnsupportedError
+from . import baselines, shapes, timing
+
+BACKENDS = ("triton", "cupy", "torch")
+REFERENCE_GEMM_FLOPS = 1e12  # the reference GEMM computes in float64: beyond this it only wastes the run
+
+
+class Record(BaseModel):
+    """One op × format × shape × implementation measurement (or why there is none)."""
+
+    op: str
+    fmt: str
+    shape: list[int]
+    impl: str
+    us: float | None = None
+    rate: float | None = None  # GB/s (memory-bound) or TFLOP/s (GEMM)
+    unit: str
+    fraction: float | None = None  # of the ceiling: copy bandwidth, or the vendor's dense rate
+    vs_vendor: float | None = None  # vendor time / this time (GEMMs): > 1 means faster than the vendor kernel
+    note: str = ""
+
+
+class BenchResult(BaseModel):
+    """Everything one `quantcore bench` run measured."""
+
+    device: capability.DeviceProfile
+    versions: dict[str, str | None]
+    date: str
+    command: str
+    copy_gbps: float
+    dispatch_overhead_us: dict[str, float]
+    records: list[Record]
+
+
+class _Progress:
+    def __init__(self, total: int, enabled: bool):
+        self.total, self.done, self.enabled = total, 0, enabled
+
+    def step(self, label: str) -> None:
+        self.done += 1
+        if self.enabled:
+            filled = int(30 * self.done / max(self.total, 1))
+            sys.stderr.write(f"\r[{'#' * filled}{'.' * (30 - filled)}] {self.done}/{self.total} {label:<48}")
+            sys.stderr.flush()
+            if self.done == self.total:
+                sys.stderr.write("\n")
+
+
+def _rand(*shape, dtype=torch.bfloat16):
+    x = torch.randn(*shape, device="cuda", dtype=torch.float32)
+    return x.mul_(torch.rand(*shape[:-1], 1, device="cuda").add_(0.1)).to(dtype)
+
+
+def _timed(rec: dict, fn: Callable[[], object] | None, work: float, unit: str, ceiling: float | None) -> Record:
+    """Time `fn` (work in bytes or FLOPs) into a Record; errors and refusals become its note."""
+    if fn is None:
+        return Record(**rec, unit=unit)
+    try:
+        us = timing.gpu_time_us(fn)
+    except (UnsupportedError, RuntimeError, ValueError) as err:
+        return Record(**rec, unit=unit, note=f"{type(err).__name__}: {str(err).splitlines()[0][:160]}")
+    rate = work / us / (1e3 if unit == "GB/s" else 1e6)
+    return Record(**rec, us=us, rate=rate, unit=unit, fraction=rate / ceiling if ceiling else None)
+
+
+def _try(make: Callable[[], Callable[[], object]]) -> tuple[Callable[[], object] | None, str]:
+    try:
+        return make(), ""
+    except (UnsupportedError, RuntimeError, ValueError, TypeError, AttributeError) as err:
+        return None, f"{type(err).__name__}: {str(err).splitlines()[0][:160]}"
+
+
+def _contenders(op: str, args: tuple, kwargs: dict) -> dict[str, tuple[Callable | None, str]]:
+    """quantcore's backends (forced one by one) and torch.compile of the reference, for one call."""
+    out = {}
+    for backend in BACKENDS:
+        def make(backend=backend):
+            getattr(ops, op)(*args, backend=backend, **kwargs)  # compiles, and raises where it cannot run
+            return lambda: getattr(ops, op)(*args, backend=backend, **kwargs)
+        out[backend] = _try(make)
+    prepared = specs.SPECS[op](*args, **kwargs)
+    compiled = baselines.compiled_reference(op)
+    out["torch.compile"] = _try(lambda: (compiled(**prepared.kwargs), lambda: compiled(**prepared.kwargs))[1])
+    return out
+
+
+def _memory_cases(plan: dict) -> list[tuple[str, str, list[int], Callable[[], tuple[tuple, dict, int]]]]:
+    cases = []
+    for fmt, qdtype in (("fp8_e4m3", torch.float8_e4m3fn), ("int8", torch.int8)):
+        for m, k in plan["act"]:
+            kb = math.ceil(k / 128)
+            cases.append(("act_quant", fmt, [m, k], lambda m=m, k=k, q=qdtype: (
+                (_rand(m, k),), dict(dtype=q), baselines.act_bytes(m, k))))
+            cases.append(("act_dequant", fmt, [m, k], lambda m=m, k=k, q=qdtype: (
+                ops.act_quant(_rand(m, k), dtype=q), {}, baselines.act_bytes(m, k))))
+            cases.append(("quantized_gelu", fmt, [m, k], lambda m=m, k=k, q=qdtype, kb=kb: (
+                ops.act_quant(_rand(m, k), dtype=q), {}, 2 * (m * k + 4 * m * kb))))
+        for n, k in plan["weight"]:
+            nbytes = n * k * 3 + 4 * math.ceil(n / 128) * math.ceil(k / 128)
+            cases.append(("weight_quant", fmt, [n, k], lambda n=n, k=k, q=qdtype, b=nbytes: (
+                (_rand(n, k),), dict(dtype=q), b)))
+            cases.append(("weight_dequant", fmt, [n, k], lambda n=n, k=k, q=qdtype, b=nbytes: (
+                ops.weight_quant(_rand(n, k), dtype=q), {}, b)))
+    for g_name, g_dtype in (("bfloat16", torch.bfloat16), ("float32", torch.float32), ("int32", torch.int32)):
+        for m, n in plan["epilogue"]:
+            def make(m=m, n=n, g_dtype=g_dtype):
+                g = (torch.randint(-2**20, 2**20, (m, n), device="cuda", dtype=torch.int32)
+                     if g_dtype == torch.int32 else _rand(m, n, dtype=g_dtype))
+                args = (g, _rand(m, dtype=torch.float32), _rand(n, dtype=torch.float32), _rand(n))
+                return args, {}, m * n * (g.element_size() + 2) + 4 * m + 6 * n
+            cases.append(("dequant_bias", g_name, [m, n], make))
+    return cases
+
+
+def _gemm_records(fmt: str, qdtype, m: int, n: int, k: int) -> list[Record]:
+    a, a_s = ops.act_quant(_rand(m, k), dtype=qdtype)
+    b, b_s = ops.weight_quant(_rand(n, k), dtype=qdtype)
+    flops = baselines.gemm_flops(m, n, k)
+    rec = dict(op="scaled_mm", fmt=fmt, shape=[m, n, k])
+    if fmt == "fp8_e4m3":
+        vendor, vendor_note = _try(lambda: baselines.cublas_blockwise_fp8(a, a_s, b, b_s))
+        dense, _ = _try(lambda: baselines.cublas_tensorwise_fp8(a, b))
+        vendor_name, dense_name = "cublas-blockwise", "cublas-fp8-tensorwise"
+    else:
+        vendor, vendor_note = _try(lambda: baselines.int_mm(a, b))
+        dense, vendor_name, dense_name = vendor, "torch._int_mm", None
+    dense_us = timing.gpu_time_us(dense) if dense else None
+    ceiling = flops / dense_us / 1e6 if dense_us else None
+    records = [_timed({**rec, "impl": vendor_name, "note": vendor_note}, vendor, flops, "TFLOP/s", ceiling)]
+    if dense_name and dense_us:
+        records.append(Record(**rec, impl=dense_name, us=dense_us, rate=ceiling, unit="TFLOP/s", fraction=1.0))
+    if fmt == "int8" and vendor is not None:
+        sa, sb = a_s[:, 0].contiguous(), b_s[:, 0].repeat_interleave(128)[:n].contiguous()
+        records.append(_timed({**rec, "impl": "torch._int_mm+dequant_bias"},
+                              lambda: ops.dequant_bias(vendor()[:m], sa, sb), flops, "TFLOP/s", ceiling))
+    records.append(_timed({**rec, "impl": "cublas-bf16"}, baselines.bf16_mm(m, n, k), flops, "TFLOP/s", ceiling))
+    for name, (fn, note) in _contenders("scaled_mm", (a, a_s, b, b_s), {}).items():
+        if name in ("torch", "torch.compile") and flops > REFERENCE_GEMM_FLOPS:
+            fn, note = None, f"skipped: the reference computes in float64 ({flops:.1e} FLOP)"
+        records.append(_timed({**rec, "impl": name, "note": note}, fn, flops, "TFLOP/s", ceiling))
+    vendor_us = records[0].us
+    for r in records:
+        if vendor_us and r.us:
+            r.vs_vendor = vendor_us / r.us
+    return records
+
+
+def _dispatch_overhead() -> dict[str, float]:
+    """Host time of `ops.act_quant` over launching the same backend's kernel directly, per backend."""
+    x = _rand(4, 256)
+    out = {}
+    for backend in ("triton", "cupy"):
+        try:
+            prepared = specs.SPECS["act_quant"](x)
+            launch = registry.select(prepared.query, backend).function()
+            out[backend] = timing.host_overhead_us(lambda: ops.act_quant(x, backend=backend),
+                                                   lambda: launch(**prepared.kwargs))
+        except (UnsupportedError, RuntimeError) as err:
+            out[backend] = float("nan")
+            print(f"dispatch overhead ({backend}): {err}", file=sys.stderr)
+    return out
+
+
+def run(*, quick: bool = False, only: tuple[str, ...] = (), progress: bool = True,
+        command: str = "quantcore bench") -> BenchResult:
+    """Measure every op × backend × format on the current GPU beside the baselines."""
+    if not torch.cuda.is_available():
+        raise UnsupportedError("bench: needs a CUDA GPU; run it on a GPU machine")
+    plan = shapes.QUICK if quick else shapes.FULL
+    mem = [c for c in _memory_cases(plan) if not only or c[0] in only]
+    gemms = [] if only and "scaled_mm" not in only else plan["gemm"]
+    bar = _Progress(len(mem) + 2 * len(gemms), progress)
+    copy = timing.copy_bandwidth_gbps()
+    records: list[Record] = []
+    for op, fmt, shape, make in mem:
+        args, kwargs, nbytes = make()
+        for name, (fn, note) in _contenders(op, args, kwargs).items():
+            records.append(_timed(dict(op=op, fmt=fmt, shape=shape, impl=name, note=note), fn, nbytes, "GB/s", copy))
+        bar.step(f"{op} {fmt} {shape}")
+    for fmt, qdtype in (("fp8_e4m3", torch.float8_e4m3fn), ("int8", torch.int8)):
+        for m, n, k in gemms:
+            records += _gemm_records(fmt, qdtype, m, n, k)
+            bar.step(f"scaled_mm {fmt} {m}x{n}x{k}")
+            torch.cuda.empty_cache()
+    return BenchResult(
+        device=capability.profile_for("cuda"), versions=capability.versions(),
+        date=datetime.date.today().isoformat(), command=command, copy_gbps=copy,
+        dispatch_overhead_us=_dispatch_overhead(), records=records,
+    )

@@ -1,0 +1,29 @@
+"""The benchmark's shape sets (issue: DeepSeek-V3 GEMMs, seed 002's epilogue shapes, weight quantization)."""
+
+from __future__ import annotations
+
+DEEPSEEK_M = (1, 16, 64, 128, 512, 4096, 16384)
+DEEPSEEK_NK = ((2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048))
+EPILOGUE_N = (2560, 3840, 13824)
+EPILOGUE_M = (1, 16, 256, 4096, 65536)
+ACT_K = (7168, 2048)
+ACT_M = (1, 128, 4096, 16384)
+WEIGHT_NK = ((7168, 16384), (2112, 7168), (24576, 1536))
+
+QUICK = {  # a small set for a first look (`quantcore bench --quick`)
+    "gemm": [(m, n, k) for m in (1, 128, 4096) for n, k in ((2112, 7168), (7168, 2048))],
+    "act": [(m, 7168) for m in (1, 4096, 16384)],
+    "weight": [(7168, 16384)],
+    "epilogue": [(m, n) for m in (1, 4096, 65536) for n in (3840,)],
+}
+FULL = {
+    "gemm": [(m, n, k) for m in DEEPSEEK_M for n, k in DEEPSEEK_NK],
+    "act": [(m, k) for m in ACT_M for k in ACT_K],
+    "weight": list(WEIGHT_NK),
+    "epilogue": [(m, n) for m in EPILOGUE_M for n in EPILOGUE_N],
+}
+
+
+def m_bucket(m: int) -> int:
+    """The M bucket a GEMM or activation call falls in: the next power of two, capped at 16384."""
+    return min(1 << max(m - 1, 0).bit_length(), 16384)

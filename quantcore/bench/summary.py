@@ -1,0 +1,54 @@
+"""Markdown tables of a bench run: what docs/performance.md quotes."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from .run import BenchResult
+
+OURS = ("triton", "cupy")
+
+
+def _fmt(x: float | None, spec: str = ".2f") -> str:
+    return "—" if x is None else format(x, spec)
+
+
+def summarize(result: BenchResult) -> str:
+    """Memory-bound table (GB/s, fraction of copy, vs torch.compile) and GEMM table (TFLOP/s, vs vendor)."""
+    d = result.device
+    out = [f"device: {d.name} ({d.arch}), {result.date}; copy ceiling {result.copy_gbps:.0f} GB/s; "
+           f"versions: {', '.join(f'{k} {v}' for k, v in result.versions.items())}",
+           f"command: `{result.command}`", "",
+           "dispatch overhead over a bare launch (µs): "
+           + ", ".join(f"{k} {v:.1f}" for k, v in result.dispatch_overhead_us.items()), ""]
+    by_case = defaultdict(dict)
+    for r in result.records:
+        by_case[(r.op, r.fmt, tuple(r.shape))][r.impl] = r
+    out += ["| op | fmt | shape | triton GB/s | cupy GB/s | best / copy | torch.compile GB/s | best / compile | eager GB/s |",
+            "|---|---|---|---|---|---|---|---|---|"]
+    for (op, fmt, shape), recs in by_case.items():
+        if op == "scaled_mm":
+            continue
+        ours = [recs[b] for b in OURS if b in recs and recs[b].rate]
+        best = max(ours, key=lambda r: r.rate, default=None)
+        comp, eager = recs.get("torch.compile"), recs.get("torch")
+        ratio = best.rate / comp.rate if best and comp and comp.rate else None
+        out.append(f"| {op} | {fmt} | {'x'.join(map(str, shape))} | {_fmt(recs.get('triton') and recs['triton'].rate, '.0f')} "
+                   f"| {_fmt(recs.get('cupy') and recs['cupy'].rate, '.0f')} | {_fmt(best and best.fraction)} "
+                   f"| {_fmt(comp and comp.rate, '.0f')} | {_fmt(ratio)} | {_fmt(eager and eager.rate, '.0f')} |")
+    out += ["", "| fmt | M×N×K | triton TFLOP/s | cupy TFLOP/s | vendor | vendor TFLOP/s | triton / vendor | cupy / vendor | dense ceiling TFLOP/s |",
+            "|---|---|---|---|---|---|---|---|---|"]
+    for (op, fmt, shape), recs in by_case.items():
+        if op != "scaled_mm":
+            continue
+        vendor_name = "cublas-blockwise" if fmt == "fp8_e4m3" else "torch._int_mm"
+        vendor = recs.get(vendor_name)
+        dense = recs.get("cublas-fp8-tensorwise") or vendor
+        t, c = recs.get("triton"), recs.get("cupy")
+        out.append(f"| {fmt} | {'x'.join(map(str, shape))} | {_fmt(t and t.rate, '.1f')} | {_fmt(c and c.rate, '.1f')} "
+                   f"| {vendor_name} | {_fmt(vendor and vendor.rate, '.1f')} | {_fmt(t and t.vs_vendor)} "
+                   f"| {_fmt(c and c.vs_vendor)} | {_fmt(dense and dense.rate, '.1f')} |")
+    notes = sorted({f"{r.op} {r.impl}: {r.note}" for r in result.records if r.note and r.us is None})
+    if notes:
+        out += ["", "not measured:"] + [f"- {n}" for n in notes[:40]]
+    return "\n".join(out)
