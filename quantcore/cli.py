@@ -22,6 +22,8 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--json", metavar="PATH", help="write the results as JSON")
     bench.add_argument("--plot", metavar="PATH", help="write a PNG of achieved vs ceiling")
     bench.add_argument("--no-progress", action="store_true")
+    bench.add_argument("--write-priority", action="store_true",
+                       help="write this GPU's measured priority table into the package's data folder")
     return parser
 
 
@@ -43,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _bench(args: argparse.Namespace, argv: list[str] | None) -> int:
     from .bench import run
-    from .bench.summary import summarize
+    from .bench.summary import summarize, write_priority
     from .errors import UnsupportedError
 
     command = "quantcore " + " ".join(argv if argv is not None else sys.argv[1:])
@@ -59,5 +61,7 @@ def _bench(args: argparse.Namespace, argv: list[str] | None) -> int:
         from .bench.plot import plot
 
         plot(result, args.plot)
+    if args.write_priority:
+        print(f"wrote {write_priority(result)}")
     print(summarize(result))
     return 0

@@ -20,6 +20,7 @@ from typing import Iterator, Sequence
 
 from pydantic import BaseModel
 
+from . import measured
 from .backends import BACKEND_PACKAGES
 from .backends.base import Impl, Query
 from .errors import InvalidInputError, UnsupportedError
@@ -89,8 +90,9 @@ def _check_names(names: Sequence[str]) -> None:
         raise InvalidInputError(f"backend: unknown {bad}; expected names among {sorted(known)}")
 
 
-def current_priority(device_kind: str) -> tuple[str, ...]:
-    """The priority in force for a device kind: context, then environment, then the default."""
+def current_priority(query: Query) -> tuple[str, ...]:
+    """The priority in force for a call: context, then environment, then the measured table of this
+    GPU model (not while simulating another), then the default for the device kind."""
     stack = getattr(_local, "stack", None)
     if stack:
         order = stack[-1]
@@ -98,7 +100,11 @@ def current_priority(device_kind: str) -> tuple[str, ...]:
         order = tuple(n.strip() for n in os.environ[PRIORITY_ENV].split(",") if n.strip())
         _check_names(order)
     else:
-        order = DEFAULT_PRIORITY.get(device_kind, (REFERENCE,))
+        p = query.profile
+        found = None if p.kind != "cuda" or p.simulated_from else measured.lookup(p.name, query.op, query.fmt,
+                                                                                     query.m_bucket)
+        default = DEFAULT_PRIORITY.get(p.kind, (REFERENCE,))
+        order = (*found, *[n for n in default if n not in found]) if found else default
     return _with_reference(order)
 
 
@@ -144,15 +150,17 @@ def reference(op: str) -> Impl:
 
 
 def _ordered(op: str, order: tuple[str, ...]) -> list[Impl]:
+    """Implementations in priority order. An entry names a backend (all its variants, in registration
+    order) or one variant ("torch[cublas]"), which then ranks where it is named."""
     rank = {name: i for i, name in enumerate(order)}
-    listed = [i for i in impls(op) if i.backend in rank]
-    return sorted(listed, key=lambda i: rank[i.backend])  # stable: variants keep registration order
+    listed = [i for i in impls(op) if i.label in rank or i.backend in rank]
+    return sorted(listed, key=lambda i: rank.get(i.label, rank.get(i.backend)))
 
 
 def _resolve_choice(query: Query, backend: BackendChoice) -> tuple[str | None, tuple[str, ...]]:
     """(explicit label or None, priority order) for a call's `backend=` argument."""
     if backend is None or backend == "auto":
-        return None, current_priority(query.profile.kind)
+        return None, current_priority(query)
     if isinstance(backend, str):
         _check_names([backend])
         return backend, ()

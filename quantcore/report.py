@@ -8,7 +8,7 @@ import platform
 
 from pydantic import BaseModel
 
-from . import capability, registry
+from . import capability, measured, registry
 from .backends.base import Query
 from .formats import DEFAULT_BLOCK, DEFAULT_GROUP, FORMATS
 
@@ -42,7 +42,8 @@ class Report(BaseModel):
     device: capability.DeviceProfile
     versions: dict[str, str | None]
     python: str
-    priority: list[str]
+    priority: list[str]  # the default order; a shipped measured table refines it per op and M
+    measured_priority: bool
     rows: list[Row]
 
 
@@ -60,7 +61,10 @@ def build(simulate: str | None = None) -> Report:
             rows += [Row(op=op, impl=c.impl, dtype=fmt, status=c.status, numerics=c.numerics,
                          reason="; ".join(c.reasons)) for c in explanation.candidates]
     return Report(device=profile, versions=capability.versions(), python=platform.python_version(),
-                  priority=list(registry.current_priority(profile.kind)), rows=rows)
+                  priority=list(registry.DEFAULT_PRIORITY.get(profile.kind, (registry.REFERENCE,))),
+                  measured_priority=bool(profile.kind == "cuda" and not profile.simulated_from
+                                         and measured.table(profile.name)),
+                  rows=rows)
 
 
 def render(report: Report) -> str:
@@ -70,7 +74,8 @@ def render(report: Report) -> str:
     caps = f"fp8 MMA: {'yes' if d.fp8_mma else 'no'}, int8 MMA: {'yes' if d.int8_mma else 'no'}, " \
            f"bf16 MMA: {'yes' if d.bf16_mma else 'no'}, smem/block: {d.smem_per_block // 1024} KiB"
     vers = ", ".join(f"{k} {v or 'none'}" for k, v in report.versions.items())
-    lines = [title, caps, f"python {report.python}, {vers}", f"priority: {' > '.join(report.priority)}", ""]
+    lines = [title, caps, f"python {report.python}, {vers}", f"priority: {' > '.join(report.priority)}"
+             + (" (refined per op and M by this GPU's measured table)" if report.measured_priority else ""), ""]
     widths = (15, 15, 9, 12)
     lines.append(f"{'op':<{widths[0]}} {'impl':<{widths[1]}} {'dtype':<{widths[2]}} {'status':<{widths[3]}} reason")
     for r in report.rows:

@@ -19,7 +19,8 @@ class Query:
     """What selection looks at: the op, the effective device profile and the static features of a call.
 
     `fmt` is the quantized format read or written ("fp8_e4m3"/"int8"); `out_fmt` a quantized output
-    format where the op re-quantizes; `blocks` every block/group size the call uses.
+    format where the op re-quantizes; `blocks` every block/group size the call uses; `m_bucket` the
+    rows rounded up to a power of two (measured priorities differ by M); `nk` the GEMM's (N, K).
     """
 
     op: str
@@ -27,6 +28,8 @@ class Query:
     fmt: str
     out_fmt: str | None = None
     blocks: tuple[int, ...] = ()
+    m_bucket: int = 0
+    nk: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -43,6 +46,8 @@ class Constraints:
     bf16_mma: bool = False
     interpreter: bool = False  # also runs on the CPU under TRITON_INTERPRET=1
     pow2_blocks_min: int | None = None  # block sizes must be powers of two >= this
+    block_sizes: tuple[int, ...] | None = None  # the only block/group sizes supported
+    nk_multiple: tuple[int, int] | None = None  # (N, K) must be multiples of these (vendor kernels' alignment)
 
     def reasons(self, q: Query) -> list[str]:
         """Why this implementation cannot run `q` (empty when it can)."""
@@ -74,7 +79,17 @@ class Constraints:
             bad = [b for b in q.blocks if b < self.pow2_blocks_min or b & (b - 1)]
             if bad:
                 out.append(f"block/group sizes must be powers of two >= {self.pow2_blocks_min}, got {bad}")
+        if self.block_sizes is not None and any(b not in self.block_sizes for b in q.blocks):
+            out.append(f"block/group sizes must be {self.block_sizes}, got {q.blocks}")
+        if self.nk_multiple and q.nk and any(d % m for d, m in zip(q.nk, self.nk_multiple)):
+            n, k = self.nk_multiple
+            out.append(f"N must be a multiple of {n} and K of {k}, got (N, K) = {q.nk}")
         return out
+
+
+def m_bucket(m: int) -> int:
+    """Rows rounded up to a power of two, capped at 16384: the granularity of measured priorities."""
+    return min(1 << max(m - 1, 0).bit_length(), 16384)
 
 
 @functools.lru_cache(maxsize=None)

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from ..backends import torch as reference
+from ..backends.torch.cublas import blockwise_fp8_mm
 
 
 @functools.lru_cache(maxsize=None)
@@ -18,32 +19,12 @@ def compiled_reference(op: str):
     return torch.compile(getattr(reference, op), dynamic=True)
 
 
-def _pad_cols(t: torch.Tensor, multiple: int) -> torch.Tensor:
-    pad = -t.shape[-1] % multiple
-    return F.pad(t, (0, pad), value=1.0) if pad else t
-
-
 def cublas_blockwise_fp8(a, a_scale, b, b_scale, out_dtype=torch.bfloat16):
-    """cuBLAS block-wise FP8 (1×128 activations, 128×128 weights), as torch exposes it on sm_90.
-
-    cuBLAS reads the activation scales M-major and wants the K-block count padded to a multiple of 4
-    and M to a multiple of 4 (the rows are zero-padded here; that copy is timed with the call).
-    Returns a callable, or raises with torch's own message when this torch/GPU refuses the layout.
-    """
-    M = a.shape[0]
-    pad_m = -M % 4
-    a_p = F.pad(a.view(torch.uint8), (0, 0, 0, pad_m)).view(a.dtype) if pad_m else a
-    a_s = _pad_cols(F.pad(a_scale, (0, 0, 0, pad_m), value=1.0) if pad_m else a_scale, 4)
-    a_s = a_s.t().contiguous().t()
-    b_s = _pad_cols(b_scale, 4).t()
-    if not hasattr(F, "scaled_mm"):
-        def call():
-            return torch._scaled_mm(a_p, b.t(), a_s, b_s, out_dtype=out_dtype)[:M]
-    else:
-        def call():
-            return F.scaled_mm(a_p, b.t(), a_s, F.ScalingType.BlockWise1x128, b_s, F.ScalingType.BlockWise128x128,
-                               output_dtype=out_dtype)[:M]
-    call()  # surface layout errors before timing
+    """cuBLAS block-wise FP8 (1×128 activations, 128×128 weights) as torch exposes it on sm_90; the
+    padding to cuBLAS's alignment is timed with the call. Raises torch's error where it is refused."""
+    def call():
+        return blockwise_fp8_mm(a, a_scale, b, b_scale, out_dtype)
+    call()
     return call
 
 

@@ -15,6 +15,7 @@ from ..errors import UnsupportedError
 from . import baselines, shapes, timing
 
 BACKENDS = ("triton", "cupy", "torch")
+EXTRA_IMPLS = {"scaled_mm": ("torch[cublas]",)}  # variants measured on their own, for measured priorities
 REFERENCE_GEMM_FLOPS = 1e12  # the reference GEMM computes in float64: beyond this it only wastes the run
 
 
@@ -86,7 +87,7 @@ def _try(make: Callable[[], Callable[[], object]]) -> tuple[Callable[[], object]
 def _contenders(op: str, args: tuple, kwargs: dict) -> dict[str, tuple[Callable | None, str]]:
     """quantcore's backends (forced one by one) and torch.compile of the reference, for one call."""
     out = {}
-    for backend in BACKENDS:
+    for backend in BACKENDS + EXTRA_IMPLS.get(op, ()):
         def make(backend=backend):
             getattr(ops, op)(*args, backend=backend, **kwargs)  # compiles, and raises where it cannot run
             return lambda: getattr(ops, op)(*args, backend=backend, **kwargs)

@@ -23,7 +23,3 @@ FULL = {
     "epilogue": [(m, n) for m in EPILOGUE_M for n in EPILOGUE_N],
 }
 
-
-def m_bucket(m: int) -> int:
-    """The M bucket a GEMM or activation call falls in: the next power of two, capped at 16384."""
-    return min(1 << max(m - 1, 0).bit_length(), 16384)

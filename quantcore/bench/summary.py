@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from importlib import resources
+from pathlib import Path
 
-from .run import BenchResult
+from .. import measured
+from ..backends.base import m_bucket
+from .run import BACKENDS, EXTRA_IMPLS, BenchResult
 
 OURS = ("triton", "cupy")
 
@@ -52,3 +56,13 @@ def summarize(result: BenchResult) -> str:
     if notes:
         out += ["", "not measured:"] + [f"- {n}" for n in notes[:40]]
     return "\n".join(out)
+
+
+def write_priority(result: BenchResult) -> Path:
+    """Turn a run into the measured priority table of this GPU model, inside the installed package."""
+    ours = {b for b in BACKENDS if b != "torch"} | {i for v in EXTRA_IMPLS.values() for i in v}
+    weights = ("weight_quant", "weight_dequant")  # no M: one bucket
+    table = measured.build([r for r in result.records if r.impl in ours],
+                           lambda r: 0 if r.op in weights else m_bucket(r.shape[0]))
+    root = Path(str(resources.files("quantcore").joinpath(measured.DATA)))
+    return measured.write(result.device.name, table, f"{result.command} on {result.date}", root)

@@ -7,7 +7,7 @@ import math
 import torch
 
 from .. import capability
-from ..backends.base import Query
+from ..backends.base import Query, m_bucket
 from ..formats import DEFAULT_EPS, DEFAULT_GROUP, FLOAT_DTYPES, GELU_APPROXIMATIONS, dtype_name
 from . import checks
 from .base import Prepared
@@ -42,7 +42,7 @@ def dequant_bias(g, scale_a, scale_b, bias=None, *, out_dtype=torch.bfloat16) ->
     checks.same_device(op, g=g, scale_a=scale_a, scale_b=scale_b, bias=bias)
     profile = capability.profile_for(g.device)
     return Prepared(
-        Query(op, profile, dtype_name(g.dtype)),
+        Query(op, profile, dtype_name(g.dtype), m_bucket=m_bucket(M)),
         dict(g=g2, scale_a=scale_a.reshape(M), scale_b=scale_b, bias=bias, out_dtype=out, profile=profile),
         lambda o: o.reshape(*lead, N), empty=M == 0,
     )
@@ -71,7 +71,7 @@ def quantized_gelu(q, scale, *, group_size=DEFAULT_GROUP, approximate="none", ou
         return q_out.reshape(*lead, K), s_out.reshape(*lead, s_out.shape[-1])
 
     return Prepared(
-        Query(op, profile, fmt.name, out_fmt.name, (group,)),
+        Query(op, profile, fmt.name, out_fmt.name, (group,), m_bucket(q2.shape[0])),
         dict(q=q2, scale=scale.reshape(-1, scale.shape[-1]), group_size=group, approximate=approx,
              out_qdtype=out_fmt.dtype, ue8m0=ue8m0, eps=floor, profile=profile),
         finish, empty=q2.shape[0] == 0,

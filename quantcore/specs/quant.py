@@ -7,7 +7,7 @@ import math
 import torch
 
 from .. import capability
-from ..backends.base import Query
+from ..backends.base import Query, m_bucket
 from ..formats import DEFAULT_BLOCK, DEFAULT_EPS, DEFAULT_GROUP, FLOAT_DTYPES, SCALE_LAYOUTS
 from . import checks
 from .base import Prepared, keep
@@ -34,7 +34,7 @@ def act_quant(x, *, dtype=torch.float8_e4m3fn, group_size=DEFAULT_GROUP, scale_f
 
     profile = capability.profile_for(x.device)
     return Prepared(
-        Query(op, profile, fmt.name, blocks=(group,)),
+        Query(op, profile, fmt.name, blocks=(group,), m_bucket=m_bucket(x2.shape[0])),
         dict(x=x2, qdtype=fmt.dtype, group_size=group, ue8m0=ue8m0, eps=floor,
              scale_m_major=layout == "m_major", profile=profile),
         finish, empty=x2.shape[0] == 0,
@@ -55,7 +55,7 @@ def act_dequant(q, scale, *, group_size=DEFAULT_GROUP, out_dtype=torch.bfloat16)
     q2 = checks.rows(q)
     profile = capability.profile_for(q.device)
     return Prepared(
-        Query(op, profile, fmt.name, blocks=(group,)),
+        Query(op, profile, fmt.name, blocks=(group,), m_bucket=m_bucket(q2.shape[0])),
         dict(q=q2, scale=scale.reshape(-1, scale.shape[-1]), group_size=group, out_dtype=out, profile=profile),
         lambda x: x.reshape(*lead, K), empty=q2.shape[0] == 0,
     )

@@ -1,0 +1,56 @@
+"""Measured priorities: built from bench records, looked up per GPU model, op, format and M bucket."""
+
+from __future__ import annotations
+
+import json
+
+from quantcore import measured, registry
+from quantcore.backends.base import Query, m_bucket
+from quantcore.bench.run import Record
+from quantcore.capability import simulated_profile
+
+H100 = simulated_profile("sm90").model_copy(update={"name": "NVIDIA H100 80GB HBM3"})
+
+
+def rec(impl, m, us, op="scaled_mm", fmt="fp8_e4m3", n=2112):
+    return Record(op=op, fmt=fmt, shape=[m, n, 7168], impl=impl, us=us, unit="TFLOP/s")
+
+
+def test_build_ranks_by_geometric_mean_and_penalises_missing_shapes():
+    records = [rec("triton", 1, 10), rec("cupy", 1, 8), rec("triton", 1, 10, n=7168), rec("cupy", 1, 9, n=7168),
+               rec("torch[cublas]", 4096, 100), rec("triton", 4096, 120), rec("cupy", 4096, 50, n=7168),
+               rec("triton", 4096, 130, n=7168), rec("torch[cublas]", 4096, 110, n=7168)]
+    table = measured.build(records, lambda r: m_bucket(r.shape[0]))
+    assert table["scaled_mm/fp8_e4m3"]["1"] == ["cupy", "triton"]
+    # cupy ran only one of the two M=4096 shapes, so it ranks after those that ran both
+    assert table["scaled_mm/fp8_e4m3"]["4096"] == ["torch[cublas]", "triton", "cupy"]
+
+
+def test_lookup_takes_the_nearest_bucket_below(monkeypatch, tmp_path):
+    path = measured.write(H100.name, {"scaled_mm/fp8_e4m3": {"1": ["cupy"], "128": ["torch[cublas]", "triton"]}},
+                          "test", tmp_path)
+    assert path.name == "nvidia-h100-80gb-hbm3.json" and json.loads(path.read_text())["source"] == "test"
+    data = json.loads(path.read_text())["priority"]
+    monkeypatch.setattr(measured, "table", lambda name: {k: {int(m): tuple(v) for m, v in d.items()}
+                                                         for k, d in data.items()} if name == H100.name else {})
+    assert measured.lookup(H100.name, "scaled_mm", "fp8_e4m3", 64) == ("cupy",)
+    assert measured.lookup(H100.name, "scaled_mm", "fp8_e4m3", 16384) == ("torch[cublas]", "triton")
+    assert measured.lookup(H100.name, "act_quant", "fp8_e4m3", 64) is None
+    # the registry puts measured entries first, then the defaults, the reference last
+    q = Query("scaled_mm", H100, "fp8_e4m3", blocks=(128, 128), m_bucket=4096, nk=(2112, 7168))
+    assert registry.current_priority(q) == ("torch[cublas]", "triton", "cupy", "torch")
+    assert registry._ordered("scaled_mm", registry.current_priority(q))[0].label == "torch[cublas]"
+    # a simulated profile never uses the real GPU's measurements
+    sim = H100.model_copy(update={"simulated_from": "NVIDIA H100 80GB HBM3"})
+    assert registry.current_priority(Query("scaled_mm", sim, "fp8_e4m3", m_bucket=4096)) == ("triton", "cupy", "torch")
+
+
+def test_cublas_variant_constraints_are_data():
+    cublas = next(i for i in registry.impls("scaled_mm") if i.label == "torch[cublas]")
+    ok = Query("scaled_mm", H100, "fp8_e4m3", blocks=(128, 128), m_bucket=1, nk=(2112, 7168))
+    assert cublas.not_supported_reasons(ok) == []
+    tail = Query("scaled_mm", H100, "fp8_e4m3", blocks=(128, 128), m_bucket=1, nk=(2112, 7000))
+    assert cublas.not_supported_reasons(tail) == ["N must be a multiple of 16 and K of 128, got (N, K) = (2112, 7000)"]
+    sm80 = Query("scaled_mm", simulated_profile("sm80"), "int8", blocks=(128, 128), nk=(128, 128))
+    assert cublas.not_supported_reasons(sm80) == ["needs compute capability >= 9.0, device is 8.0",
+                                                  "format int8 not implemented (has fp8_e4m3)"]
