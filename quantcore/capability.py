@@ -18,7 +18,7 @@ import threading
 from typing import Iterator
 
 import torch
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, computed_field
 
 from .errors import InvalidInputError
 
@@ -41,6 +41,12 @@ class DeviceProfile(BaseModel):
     sm_count: int = 0
     simulated_from: str | None = None
     triton_interpreter: bool = False
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def versions(self) -> dict[str, str | None]:
+        """torch, Triton, CuPy and NVRTC versions of this process (looked up once, on first use)."""
+        return versions()
 
     @property
     def arch(self) -> str:
@@ -116,7 +122,12 @@ def _interpreter_on() -> bool:
 
 def cpu_profile() -> DeviceProfile:
     """The CPU: no tensor cores; Triton kernels run here only under TRITON_INTERPRET=1."""
-    return DeviceProfile(kind="cpu", name="cpu", triton_interpreter=_interpreter_on())
+    return _cpu_profile(_interpreter_on())
+
+
+@functools.lru_cache(maxsize=None)
+def _cpu_profile(interpreter: bool) -> DeviceProfile:
+    return DeviceProfile(kind="cpu", name="cpu", triton_interpreter=interpreter)
 
 
 @functools.lru_cache(maxsize=None)
@@ -193,6 +204,7 @@ def nvrtc_version() -> str | None:
         return None
 
 
+@functools.lru_cache(maxsize=None)
 def versions() -> dict[str, str | None]:
     """Versions of torch, Triton, CuPy, NVRTC and the CUDA torch was built with (None: missing)."""
     return {

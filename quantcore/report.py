@@ -39,8 +39,7 @@ class Row(BaseModel):
 class Report(BaseModel):
     """Everything `quantcore report` prints; `--json` dumps this model."""
 
-    device: capability.DeviceProfile
-    versions: dict[str, str | None]
+    device: capability.DeviceProfile  # includes the library versions
     python: str
     priority: list[str]  # the default order; a shipped measured table refines it per op and M
     measured_priority: bool
@@ -60,7 +59,7 @@ def build(simulate: str | None = None) -> Report:
             explanation = registry.explain_query(Query(op, profile, fmt, blocks=blocks))
             rows += [Row(op=op, impl=c.impl, dtype=fmt, status=c.status, numerics=c.numerics,
                          reason="; ".join(c.reasons)) for c in explanation.candidates]
-    return Report(device=profile, versions=capability.versions(), python=platform.python_version(),
+    return Report(device=profile, python=platform.python_version(),
                   priority=list(registry.DEFAULT_PRIORITY.get(profile.kind, (registry.REFERENCE,))),
                   measured_priority=bool(profile.kind == "cuda" and not profile.simulated_from
                                          and measured.table(profile.name)),
@@ -73,7 +72,7 @@ def render(report: Report) -> str:
     title = f"device: {d.name} ({d.arch})" + (f", simulated on {d.simulated_from}" if d.simulated_from else "")
     caps = f"fp8 MMA: {'yes' if d.fp8_mma else 'no'}, int8 MMA: {'yes' if d.int8_mma else 'no'}, " \
            f"bf16 MMA: {'yes' if d.bf16_mma else 'no'}, smem/block: {d.smem_per_block // 1024} KiB"
-    vers = ", ".join(f"{k} {v or 'none'}" for k, v in report.versions.items())
+    vers = ", ".join(f"{k} {v or 'none'}" for k, v in d.versions.items())
     lines = [title, caps, f"python {report.python}, {vers}", f"priority: {' > '.join(report.priority)}"
              + (" (refined per op and M by this GPU's measured table)" if report.measured_priority else ""), ""]
     widths = (15, 15, 9, 12)

@@ -52,9 +52,12 @@ def test_auto_dtype_follows_the_profile():
     assert q.dtype == torch.float8_e4m3fn  # the CPU reference computes FP8
 
 
-def test_versions_never_fail():
+def test_versions_never_fail_and_travel_with_the_profile():
     v = capability.versions()
     assert v["torch"] == torch.__version__ and set(v) >= {"triton", "cupy", "nvrtc"}
+    p = capability.simulated_profile("sm80")
+    assert p.versions == v and p.model_dump()["versions"] == v
+    assert hash(p) == hash(capability.simulated_profile("sm80"))
 
 
 def test_import_needs_neither_triton_nor_cupy():

@@ -37,8 +37,7 @@ class Record(BaseModel):
 class BenchResult(BaseModel):
     """Everything one `quantcore bench` run measured."""
 
-    device: capability.DeviceProfile
-    versions: dict[str, str | None]
+    device: capability.DeviceProfile  # includes the library versions
     date: str
     command: str
     copy_gbps: float
@@ -197,7 +196,7 @@ def run(*, quick: bool = False, only: tuple[str, ...] = (), progress: bool = Tru
             bar.step(f"scaled_mm {fmt} {m}x{n}x{k}")
             torch.cuda.empty_cache()
     return BenchResult(
-        device=capability.profile_for("cuda"), versions=capability.versions(),
+        device=capability.profile_for("cuda"),
         date=datetime.date.today().isoformat(), command=command, copy_gbps=copy,
         dispatch_overhead_us=_dispatch_overhead(), records=records,
     )
