@@ -30,6 +30,8 @@ class Query:
     blocks: tuple[int, ...] = ()
     m_bucket: int = 0
     nk: tuple[int, int] | None = None
+    block_k: int = 0  # the GEMM's K block (= the activation group)
+    out_group: int = 0  # the re-quantization group of a GEMM with out_quant
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,8 @@ class Constraints:
     pow2_blocks_min: int | None = None  # block sizes must be powers of two >= this
     block_sizes: tuple[int, ...] | None = None  # the only block/group sizes supported
     nk_multiple: tuple[int, int] | None = None  # (N, K) must be multiples of these (vendor kernels' alignment)
+    block_k_multiple: int | None = None  # the GEMM's K block must be a multiple of this (its K tile)
+    out_group_max: int | None = None  # re-quantization groups: powers of two up to this (one output tile)
 
     def reasons(self, q: Query) -> list[str]:
         """Why this implementation cannot run `q` (empty when it can)."""
@@ -84,6 +88,11 @@ class Constraints:
         if self.nk_multiple and q.nk and any(d % m for d, m in zip(q.nk, self.nk_multiple)):
             n, k = self.nk_multiple
             out.append(f"N must be a multiple of {n} and K of {k}, got (N, K) = {q.nk}")
+        if self.block_k_multiple and q.block_k % self.block_k_multiple:
+            out.append(f"the K block must be a multiple of {self.block_k_multiple}, got {q.block_k}")
+        g = q.out_group
+        if self.out_group_max and g and (g > self.out_group_max or g & (g - 1)):
+            out.append(f"re-quantization groups must be powers of two <= {self.out_group_max}, got {g}")
         return out
 
 

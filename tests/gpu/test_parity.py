@@ -168,3 +168,18 @@ def test_quantized_gelu(backend, profile, qdtype, approximate, shape):
     assert requant_within_one_step(q2.float() * full, exact, full, FMTS[qdtype])
     mismatch = (q2.float() != ref_q.float()).float().mean().item()
     assert mismatch <= 1e-3, f"{mismatch:.2%} of values differ from the reference"
+
+
+@pytest.mark.parametrize("scale_fmt", ["fp32", "ue8m0"])
+@pytest.mark.parametrize("qdtype", list(FMTS))
+def test_reference_on_the_gpu_equals_the_reference_on_the_cpu(qdtype, scale_fmt):
+    # The parity oracle is the reference run on the GPU; it must compute the very same bits as the
+    # CPU reference that tests/oracle.py checks (IEEE division included).
+    x = rand((4096, 7168 + 5))
+    q, s = ops.act_quant(x, dtype=qdtype, scale_fmt=scale_fmt, backend="torch")
+    cq, cs = ops.act_quant(x.cpu(), dtype=qdtype, scale_fmt=scale_fmt, backend="torch")
+    assert same_q(q.cpu(), cq) and same_scale(s.cpu(), cs)
+    w = rand((2112, 7168), seed=7)
+    wq, ws = ops.weight_quant(w, dtype=qdtype, scale_fmt=scale_fmt, backend="torch")
+    cwq, cws = ops.weight_quant(w.cpu(), dtype=qdtype, scale_fmt=scale_fmt, backend="torch")
+    assert same_q(wq.cpu(), cwq) and same_scale(ws.cpu(), cws)

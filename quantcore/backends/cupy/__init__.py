@@ -1,18 +1,26 @@
 """The CuPy backend: every op as CUDA C++ (`kernels/*.cu`) compiled by NVRTC for the device's
-architecture, launched on torch's current stream through raw pointers (`launch.py`). It reaches
-down to Turing (sm_75), where the GEMM uses the m8n8k16 INT8 MMA."""
+architecture, launched on torch's current stream through raw pointers (`launch.py`).
+
+It reaches down to Turing (sm_75): the GEMM uses e4m3 MMA on sm_89+, s8 MMA (m16n8k32 on sm_80+,
+m8n8k16 on sm_75) for INT8, and on GPUs without FP8 MMA expands e4m3 exactly to fp16 for fp16 MMA
+with fp32 accumulation (the `w8a16` variant). sm_70 compiles with NVRTC 12 but CUDA 13's NVRTC no
+longer targets it, so the backend asks for sm_75.
+"""
 
 from __future__ import annotations
 
 from ..base import Constraints, Impl
 
 _MEMORY_BOUND = ("act_quant", "act_dequant", "weight_quant", "weight_dequant", "quantized_gelu")
-_BASE = dict(min_cc=(7, 0), requires=("cupy",))
+_BASE = dict(min_cc=(7, 5), requires=("cupy",))
+_GEMM = dict(_BASE, block_k_multiple=32, out_group_max=128)  # 32: the MMA's K step; 128: one tile's N
 
 IMPLS = (
     *(Impl(op, "cupy", f"cupy.launch:{op}", Constraints(**_BASE)) for op in _MEMORY_BOUND),
     Impl("dequant_bias", "cupy", "cupy.launch:dequant_bias",
          Constraints(**_BASE, formats=("bfloat16", "float16", "float32", "int32"))),
+    Impl("scaled_mm", "cupy", "cupy.launch:scaled_mm", Constraints(**_GEMM, fp8_mma=True, int8_mma=True)),
     Impl("scaled_mm", "cupy", "cupy.launch:scaled_mm",
-         Constraints(**{**_BASE, "min_cc": (7, 5)}, fp8_mma=True, int8_mma=True)),
+         Constraints(**_GEMM, max_cc=(8, 9), formats=("fp8_e4m3",)),
+         variant="w8a16", fallback="FP8 expanded exactly to fp16, fp16 tensor-core MMA with fp32 accumulation"),
 )

@@ -28,7 +28,10 @@ def round_scale_ue8m0(scale: torch.Tensor) -> torch.Tensor:
 def block_scale(amax: torch.Tensor, qdtype: torch.dtype, ue8m0: bool, eps: float) -> torch.Tensor:
     """scale = max(amax, fp32(eps)) / qmax in fp32 (NaN amax stays NaN), optionally ue8m0-rounded."""
     floor = torch.tensor(eps, dtype=torch.float32, device=amax.device)
-    scale = torch.maximum(amax.float(), floor) / format_of_dtype(qdtype).qmax
+    # A tensor divisor, not a Python float: on CUDA, torch divides by a scalar as a multiply by its
+    # reciprocal, which is not IEEE division and differs in the last bit for many amax values.
+    qmax = torch.tensor(format_of_dtype(qdtype).qmax, dtype=torch.float32, device=amax.device)
+    scale = torch.maximum(amax.float(), floor) / qmax
     return round_scale_ue8m0(scale) if ue8m0 else scale
 
 

@@ -1,0 +1,179 @@
+// Numerics shared by every quantcore CUDA kernel: the exact encoders/decoders, the block-scale
+// formula, activations, and 16-byte vector memory helpers.
+//
+// Everything here follows docs/backend-contract.md bit for bit: divisions are __fdiv_rn and
+// products that the contract evaluates left to right are __fmul_rn/__fadd_rn, so that the compiler
+// cannot contract them into FMAs (compiled without fast math, so no flush-to-zero either).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+namespace qc {
+
+typedef unsigned char u8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef unsigned long long u64;
+
+// ---------------------------------------------------------------- float element conversions
+
+__device__ __forceinline__ float to_f32(float x) { return x; }
+__device__ __forceinline__ float to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float to_f32(__half x) { return __half2float(x); }
+__device__ __forceinline__ float to_f32(int x) { return __int2float_rn(x); }
+
+template <class T> __device__ __forceinline__ T from_f32(float x);
+template <> __device__ __forceinline__ float from_f32<float>(float x) { return x; }
+template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+template <> __device__ __forceinline__ __half from_f32<__half>(float x) { return __float2half_rn(x); }
+
+// ---------------------------------------------------------------- quantized formats
+
+// FP8 e4m3fn, encoded on the fp32 bits so that every architecture (with or without FP8 hardware)
+// produces the same codes: round to nearest even, saturate finite and infinite overflow to ±448,
+// NaN -> 0x7F with the sign kept.
+struct Fp8E4M3 {
+  typedef u8 storage;
+  static constexpr float qmax = 448.f;
+
+  static __device__ __forceinline__ storage encode(float v) {
+    const u32 bits = __float_as_uint(v);
+    const u32 sign = (bits >> 24) & 0x80u;
+    const u32 mag = bits & 0x7fffffffu;
+    u32 code;
+    if (mag > 0x7f800000u) {
+      code = 0x7fu;
+    } else if (mag >= 0x43e00000u) {  // |v| >= 448, infinities included
+      code = 0x7eu;
+    } else if (mag < 0x3c800000u) {  // |v| < 2^-6: the subnormal grid is 2^-9, and x * 2^9 is exact
+      code = (u32)__float2int_rn(__uint_as_float(mag) * 512.f);  // 8 lands on the first normal code
+    } else {
+      // Keep 3 of the 23 mantissa bits, ties to even; a carry moves into the exponent on its own.
+      const u32 rounded = mag + 0x7ffffu + ((mag >> 20) & 1u);
+      code = (rounded >> 20) - (120u << 3);  // rebias the exponent from 127 to 7
+    }
+    return (storage)(code | sign);
+  }
+
+  static __device__ __forceinline__ float decode(storage c) {
+    const u32 sign = (u32)(c & 0x80u) << 24;
+    const u32 e = (c >> 3) & 0xfu, m = c & 7u;
+    if ((c & 0x7fu) == 0x7fu) return __uint_as_float(0x7fc00000u | sign);
+    const float mag = e == 0 ? (float)m * 0.001953125f : __uint_as_float(((e + 120u) << 23) | (m << 20));
+    return __uint_as_float(__float_as_uint(mag) | sign);
+  }
+};
+
+// Symmetric INT8: round half to even, clamp to ±127 (never -128), NaN -> 0.
+struct Int8 {
+  typedef signed char storage;
+  static constexpr float qmax = 127.f;
+
+  static __device__ __forceinline__ storage encode(float v) {
+    if (v != v) return 0;
+    return (storage)__float2int_rn(fminf(fmaxf(rintf(v), -127.f), 127.f));
+  }
+
+  static __device__ __forceinline__ float decode(storage c) { return (float)c; }
+};
+
+// ---------------------------------------------------------------- block scales
+
+// |x| as ordered bits: as unsigned integers NaN > +Inf > every finite value, so a plain integer max
+// is the contract's NaN-aware amax (fmaxf would drop NaN).
+__device__ __forceinline__ u32 abs_bits(float x) { return __float_as_uint(x) & 0x7fffffffu; }
+
+// Round a scale up to a power of two on its bits (ue8m0); non-finite scales pass unchanged.
+__device__ __forceinline__ float ue8m0_ceil(float s) {
+  u32 b = __float_as_uint(s);
+  if ((b & 0x7f800000u) != 0x7f800000u && (b & 0x7fffffu) != 0) b = (b & 0xff800000u) + 0x800000u;
+  return __uint_as_float(b);
+}
+
+// scale = max(amax, eps) / qmax. eps >= 0, so the max is taken on the ordered bits too: a NaN amax
+// stays NaN.
+__device__ __forceinline__ float block_scale(u32 amax_bits, float eps, float qmax, bool ue8m0) {
+  const u32 floor_bits = __float_as_uint(eps);
+  const float s = __fdiv_rn(__uint_as_float(amax_bits > floor_bits ? amax_bits : floor_bits), qmax);
+  return ue8m0 ? ue8m0_ceil(s) : s;
+}
+
+// ---------------------------------------------------------------- activations
+
+enum Activation { kActNone = 0, kActGelu = 1, kActGeluTanh = 2, kActSilu = 3 };
+
+// Written in the operation order of PyTorch's CUDA kernels (GeluCUDAKernelImpl, silu), with the
+// same contraction, so that results agree to the bit with F.gelu / F.silu on the GPU.
+__device__ __forceinline__ float gelu_erf(float x) {
+  return __fmul_rn(__fmul_rn(x, 0.5f), __fadd_rn(1.f, erff(__fmul_rn(x, 0.70710678118654752440f))));
+}
+
+__device__ __forceinline__ float gelu_tanh(float x) {
+  const float beta = 0.79788456080286535588f;  // sqrt(2 / pi)
+  const float cube = __fmul_rn(__fmul_rn(x, x), x);
+  const float inner = __fmul_rn(beta, __fmaf_rn(0.044715f, cube, x));
+  return __fmul_rn(__fmul_rn(0.5f, x), __fadd_rn(1.f, tanhf(inner)));
+}
+
+__device__ __forceinline__ float silu(float x) { return __fdiv_rn(x, __fadd_rn(1.f, expf(-x))); }
+
+__device__ __forceinline__ float activate(float x, int act) {
+  switch (act) {
+    case kActGelu: return gelu_erf(x);
+    case kActGeluTanh: return gelu_tanh(x);
+    case kActSilu: return silu(x);
+    default: return x;
+  }
+}
+
+// ---------------------------------------------------------------- vector memory
+
+template <int BYTES> struct Chunk;
+template <> struct Chunk<16> { typedef uint4 type; };
+template <> struct Chunk<8> { typedef uint2 type; };
+template <> struct Chunk<4> { typedef u32 type; };
+template <> struct Chunk<2> { typedef u16 type; };
+template <> struct Chunk<1> { typedef u8 type; };
+
+// N consecutive elements moved with the widest accesses up to 16 bytes; the caller guarantees that
+// p is aligned to min(16, N * sizeof(T)) bytes (the launcher picks N from the actual alignment).
+template <class T, int N> __device__ __forceinline__ void load_vec(const T* __restrict__ p, T (&out)[N]) {
+  constexpr int BYTES = N * (int)sizeof(T);
+  constexpr int W = BYTES < 16 ? BYTES : 16;
+  typedef typename Chunk<W>::type C;
+  C tmp[BYTES / W];
+#pragma unroll
+  for (int i = 0; i < BYTES / W; ++i) tmp[i] = reinterpret_cast<const C*>(p)[i];
+  memcpy(out, tmp, BYTES);
+}
+
+template <class T, int N> __device__ __forceinline__ void store_vec(T* __restrict__ p, const T (&in)[N]) {
+  constexpr int BYTES = N * (int)sizeof(T);
+  constexpr int W = BYTES < 16 ? BYTES : 16;
+  typedef typename Chunk<W>::type C;
+  C tmp[BYTES / W];
+  memcpy(tmp, in, BYTES);
+#pragma unroll
+  for (int i = 0; i < BYTES / W; ++i) reinterpret_cast<C*>(p)[i] = tmp[i];
+}
+
+// ---------------------------------------------------------------- reductions
+
+// Max over the TEAM threads sharing one block: lanes [k*TEAM, (k+1)*TEAM) when TEAM <= 32, else the
+// whole thread block (TEAM == blockDim.x). Every thread of the block must call it.
+template <int TEAM> __device__ __forceinline__ u32 team_max(u32 v, u32* red) {
+#pragma unroll
+  for (int o = (TEAM < 32 ? TEAM : 32) / 2; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
+  if (TEAM > 32) {
+    const int warp = threadIdx.x / 32;
+    if ((threadIdx.x & 31) == 0) red[warp] = v;
+    __syncthreads();
+#pragma unroll
+    for (int w = 0; w < TEAM / 32; ++w) v = max(v, red[w]);
+    __syncthreads();  // red is rewritten by the next call
+  }
+  return v;
+}
+
+}  // namespace qc

@@ -1,0 +1,447 @@
+// Block-scaled GEMM: out[m, n] = sum_kb fp32(dot_kb(a, b)[m, n]) * a_s[m, kb] * b_s[n / Bn, kb], then
+// bias, activation, and a cast or a 1 x out_group re-quantize (docs/backend-contract.md).
+//
+// a [M, K] and b [N, K] are 8-bit (FP8 e4m3 or INT8), both K-contiguous. A thread block computes a
+// BM x BN tile with WM x WN warps; K advances 64 bytes per pipeline stage through a STAGES-deep ring
+// of shared-memory buffers filled with cp.async (sm_80+) or plain 16-byte loads (sm_75). Warps read
+// fragments with ldmatrix and run one of three tensor-core paths, chosen by KIND:
+//   kMmaE4M3  FP8 x FP8 -> fp32, mma.m16n8k32.e4m3 (sm_89+)
+//   kMmaS8    INT8 x INT8 -> exact int32, mma.m16n8k32.s8 (sm_80+) or 4 x mma.m8n8k16.s8 (sm_75)
+//   kMmaF16   FP8 on GPUs without FP8 MMA (sm_75..sm_86): each e4m3 byte becomes an fp16 equal to
+//             its value times 2^-8 (exact: fp16 holds every e4m3 value), products are exact, the sum
+//             is fp32, and the 2^16 is taken back when the K block is scaled. mma.m16n8k16 (sm_80+)
+//             or mma.m16n8k8 (sm_75).
+// Every K block's dot product lives in its own accumulator and is folded into the fp32 result with
+// its two scales at the block's end, so block_k only has to be a multiple of the 32-wide MMA step.
+#include "common.cuh"
+
+namespace qc {
+
+enum MmaKind { kMmaE4M3 = 0, kMmaS8 = 1, kMmaF16 = 2 };
+enum OutKind { kOutF32 = 0, kOutBF16 = 1, kOutF16 = 2, kOutFp8 = 3, kOutInt8 = 4 };
+
+constexpr int kBK = 64;  // K bytes per pipeline stage: four 16-byte chunks per row
+
+template <bool C, class A, class B> struct Select { typedef A type; };
+template <class A, class B> struct Select<false, A, B> { typedef B type; };
+
+// ---------------------------------------------------------------- shared-memory traffic
+
+__device__ __forceinline__ u32 smem_addr(const void* p) { return (u32)__cvta_generic_to_shared(p); }
+
+// Rows are 64 bytes; XOR-ing the chunk with row bits 1..2 puts the 8 rows an ldmatrix phase reads
+// (and the 8 chunks a cp.async phase writes) in 8 different bank groups.
+__device__ __forceinline__ int swizzle(int row, int chunk) { return row * kBK + ((chunk ^ (row >> 1)) & 3) * 16; }
+
+// Copies `valid` (0..16) bytes of a 16-byte chunk and zero-fills the rest. ALIGNED: src is 16-byte
+// aligned and valid is 0 or 16; otherwise bytes are read one by one.
+template <bool ALIGNED> __device__ __forceinline__ void copy_chunk(u8* dst, const u8* src, int valid) {
+  if (ALIGNED) {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(valid));
+#else
+    *reinterpret_cast<uint4*>(dst) = valid ? *reinterpret_cast<const uint4*>(src) : make_uint4(0, 0, 0, 0);
+#endif
+  } else {
+    u8 v[16];
+#pragma unroll
+    for (int j = 0; j < 16; ++j) v[j] = j < valid ? src[j] : 0;
+    store_vec(dst, v);
+  }
+}
+
+__device__ __forceinline__ void cp_async_commit() {
+#if __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::);
+#endif
+}
+
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+#if __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+#endif
+}
+
+__device__ __forceinline__ void ldmatrix_x4(u32 (&r)[4], u32 addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+// Loads rows [row0, row0 + ROWS) x K bytes [k0, k0 + 64) of a K-contiguous matrix into one stage;
+// rows >= nrows and bytes >= kend read as zero.
+template <int ROWS, int THREADS, bool ALIGNED>
+__device__ __forceinline__ void load_rows(u8* dst, const u8* __restrict__ src, long long ld, int row0, int nrows,
+                                          int k0, int kend) {
+#pragma unroll
+  for (int c = threadIdx.x; c < ROWS * 4; c += THREADS) {
+    const int r = c >> 2, ch = c & 3, k = k0 + ch * 16;
+    const int valid = row0 + r < nrows ? min(max(kend - k, 0), 16) : 0;
+    copy_chunk<ALIGNED>(dst + swizzle(r, ch), valid ? src + (long long)(row0 + r) * ld + k : src, valid);
+  }
+}
+
+// ---------------------------------------------------------------- tensor-core steps
+
+// e4m3 byte pair -> fp16 pair equal to the values times 2^-8: sign stays, exponent and mantissa
+// shift into fp16's fields (subnormals included). sel picks bytes (0, 1) or (2, 3) of x.
+__device__ __forceinline__ u32 e4m3x2_to_f16x2(u32 x, u32 sel) {
+  const u32 t = __byte_perm(x, 0u, sel);
+  return (t & 0x80008000u) | ((t & 0x7f007f00u) >> 1);
+}
+constexpr u32 kLoPair = 0x1404u, kHiPair = 0x3424u;
+
+// One m16n8k32 step on 8-bit fragments as ldmatrix delivers them:
+//   A: a[0] rows 0-7 k 0-15, a[1] rows 8-15 k 0-15, a[2] rows 0-7 k 16-31, a[3] rows 8-15 k 16-31
+//   B: b[0] k 0-15, b[1] k 16-31;  thread (g = lane/4, t = lane%4) holds k 4t..4t+3 of row/col g.
+// prep_* turns them into the registers run() consumes (a copy, or the fp16 expansion).
+template <int KIND> struct Mma {
+  static constexpr int AR = KIND == kMmaF16 ? 8 : 4;
+  static constexpr int BR = KIND == kMmaF16 ? 4 : 2;
+  typedef typename Select<KIND == kMmaS8, int, float>::type acc_t;
+
+  static __device__ __forceinline__ void prep_a(const u32 (&in)[4], u32 (&out)[AR]) {
+    if constexpr (KIND == kMmaF16) {
+      // Two m16n8k16 A fragments over a permutation of k that prep_b applies to B as well.
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        out[4 * h + 0] = e4m3x2_to_f16x2(in[2 * h], kLoPair);
+        out[4 * h + 1] = e4m3x2_to_f16x2(in[2 * h + 1], kLoPair);
+        out[4 * h + 2] = e4m3x2_to_f16x2(in[2 * h], kHiPair);
+        out[4 * h + 3] = e4m3x2_to_f16x2(in[2 * h + 1], kHiPair);
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) out[i] = in[i];
+    }
+  }
+
+  static __device__ __forceinline__ void prep_b(u32 b0, u32 b1, u32 (&out)[BR]) {
+    if constexpr (KIND == kMmaF16) {
+      out[0] = e4m3x2_to_f16x2(b0, kLoPair);
+      out[1] = e4m3x2_to_f16x2(b0, kHiPair);
+      out[2] = e4m3x2_to_f16x2(b1, kLoPair);
+      out[3] = e4m3x2_to_f16x2(b1, kHiPair);
+    } else {
+      out[0] = b0;
+      out[1] = b1;
+    }
+  }
+
+  // The accumulator d holds c0, c1 (row g, cols 2t, 2t+1) and c2, c3 (row g + 8).
+  static __device__ __forceinline__ void run(acc_t (&d)[4], const u32 (&a)[AR], const u32 (&b)[BR]) {
+    if constexpr (KIND == kMmaE4M3) {
+#if __CUDA_ARCH__ >= 890
+      asm("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+          : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#endif
+    } else if constexpr (KIND == kMmaS8) {
+#if __CUDA_ARCH__ >= 800
+      asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+          : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#else
+      // The m16n8k32 tile as four m8n8k16 tiles: (rows 0-7 | 8-15) x (k 0-15 | 16-31).
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int rows = i >> 1, kh = i & 1;
+        asm("mma.sync.aligned.m8n8k16.row.col.s32.s8.s8.s32 {%0,%1}, {%2}, {%3}, {%0,%1};\n"
+            : "+r"(d[2 * rows]), "+r"(d[2 * rows + 1])
+            : "r"(a[2 * kh + rows]), "r"(b[kh]));
+      }
+#endif
+    } else {
+#if __CUDA_ARCH__ >= 800
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+            : "r"(a[4 * h]), "r"(a[4 * h + 1]), "r"(a[4 * h + 2]), "r"(a[4 * h + 3]), "r"(b[2 * h]), "r"(b[2 * h + 1]));
+#else
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        asm("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+            : "r"(a[2 * i]), "r"(a[2 * i + 1]), "r"(b[i]));
+#endif
+    }
+  }
+
+  // fp32 of one K block's dot product (kMmaF16 computed it 2^-16 too small; the product is exact).
+  static __device__ __forceinline__ float dot(acc_t x) {
+    if constexpr (KIND == kMmaS8) return __int2float_rn(x);
+    else if constexpr (KIND == kMmaF16) return x * 65536.f;
+    else return x;
+  }
+};
+
+// ---------------------------------------------------------------- epilogue
+
+struct Epilogue {
+  const float* bias;  // fp32 [N] or null
+  void* out;
+  long long ldo;
+  float* out_scale;  // re-quantize only
+  long long os_m, os_n;
+  int M, N, act, out_kind, out_group, ue8m0;
+  float eps;
+};
+
+template <class T>
+__device__ __forceinline__ void store_chunk(T* __restrict__ row, int n, int N, bool vec, const T (&v)[8]) {
+  if (vec && n + 8 <= N) {
+    store_vec(row + n, v);
+  } else {
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+      if (n + j < N) row[n + j] = v[j];
+  }
+}
+
+template <class T> __device__ __forceinline__ void cast_chunk(const Epilogue& e, int m, int n, bool vec, const float (&v)[8]) {
+  T o[8];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) o[j] = from_f32<T>(v[j]);
+  if (m < e.M) store_chunk(static_cast<T*>(e.out) + m * e.ldo, n, e.N, vec, o);
+}
+
+// 1 x G re-quantize with act_quant's formulas. G is a power of two: below 8 the groups sit inside
+// the thread's chunk, above 8 they span G/8 consecutive, aligned lanes of one row.
+template <class Q> __device__ __forceinline__ void requant_chunk(const Epilogue& e, int m, int n, bool vec, const float (&v)[8]) {
+  const int G = e.out_group;
+  u32 amax[8];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) amax[j] = n + j < e.N ? abs_bits(v[j]) : 0u;
+#pragma unroll
+  for (int w = 1; w < 8; w <<= 1) {
+    if (w < G) {
+      u32 t[8];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) t[j] = max(amax[j], amax[j ^ w]);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) amax[j] = t[j];
+    }
+  }
+  if (G > 8) {
+    u32 x = amax[0];
+    for (int o = 1; o < G / 8; o <<= 1) x = max(x, __shfl_xor_sync(0xffffffffu, x, o));
+#pragma unroll
+    for (int j = 0; j < 8; ++j) amax[j] = x;
+  }
+  typename Q::storage o[8];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const float s = block_scale(amax[j], e.eps, Q::qmax, e.ue8m0 != 0);
+    o[j] = Q::encode(__fdiv_rn(v[j], s));
+    if ((n + j) % G == 0 && n + j < e.N && m < e.M) e.out_scale[m * e.os_m + ((n + j) / G) * e.os_n] = s;
+  }
+  if (m < e.M) store_chunk(static_cast<typename Q::storage*>(e.out) + m * e.ldo, n, e.N, vec, o);
+}
+
+// Finishes columns n..n+7 of row m from their fp32 accumulators. Every lane of the warp calls it
+// (re-quantize shuffles), rows >= M and columns >= N included; they write nothing.
+__device__ __forceinline__ void finish_chunk(const Epilogue& e, int m, int n, float (&v)[8]) {
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    if (e.bias && n + j < e.N) v[j] = v[j] + e.bias[n + j];
+    v[j] = activate(v[j], e.act);
+  }
+  const bool vec = ((e.N | e.ldo) & 7) == 0 && (reinterpret_cast<u64>(e.out) & 15) == 0;
+  switch (e.out_kind) {
+    case kOutF32: cast_chunk<float>(e, m, n, vec, v); break;
+    case kOutBF16: cast_chunk<__nv_bfloat16>(e, m, n, vec, v); break;
+    case kOutF16: cast_chunk<__half>(e, m, n, vec, v); break;
+    case kOutFp8: requant_chunk<Fp8E4M3>(e, m, n, vec, v); break;
+    default: requant_chunk<Int8>(e, m, n, vec, v); break;
+  }
+}
+
+// ---------------------------------------------------------------- the GEMM
+
+// blockIdx.z takes K range [z * k_split, (z + 1) * k_split) (k_split a multiple of block_k). With
+// partial == null the tile is finished in place; otherwise its raw fp32 sums go to
+// partial[z, M, N] and splitk_epilogue_kernel finishes them.
+template <int KIND, int BM, int BN, int WM, int WN, int STAGES, bool ALIGNED>
+__global__ void __launch_bounds__(WM * WN * 32)
+gemm_kernel(const u8* __restrict__ a, long long lda, const float* __restrict__ as, long long as_m, long long as_k,
+            const u8* __restrict__ b, long long ldb, const float* __restrict__ bs, long long bs_n, long long bs_k,
+            const float* __restrict__ bias, void* __restrict__ out, long long ldo, float* __restrict__ out_scale,
+            long long os_m, long long os_n, float* __restrict__ partial, int M, int N, int K, int block_n,
+            int block_k, int k_split, int act, int out_kind, int out_group, int ue8m0_out, float eps) {
+  static_assert(KIND != kMmaE4M3 || __CUDA_ARCH__ >= 890, "FP8 tensor-core MMA needs sm_89 or newer");
+  typedef Mma<KIND> MMA;
+  typedef typename MMA::acc_t acc_t;
+  constexpr int THREADS = WM * WN * 32, WTM = BM / WM, WTN = BN / WN, MT = WTM / 16, NT = WTN / 8;
+  constexpr int CPR = BN / 8, RPI = THREADS / CPR;  // epilogue: 8-column chunks per row, rows per sweep
+  static_assert(WTM % 16 == 0 && NT % 2 == 0, "warp tiles are whole m16 x (2 x n8) MMA tiles");
+  static_assert(THREADS % CPR == 0 && WTM % RPI == 0, "epilogue sweeps cover the warp rows evenly");
+
+  extern __shared__ __align__(16) u8 smem[];
+  u8* const sA = smem;
+  u8* const sB = smem + STAGES * BM * kBK;
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int wm = warp / WN, wn = warp % WN, g = lane >> 2, t = lane & 3;
+  const int m0 = blockIdx.x * BM, n0 = blockIdx.y * BN;
+  const int kz0 = blockIdx.z * k_split, kz1 = min(K, kz0 + k_split);
+  const int KT = (kz1 - kz0 + kBK - 1) / kBK;
+
+  auto load_tile = [&](int kt) {
+    const int stage = kt % STAGES, k0 = kz0 + kt * kBK;
+    load_rows<BM, THREADS, ALIGNED>(sA + stage * BM * kBK, a, lda, m0, M, k0, kz1);
+    load_rows<BN, THREADS, ALIGNED>(sB + stage * BN * kBK, b, ldb, n0, N, k0, kz1);
+  };
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (s < KT) load_tile(s);
+    cp_async_commit();
+  }
+
+  // b_scale row of each accumulator column (-1 past N): block_n is arbitrary, so columns of one
+  // tile may use different scale rows.
+  int bcol[NT][2];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int n = n0 + wn * WTN + nt * 8 + 2 * t + j;
+      bcol[nt][j] = n < N ? n / block_n : -1;
+    }
+
+  float acc[MT][NT][4];
+  acc_t blk[MT][NT][4];
+  float sa[MT][2], sb[NT][2];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[mt][nt][i] = 0.f, blk[mt][nt][i] = 0;
+
+  for (int kt = 0; kt < KT; ++kt) {
+    cp_async_wait<STAGES - 2>();
+    __syncthreads();  // stage kt landed for everyone; stage kt - 1 is free to refill
+    if (kt + STAGES - 1 < KT) load_tile(kt + STAGES - 1);
+    cp_async_commit();
+    const u8* tA = sA + (kt % STAGES) * BM * kBK;
+    const u8* tB = sB + (kt % STAGES) * BN * kBK;
+
+#pragma unroll
+    for (int ks = 0; ks < kBK / 32; ++ks) {
+      const int k = kz0 + kt * kBK + ks * 32;
+      if (k >= kz1) break;
+      if (k % block_k == 0) {  // first step of a K block: fetch its scales, used at its end
+        const int kb = k / block_k;
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int m = m0 + wm * WTM + mt * 16 + g + 8 * h;
+            sa[mt][h] = m < M ? as[m * as_m + kb * as_k] : 0.f;
+          }
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+          for (int j = 0; j < 2; ++j) sb[nt][j] = bcol[nt][j] >= 0 ? bs[bcol[nt][j] * bs_n + kb * bs_k] : 0.f;
+      }
+
+      u32 af[MT][MMA::AR];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        u32 raw[4];
+        const int r = wm * WTM + mt * 16 + (lane & 15);
+        ldmatrix_x4(raw, smem_addr(tA + swizzle(r, ks * 2 + (lane >> 4))));
+        MMA::prep_a(raw, af[mt]);
+      }
+#pragma unroll
+      for (int np = 0; np < NT; np += 2) {
+        u32 raw[4], bf0[MMA::BR], bf1[MMA::BR];
+        const int r = wn * WTN + np * 8 + (lane >> 4) * 8 + (lane & 7);
+        ldmatrix_x4(raw, smem_addr(tB + swizzle(r, ks * 2 + ((lane >> 3) & 1))));
+        MMA::prep_b(raw[0], raw[1], bf0);
+        MMA::prep_b(raw[2], raw[3], bf1);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          MMA::run(blk[mt][np], af[mt], bf0);
+          MMA::run(blk[mt][np + 1], af[mt], bf1);
+        }
+      }
+
+      if ((k + 32) % block_k == 0 || k + 32 >= kz1) {  // last step of a K block: scale it in
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+          for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+              const float d = __fmul_rn(__fmul_rn(MMA::dot(blk[mt][nt][i]), sa[mt][i >> 1]), sb[nt][i & 1]);
+              acc[mt][nt][i] = __fadd_rn(acc[mt][nt][i], d);
+              blk[mt][nt][i] = 0;
+            }
+      }
+    }
+  }
+
+  // Epilogue through shared memory, one warp row at a time, so that each thread finishes 8
+  // consecutive columns of a row: wide stores, and re-quantize groups on neighbouring lanes.
+  cp_async_wait<0>();
+  __syncthreads();
+  float* const tile = reinterpret_cast<float*>(smem);
+  constexpr int LDT = BN + 8;  // the padding spreads a warp's float2 writes over all banks
+  const Epilogue e{bias, out, ldo, out_scale, os_m, os_n, M, N, act, out_kind, out_group, ue8m0_out, eps};
+  for (int pass = 0; pass < WM; ++pass) {
+    if (wm == pass) {
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+          for (int h = 0; h < 2; ++h)
+            *reinterpret_cast<float2*>(tile + (mt * 16 + g + 8 * h) * LDT + wn * WTN + nt * 8 + 2 * t) =
+                make_float2(acc[mt][nt][2 * h], acc[mt][nt][2 * h + 1]);
+    }
+    __syncthreads();
+#pragma unroll
+    for (int r = tid / CPR; r < WTM; r += RPI) {
+      const int m = m0 + pass * WTM + r, c = (tid % CPR) * 8;
+      float v[8];
+      load_vec(tile + r * LDT + c, v);
+      if (partial) {
+        if (m < M) store_chunk(partial + ((long long)blockIdx.z * M + m) * N, n0 + c, N, (N & 7) == 0, v);
+      } else {
+        finish_chunk(e, m, n0 + c, v);
+      }
+    }
+    __syncthreads();
+  }
+}
+
+// Sums the split-K partials [splits, M, N] in split order and finishes them. Block (32, rows): lane
+// x takes columns 8 * (32 * blockIdx.x + x) .. +7 of row blockIdx.y * blockDim.y + y.
+__global__ void splitk_epilogue_kernel(const float* __restrict__ partial, int splits, const float* __restrict__ bias,
+                                       void* __restrict__ out, long long ldo, float* __restrict__ out_scale,
+                                       long long os_m, long long os_n, int M, int N, int act, int out_kind,
+                                       int out_group, int ue8m0_out, float eps) {
+  const int n = (blockIdx.x * 32 + threadIdx.x) * 8, m = blockIdx.y * blockDim.y + threadIdx.y;
+  float v[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+  if (m < M) {
+    for (int z = 0; z < splits; ++z) {
+      const float* row = partial + ((long long)z * M + m) * N;
+      if ((N & 7) == 0 && n + 8 <= N) {
+        float p[8];
+        load_vec(row + n, p);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) v[j] += p[j];
+      } else {
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+          if (n + j < N) v[j] += row[n + j];
+      }
+    }
+  }
+  const Epilogue e{bias, out, ldo, out_scale, os_m, os_n, M, N, act, out_kind, out_group, ue8m0_out, eps};
+  finish_chunk(e, m, n, v);
+}
+
+}  // namespace qc

@@ -1,0 +1,105 @@
+"""Every CuPy kernel compiles through NVRTC for sm_75, sm_80, sm_86, sm_89 and sm_90 without a GPU
+(the memory-bound ones for sm_70 too, where NVRTC still has it),
+and each architecture's PTX holds the instructions of its own path (FP8 MMA on sm_89+, the INT8
+m16n8k32 MMA and cp.async on sm_80+, the m8n8k16 INT8 and m16n8k8 fp16 MMAs on sm_75)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+nvrtc = pytest.importorskip("cupy_backends.cuda.libs.nvrtc")
+try:
+    nvrtc.getVersion()
+except Exception as exc:  # the binding imports, but libnvrtc itself is missing
+    pytest.skip(f"NVRTC not loadable: {exc}", allow_module_level=True)
+
+from quantcore.backends.cupy import compiler, launch  # noqa: E402
+from quantcore.capability import simulated_profile  # noqa: E402
+
+ARCHS = (75, 80, 86, 89, 90)
+
+QUANT = (
+    "qc::quant_kernel<__nv_bfloat16, qc::Fp8E4M3, 8, 16, 1>",
+    "qc::quant_kernel<float, qc::Int8, 4, 256, 16>",
+    "qc::quant_kernel<__half, qc::Fp8E4M3, 1, 32, 8>",
+    "qc::dequant_kernel<qc::Fp8E4M3, __nv_bfloat16, 16>",
+    "qc::dequant_kernel<qc::Int8, float, 1>",
+    "qc::dequant_kernel<qc::Int8, __half, 8>",
+)
+EPILOGUE = (
+    "qc::quantized_gelu_kernel<qc::Fp8E4M3, qc::Int8, false, 16, 8, 1>",
+    "qc::quantized_gelu_kernel<qc::Int8, qc::Fp8E4M3, true, 1, 32, 8>",
+    "qc::dequant_bias_kernel<int, __nv_bfloat16, 4>",
+    "qc::dequant_bias_kernel<__nv_bfloat16, float, 8>",
+    "qc::dequant_bias_kernel<float, __half, 1>",
+)
+
+MMA_E4M3 = "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32"
+MMA_S8 = "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32"
+MMA_F16 = "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"
+MMA_S8_SM75 = "mma.sync.aligned.m8n8k16.row.col.s32.s8.s8.s32"
+MMA_F16_SM75 = "mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32"
+CP_ASYNC = "cp.async.cg.shared.global"
+
+
+def _gemm_names(arch: int) -> tuple[str, ...]:
+    """What the launcher instantiates on this architecture: each tile at the profile's stage count,
+    FP8 and INT8, cp.async and byte loaders, and the split-K epilogue."""
+    profile = simulated_profile(f"sm{arch}")
+    names = ["qc::splitk_epilogue_kernel"]
+    for qdtype in (torch.float8_e4m3fn, torch.int8):
+        kind = launch.mma_kind(qdtype, profile)
+        for m, aligned in ((1, True), (4096, False)):
+            tile = launch.gemm_tile(m)
+            stages, _ = launch.gemm_stages(tile, profile.smem_per_block)
+            names.append(launch.gemm_kernel_name(kind, tile, stages, aligned))
+    return tuple(names)
+
+
+EXPECTED = {
+    75: ((MMA_S8_SM75, MMA_F16_SM75), (CP_ASYNC, MMA_S8, MMA_F16, "e4m3")),
+    80: ((MMA_S8, MMA_F16, CP_ASYNC), (MMA_S8_SM75, MMA_F16_SM75, "e4m3")),
+    86: ((MMA_S8, MMA_F16, CP_ASYNC), (MMA_S8_SM75, MMA_F16_SM75, "e4m3")),
+    89: ((MMA_E4M3, MMA_S8, CP_ASYNC), (MMA_S8_SM75, MMA_F16)),
+    90: ((MMA_E4M3, MMA_S8, CP_ASYNC), (MMA_S8_SM75, MMA_F16)),
+}
+
+
+def test_sources_and_headers_found():
+    assert set(compiler.kernel_files()) == {"epilogue.cu", "gemm.cu", "quant.cu"}
+    assert compiler.include_dirs(), "no folder with cuda_fp16.h / cuda_bf16.h found"
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_gemm_paths(arch):
+    ptx = compiler.compile_source("gemm.cu", arch, _gemm_names(arch)).ptx.decode()
+    present, absent = EXPECTED[arch]
+    for instr in present:
+        assert instr in ptx, f"sm_{arch}: {instr} missing"
+    for instr in absent:
+        assert instr not in ptx, f"sm_{arch}: {instr} should not be there"
+    assert "ldmatrix.sync.aligned.m8n8.x4.shared.b16" in ptx
+
+
+@pytest.mark.parametrize("arch", (70, *ARCHS))
+@pytest.mark.parametrize("source", ("quant.cu", "epilogue.cu"))
+def test_memory_bound_kernels(arch, source):
+    if arch not in compiler.supported_archs():
+        pytest.skip(f"NVRTC {compiler.nvrtc_version()} has no sm_{arch} (CUDA 13 dropped Volta)")
+    ptx = compiler.compile_source(source, arch, QUANT if source == "quant.cu" else EPILOGUE).ptx.decode()
+    assert "ld.global.nc.v4.u32" in ptx or "ld.global.v4.u32" in ptx  # 16-byte vector loads
+    assert "st.global.v4.u32" in ptx
+    assert "div.rn.f32" in ptx and "div.approx" not in ptx and "div.full" not in ptx  # IEEE division only
+
+
+def test_fp8_mma_refused_below_sm89():
+    name = launch.gemm_kernel_name(0, launch.gemm_tile(4096), 2, True)
+    with pytest.raises(compiler.KernelCompileError, match="sm_89"):
+        compiler.compile_source("gemm.cu", 80, (name,))
+
+
+def test_compile_is_cached():
+    first = compiler.compile_source("quant.cu", 90, QUANT[:1])
+    assert compiler.compile_source("quant.cu", (9, 0), QUANT[:1]) is first
+    assert first.lowered[QUANT[0]].startswith("_Z")

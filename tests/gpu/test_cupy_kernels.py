@@ -1,0 +1,305 @@
+"""CuPy kernels against the torch reference on the GPU: bit-exact quantize/dequantize/epilogues, the
+GEMM within the contract's tolerances, on DeepSeek-V3 shapes with tails, on the real profile and on
+the simulated sm_80 (GEMM) and sm_75 paths. Also the kernel specifics: 16-byte vector path vs the scalar
+path, misaligned pointers and strides, M-major scales, split-K."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+pytestmark = pytest.mark.gpu
+
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA GPU", allow_module_level=True)
+pytest.importorskip("cupy")
+
+from quantcore import capability  # noqa: E402
+from quantcore.backends import torch as ref  # noqa: E402
+from quantcore.backends.cupy import launch  # noqa: E402
+
+FP8, I8 = torch.float8_e4m3fn, torch.int8
+QDTYPES = (FP8, I8)
+PROFILES = ("real", "sm80", "sm75")
+# The memory-bound kernels have no sm_80-specific code; sm_75 covers the software bf16 conversions.
+MEM_PROFILES = ("real", "sm75")
+DEEPSEEK_NK = ((2112, 7168), (7168, 2048), (24576, 1536), (4096, 7168))
+GEMM_TOL = {FP8: 1e-5, I8: 1e-6}
+
+
+def _profile(name):
+    if name == "real":
+        return capability.profile_for("cuda")
+    with capability.simulate(name):
+        return capability.profile_for("cuda")
+
+
+def _randn(shape, dtype=torch.float32, scale=1.0, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    x = torch.randn(*shape, generator=g, device="cuda")
+    x = x * torch.exp(torch.randn(*shape[:-1], 1, generator=g, device="cuda")) * scale
+    return x.to(dtype)
+
+
+def _misaligned(x):
+    """The same values, one element past a 16-byte boundary and with a padded row stride."""
+    buf = torch.empty(x.shape[0], x.shape[1] + 3, dtype=x.dtype, device=x.device)
+    view = buf[:, 1 : x.shape[1] + 1]
+    view.copy_(x)
+    return view
+
+
+@pytest.fixture(autouse=True)
+def poisoned(monkeypatch):
+    """Every fresh allocation starts as NaN (0xFF bytes for FP8, -128 for INT8), so an output
+    element a kernel forgets to write fails the comparison."""
+    real_empty = torch.empty
+
+    def empty(*args, **kwargs):
+        t = real_empty(*args, **kwargs)
+        if t.dtype == FP8:
+            t.view(torch.uint8).fill_(0xFF)
+        elif t.dtype in (torch.float32, torch.bfloat16, torch.float16):
+            t.fill_(float("nan"))
+        elif t.dtype == I8:
+            t.fill_(-128)  # never produced by quantization
+        elif t.dtype == torch.int32:
+            t.fill_(-1)
+        return t
+
+    monkeypatch.setattr(torch, "empty", empty)
+
+
+def assert_same(a, b):
+    """Bit-exact equality of quantized codes or floats (NaN == NaN)."""
+    assert a.shape == b.shape and a.dtype == b.dtype
+    if a.dtype in (FP8, I8):
+        a, b = a.view(torch.uint8), b.view(torch.uint8)
+        bad = (a != b).sum().item()
+    else:
+        bad = (~((a == b) | (a.isnan() & b.isnan()))).sum().item()
+    assert bad == 0, f"{bad} of {a.numel()} elements differ"
+
+
+def rel_err(x, y):
+    x, y = x.double(), y.double()
+    return ((x - y).norm() / y.norm().clamp_min(1e-30)).item()
+
+
+def _on_cpu(fn, *tensors, **kw):
+    """Run a torch reference op on the CPU and bring its outputs back (strides kept).
+
+    The quantize references divide by qmax with `tensor / float`, which torch's CUDA kernels turn
+    into a multiplication by the reciprocal (one ulp off the IEEE quotient for ~60% of FP8 scales);
+    on the CPU it is the contract's IEEE division."""
+    out = fn(*(t.cpu() for t in tensors), **kw)
+    return tuple(o.to("cuda") for o in out) if isinstance(out, tuple) else out.to("cuda")
+
+
+def _with_specials(x, group):
+    """Put NaN, +Inf and an all-zero block into some rows' blocks (other blocks stay finite)."""
+    x = x.clone()
+    if x.shape[0] >= 3 and x.shape[1] > group:
+        x[0, 1] = float("nan")
+        x[1, group] = float("inf")
+        x[2, :group] = 0
+    return x
+
+
+# ---------------------------------------------------------------- quantize / dequantize
+
+ACT_SHAPES = ((1, 7168), (64, 2048), (4096, 1536), (37, 7000), (5, 1001))
+
+
+@pytest.mark.parametrize("prof", MEM_PROFILES)
+@pytest.mark.parametrize("shape", ACT_SHAPES)
+@pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float16, torch.float32))
+@pytest.mark.parametrize("qdtype", QDTYPES)
+@pytest.mark.parametrize("ue8m0", (False, True))
+def test_act_quant(prof, shape, dtype, qdtype, ue8m0):
+    x = _with_specials(_randn(shape, dtype, seed=shape[1]), 128)
+    kw = dict(qdtype=qdtype, group_size=128, ue8m0=ue8m0, eps=1e-4)
+    for m_major in (False, True):
+        q, s = launch.act_quant(x, **kw, scale_m_major=m_major, profile=_profile(prof))
+        rq, rs = _on_cpu(ref.act_quant, x, **kw, scale_m_major=m_major)
+        assert_same(q, rq)
+        assert_same(s, rs)
+        if shape[0] > 1:  # a single row's stride is arbitrary
+            assert s.stride() == rs.stride()
+
+
+@pytest.mark.parametrize("qdtype", QDTYPES)
+@pytest.mark.parametrize("group", (128, 32, 96, 7))
+def test_act_quant_vector_and_scalar_paths(qdtype, group):
+    """Aligned bf16 rows take 16-byte vectors; a misaligned view, odd K or an odd group the scalar path."""
+    x = _randn((33, 2048), torch.bfloat16, seed=group)
+    kw = dict(qdtype=qdtype, group_size=group, ue8m0=False, eps=1e-4, scale_m_major=False)
+    prof = _profile("real")
+    for inp, aligned in ((x, True), (_misaligned(x), False), (x[:, :2047], False)):
+        vec = launch._vector_width(8, (inp.shape[1], launch._row_stride(inp), group), (inp,))
+        assert vec == (8 if aligned and group % 8 == 0 else 1)
+        q, s = launch.act_quant(inp, **kw, profile=prof)
+        rq, rs = _on_cpu(ref.act_quant, inp, **kw)
+        assert_same(q, rq)
+        assert_same(s, rs)
+
+
+def _weight(nk, dtype, block):
+    return _with_specials(_randn(nk, dtype, scale=0.02, seed=nk[0]), block[1])
+
+
+@functools.lru_cache(maxsize=None)
+def _weight_quant_cpu(nk, dtype, block, qdtype, ue8m0):
+    """The CPU reference, once per input (the profiles share it: it takes seconds at 24576 x 1536)."""
+    return _on_cpu(ref.weight_quant, _weight(nk, dtype, block), qdtype=qdtype, block_n=block[0],
+                   block_k=block[1], ue8m0=ue8m0, eps=1e-4)
+
+
+WEIGHT_CASES = tuple((nk, (128, 128)) for nk in DEEPSEEK_NK) + tuple(
+    ((300, 200), block) for block in ((128, 128), (64, 96), (1, 32)))
+
+
+@pytest.mark.parametrize("prof", MEM_PROFILES)
+@pytest.mark.parametrize("nk, block", WEIGHT_CASES)
+@pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float32))
+@pytest.mark.parametrize("qdtype", QDTYPES)
+@pytest.mark.parametrize("ue8m0", (False, True))
+def test_weight_quant(prof, nk, block, dtype, qdtype, ue8m0):
+    q, s = launch.weight_quant(_weight(nk, dtype, block), qdtype=qdtype, block_n=block[0], block_k=block[1],
+                               ue8m0=ue8m0, eps=1e-4, profile=_profile(prof))
+    rq, rs = _weight_quant_cpu(nk, dtype, block, qdtype, ue8m0)
+    assert_same(q, rq)
+    assert_same(s, rs)
+
+
+@pytest.mark.parametrize("prof", MEM_PROFILES)
+@pytest.mark.parametrize("shape", ACT_SHAPES)
+@pytest.mark.parametrize("out_dtype", (torch.bfloat16, torch.float16, torch.float32))
+@pytest.mark.parametrize("qdtype", QDTYPES)
+def test_act_dequant(prof, shape, out_dtype, qdtype):
+    x = _randn(shape, torch.float32, seed=7)
+    q, s = ref.act_quant(x, qdtype=qdtype, group_size=128, ue8m0=False, eps=1e-4, scale_m_major=True)
+    for qin in (q, _misaligned(q)):
+        out = launch.act_dequant(qin, s, group_size=128, out_dtype=out_dtype, profile=_profile(prof))
+        assert_same(out, ref.act_dequant(qin, s, group_size=128, out_dtype=out_dtype))
+
+
+@pytest.mark.parametrize("prof", MEM_PROFILES)
+@pytest.mark.parametrize("nk", DEEPSEEK_NK + ((300, 200),))
+@pytest.mark.parametrize("out_dtype", (torch.bfloat16, torch.float32))
+@pytest.mark.parametrize("qdtype", QDTYPES)
+def test_weight_dequant(prof, nk, out_dtype, qdtype):
+    w = _randn(nk, torch.float32, scale=0.02, seed=3)
+    kw = dict(block_n=128, block_k=128)
+    q, s = ref.weight_quant(w, qdtype=qdtype, ue8m0=False, eps=1e-4, **kw)
+    out = launch.weight_dequant(q, s, **kw, out_dtype=out_dtype, profile=_profile(prof))
+    assert_same(out, ref.weight_dequant(q, s, **kw, out_dtype=out_dtype))
+
+
+# ---------------------------------------------------------------- fused epilogues
+
+@pytest.mark.parametrize("prof", MEM_PROFILES)
+@pytest.mark.parametrize("mn", ((1, 2112), (64, 7168), (4096, 2048), (33, 1001)))
+@pytest.mark.parametrize("gdtype", (torch.bfloat16, torch.float16, torch.float32, torch.int32))
+@pytest.mark.parametrize("out_dtype", (torch.bfloat16, torch.float32))
+@pytest.mark.parametrize("bias_dtype", (None, torch.bfloat16, torch.float32))
+def test_dequant_bias(prof, mn, gdtype, out_dtype, bias_dtype):
+    M, N = mn
+    if gdtype == torch.int32:
+        g = torch.randint(-2**20, 2**20, mn, device="cuda", dtype=torch.int32)
+    else:
+        g = _randn(mn, gdtype, seed=N)
+    sa = _randn((M, 1), seed=1)[:, 0].abs()
+    sb = _randn((1, 2 * N), seed=2)[0, ::2].abs()  # strided per-channel scales
+    bias = None if bias_dtype is None else _randn((1, N), bias_dtype, seed=3)[0]
+    for gin in (g, _misaligned(g)):
+        out = launch.dequant_bias(gin, sa, sb, bias, out_dtype=out_dtype, profile=_profile(prof))
+        assert_same(out, ref.dequant_bias(gin, sa, sb, bias, out_dtype=out_dtype))
+
+
+@pytest.mark.parametrize("prof", MEM_PROFILES)
+@pytest.mark.parametrize("shape", ((1, 7168), (4096, 2048), (37, 7000)))
+@pytest.mark.parametrize("qdtype", QDTYPES)
+@pytest.mark.parametrize("out_qdtype", QDTYPES)
+@pytest.mark.parametrize("approximate", ("none", "tanh"))
+def test_quantized_gelu(prof, shape, qdtype, out_qdtype, approximate):
+    x = _randn(shape, seed=11)
+    q, s = ref.act_quant(x, qdtype=qdtype, group_size=128, ue8m0=False, eps=1e-4, scale_m_major=False)
+    for ue8m0 in (False, True):
+        kw = dict(group_size=128, approximate=approximate, out_qdtype=out_qdtype, ue8m0=ue8m0, eps=1e-4)
+        q2, s2 = launch.quantized_gelu(q, s, **kw, profile=_profile(prof))
+        # The reference's steps with the GELU on the GPU (torch's CUDA GELU, which the kernel matches
+        # to the bit) and the re-quantize on the CPU (IEEE division, see _on_cpu).
+        y = F.gelu(ref.act_dequant(q, s, group_size=128, out_dtype=torch.float32), approximate=approximate)
+        rq2, rs2 = _on_cpu(ref.act_quant, y, qdtype=out_qdtype, group_size=128, ue8m0=ue8m0, eps=1e-4,
+                           scale_m_major=False)
+        assert_same(q2, rq2)
+        assert_same(s2, rs2)
+
+
+# ---------------------------------------------------------------- GEMM
+
+def _gemm_inputs(M, N, K, qdtype, block=(128, 128), seed=0):
+    a, a_s = ref.act_quant(_randn((M, K), seed=seed), qdtype=qdtype, group_size=block[1], ue8m0=False,
+                           eps=1e-4, scale_m_major=True)
+    b, b_s = ref.weight_quant(_randn((N, K), scale=0.02, seed=seed + 1), qdtype=qdtype, block_n=block[0],
+                              block_k=block[1], ue8m0=False, eps=1e-4)
+    return a, a_s, b, b_s
+
+
+def _mm(a, a_s, b, b_s, fn, block=(128, 128), **epilogue):
+    kw = dict(block_n=block[0], block_k=block[1], bias=None, activation=None, out_dtype=torch.float32,
+              out_quant=None, out_group=128, ue8m0_out=False, eps=1e-4)
+    kw.update(epilogue)
+    return fn(a, a_s, b, b_s, **kw)
+
+
+@pytest.mark.parametrize("prof", PROFILES)
+@pytest.mark.parametrize("M", (1, 64, 4096))
+@pytest.mark.parametrize("nk", DEEPSEEK_NK)
+@pytest.mark.parametrize("qdtype", QDTYPES)
+def test_scaled_mm_deepseek(prof, M, nk, qdtype):
+    N, K = nk
+    a, a_s, b, b_s = _gemm_inputs(M, N, K, qdtype)
+    out = _mm(a, a_s, b, b_s, lambda *x, **k: launch.scaled_mm(*x, **k, profile=_profile(prof)))
+    expect = _mm(a, a_s, b, b_s, ref.scaled_mm)
+    assert not out.isnan().any()
+    assert rel_err(out, expect) <= GEMM_TOL[qdtype]
+
+
+EPILOGUES = (
+    dict(bias=torch.bfloat16, activation="gelu", out_dtype=torch.bfloat16),
+    dict(bias=torch.float32, activation="gelu_tanh", out_dtype=torch.float16),
+    dict(bias=None, activation="silu", out_quant=FP8, out_group=128, ue8m0_out=True),
+    dict(bias=torch.float32, activation=None, out_quant=I8, out_group=4),
+)
+
+
+@pytest.mark.parametrize("prof", PROFILES)
+@pytest.mark.parametrize("mnk", ((1, 2112, 7168), (37, 300, 1000), (200, 264, 640)))
+@pytest.mark.parametrize("qdtype", QDTYPES)
+@pytest.mark.parametrize("epi", range(len(EPILOGUES)))
+def test_scaled_mm_epilogues(prof, mnk, qdtype, epi):
+    """Bias, activations, casts and the fused re-quantize; K = 1000 is not a multiple of 16 (byte
+    loader), (200, 264, 640) uses 64 x 64 weight blocks, M = 1 goes through split-K."""
+    M, N, K = mnk
+    block = (64, 64) if K == 640 else (128, 128)
+    a, a_s, b, b_s = _gemm_inputs(M, N, K, qdtype, block, seed=M)
+    spec = dict(EPILOGUES[epi])
+    if spec["bias"] is not None:
+        spec["bias"] = _randn((1, N), spec["bias"], seed=5)[0]
+    out = _mm(a, a_s, b, b_s, lambda *x, **k: launch.scaled_mm(*x, **k, profile=_profile(prof)), block, **spec)
+    expect = _mm(a, a_s, b, b_s, ref.scaled_mm, block, **spec)
+    if spec.get("out_quant") is None:
+        assert not out.isnan().any()
+        tol = GEMM_TOL[qdtype] if out.dtype == torch.float32 else 1e-2
+        assert rel_err(out, expect) <= tol
+    else:
+        (q, s), (rq, rs) = out, expect
+        G = spec["out_group"]
+        deq = lambda q_, s_: q_.float() * s_.repeat_interleave(G, 1)[:, :N]  # noqa: E731
+        assert rel_err(s, rs) <= 1e-5
+        assert rel_err(deq(q, s), deq(rq, rs)) <= 2e-2
