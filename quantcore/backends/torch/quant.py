@@ -69,7 +69,7 @@ def act_dequant(q, scale, *, group_size, out_dtype, profile=None):
     M, K = q.shape
     kb = math.ceil(K / group_size)
     qb = _pad_last(q.float(), group_size).reshape(M, kb, group_size)
-    return (qb * scale.unsqueeze(-1)).reshape(M, kb * group_size)[:, :K].to(out_dtype)
+    return (qb * scale.unsqueeze(-1)).reshape(M, kb * group_size)[:, :K].to(out_dtype).contiguous()
 
 
 def _weight_blocks(t: torch.Tensor, block_n: int, block_k: int) -> torch.Tensor:
@@ -91,4 +91,4 @@ def weight_dequant(q, scale, *, block_n, block_k, out_dtype, profile=None):
     """q [N, K], scale [NB, KB] -> fp32(q) * scale cast to out_dtype, [N, K]."""
     N, K = q.shape
     w = _weight_blocks(q.float(), block_n, block_k) * scale[:, None, :, None]
-    return w.reshape(w.shape[0] * block_n, -1)[:N, :K].to(out_dtype)
+    return w.reshape(w.shape[0] * block_n, -1)[:N, :K].to(out_dtype).contiguous()

@@ -1,0 +1,216 @@
+"""Quantized layers for PyTorch models: `QuantLinear`, `quantize_model` and FP8 checkpoint loading.
+
+`QuantLinear` keeps its weight block-quantized (FP8 e4m3 or INT8, one fp32 scale per Bn×Bk block)
+under the names DeepSeek-V3 and Hugging Face checkpoints use — `weight` [N, K] and
+`weight_scale_inv` [ceil(N/Bn), ceil(K/Bk)] — so a model converted with `quantize_model` loads such a
+checkpoint with a plain `load_state_dict` (or `load_fp8_checkpoint` from safetensors files). The
+forward quantizes the activation per 1×Bk group on the fly and runs the block-scaled GEMM with the
+bias fused, both as `torch.ops.quantcore` custom ops, so the model compiles with
+`torch.compile(fullgraph=True)` and the implementation is chosen per call (M stays dynamic).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import math
+import os
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import torch
+from torch import nn
+
+from . import library as _library  # noqa: F401  (registers torch.ops.quantcore)
+from .errors import InvalidInputError
+from .formats import DEFAULT_BLOCK, FLOAT_DTYPES, dtype_name, format_named, format_of_dtype
+from .specs import checks
+
+_QUANT_BUFFERS = ("weight", "weight_scale_inv")
+_LAYER = "QuantLinear"  # how errors name the module
+
+
+def resolve_dtype(dtype: Any, device: torch.device | str) -> torch.dtype:
+    """The quantized storage dtype meant by `dtype` on `device`.
+
+    `dtype`: torch.float8_e4m3fn, torch.int8, a format name ("fp8", "fp8_e4m3", "int8") or "auto":
+    FP8 on GPUs with FP8 tensor cores (sm_89+) and on the CPU (where the reference computes it),
+    INT8 on older GPUs (`quantcore.capability.preferred_format_name`).
+    """
+    named = format_named(dtype) if isinstance(dtype, str) else None
+    return checks.quant_format(_LAYER, "dtype", named.dtype if named else dtype, torch.device(device)).dtype
+
+
+class QuantLinear(nn.Module):
+    """`y = x @ W^T + b` with W block-quantized and x quantized per 1×Bk group on the fly.
+
+    in_features K, out_features N: any sizes >= 1 (partial blocks are supported).
+    dtype: the weight's storage, see `resolve_dtype` ("auto" is resolved for `device` here, once).
+    block_size: (Bn, Bk), the weight's block; activations are quantized per 1×Bk (the GEMM needs
+    the activation group to equal the weight's K block). out_dtype: the output dtype (bf16, fp16, fp32).
+
+    Inference only: no gradient flows through the quantized ops.
+
+    Buffers: `weight` [N, K] in `dtype`, `weight_scale_inv` [ceil(N/Bn), ceil(K/Bk)] fp32 (the
+    dequantization multipliers, as DeepSeek-V3 stores them) and `bias` [N] (fp32 unless loaded or
+    converted otherwise) or None. Input x: [..., K] bf16/fp16/fp32; output [..., N] out_dtype.
+    `module.to(dtype)` moves the module but keeps the quantized weight and its fp32 scales as they are.
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, *, dtype: Any = "auto",
+                 block_size: tuple[int, int] = DEFAULT_BLOCK, out_dtype: torch.dtype = torch.bfloat16,
+                 device: torch.device | str | None = None):
+        super().__init__()
+        self.in_features = checks.positive_int(_LAYER, "in_features", in_features)
+        self.out_features = checks.positive_int(_LAYER, "out_features", out_features)
+        self.block_size = checks.block_pair(_LAYER, block_size)
+        self.out_dtype = checks.out_float(_LAYER, "out_dtype", out_dtype)
+        device = torch.device("cpu" if device is None else device)
+        qdtype = resolve_dtype(dtype, device)
+        grid = (math.ceil(out_features / self.block_size[0]), math.ceil(in_features / self.block_size[1]))
+        self.register_buffer("weight", torch.zeros(out_features, in_features, dtype=qdtype, device=device))
+        self.register_buffer("weight_scale_inv", torch.ones(grid, dtype=torch.float32, device=device))
+        self.register_buffer("bias", torch.zeros(out_features, device=device) if bias else None)
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, *, dtype: Any = "auto", block_size: tuple[int, int] = DEFAULT_BLOCK,
+                    out_dtype: torch.dtype | None = None) -> QuantLinear:
+        """Quantize an `nn.Linear` on its own device. out_dtype None keeps the linear's weight dtype
+        (bf16 when that is not bf16, fp16 or fp32); the bias keeps its dtype."""
+        if not isinstance(linear, nn.Linear):
+            raise InvalidInputError(f"QuantLinear.from_linear: expected an nn.Linear, got {type(linear).__name__}")
+        w = linear.weight.detach()
+        if out_dtype is None:
+            out_dtype = w.dtype if w.dtype in FLOAT_DTYPES else torch.bfloat16
+        module = cls(linear.in_features, linear.out_features, linear.bias is not None, dtype=dtype,
+                     block_size=block_size, out_dtype=out_dtype, device=w.device)
+        q, scale = torch.ops.quantcore.weight_quant(w, dtype=module.weight.dtype, block_size=list(module.block_size))
+        module.weight, module.weight_scale_inv = q, scale
+        if linear.bias is not None:
+            module.bias = linear.bias.detach().clone()
+        return module
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x [..., K] bf16/fp16/fp32 -> [..., N] out_dtype."""
+        if x.shape[-1] != self.in_features:
+            raise InvalidInputError(f"{_LAYER}: input has {x.shape[-1]} features in its last dim (shape "
+                                    f"{tuple(x.shape)}); this layer expects in_features={self.in_features}")
+        xq, xs = torch.ops.quantcore.act_quant(x, dtype=self.weight.dtype, group_size=self.block_size[1])
+        return torch.ops.quantcore.scaled_mm(xq, xs, self.weight, self.weight_scale_inv, self.bias,
+                                             out_dtype=self.out_dtype, block_size=list(self.block_size))
+
+    def dequantized_weight(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The weight the layer computes with, as a float [N, K] tensor of `dtype`."""
+        return torch.ops.quantcore.weight_dequant(self.weight, self.weight_scale_inv,
+                                                  block_size=list(self.block_size), out_dtype=dtype)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+                f"dtype={dtype_name(self.weight.dtype)}, block_size={self.block_size}, "
+                f"out_dtype={dtype_name(self.out_dtype)}")
+
+    def _apply(self, fn, recurse=True):
+        # nn.Module.to(dtype), .half(), .bfloat16() cast every floating-point buffer, and e4m3 counts as
+        # one: a cast would turn the codes into plain floats and round the fp32 scales. Take only the
+        # device change for the quantized weight and its scales.
+        kept = {name: self._buffers[name] for name in _QUANT_BUFFERS}
+        super()._apply(fn, recurse)
+        for name, before in kept.items():
+            after = self._buffers[name]
+            if after.dtype != before.dtype:
+                self._buffers[name] = before.to(after.device)
+        return self
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        # Checked here because the default loader copies with a cast: a bf16 `weight` would become e4m3
+        # codes without scales, and a wrong shape would only be a message among error_msgs.
+        present = [name for name in _QUANT_BUFFERS if prefix + name in state_dict]
+        if len(present) == 1:
+            missing = prefix + next(n for n in _QUANT_BUFFERS if n not in present)
+            raise InvalidInputError(f"{_LAYER}: checkpoint has {prefix + present[0]} but not {missing}; a "
+                                    "block-quantized weight needs both (the codes and their fp32 block scales)")
+        if present:
+            _check_loaded(prefix + "weight", state_dict[prefix + "weight"], self.weight.dtype,
+                          tuple(self.weight.shape), "the quantized weight [out_features, in_features]")
+            _check_loaded(prefix + "weight_scale_inv", state_dict[prefix + "weight_scale_inv"], torch.float32,
+                          tuple(self.weight_scale_inv.shape),
+                          f"one fp32 scale per {self.block_size[0]}x{self.block_size[1]} block of the weight; "
+                          "build the layer with the checkpoint's block_size")
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
+
+
+def _check_loaded(key: str, t: Any, dtype: torch.dtype, shape: tuple[int, ...], what: str) -> None:
+    """A checkpoint tensor for a QuantLinear buffer has exactly the buffer's dtype and shape."""
+    if not isinstance(t, torch.Tensor):
+        raise InvalidInputError(f"{_LAYER}: checkpoint entry {key} is a {type(t).__name__}, not a tensor")
+    if t.dtype != dtype:
+        if dtype == torch.float32:
+            hint = "store the scales as float32"
+        elif format_of_dtype(t.dtype) is not None:
+            hint = f"build the layer with dtype=torch.{dtype_name(t.dtype)} (quantize_model(model, dtype=...))"
+        else:
+            hint = "this is not a quantized weight: load it into the float model, then call quantize_model"
+        raise InvalidInputError(f"{_LAYER}: checkpoint tensor {key} has dtype {dtype_name(t.dtype)}; this layer "
+                                f"expects {dtype_name(dtype)} ({what}); {hint}")
+    if tuple(t.shape) != shape:
+        raise InvalidInputError(f"{_LAYER}: checkpoint tensor {key} has shape {tuple(t.shape)}; this layer "
+                                f"expects {shape} ({what})")
+
+
+def _skipped(name: str, patterns: Iterable[str]) -> bool:
+    """A pattern matches the full dotted name or its tail: "lm_head" skips "lm_head" and "model.lm_head"."""
+    return any(fnmatch.fnmatchcase(name, p) or fnmatch.fnmatchcase(name, "*." + p) for p in patterns)
+
+
+def quantize_model(model: nn.Module, *, dtype: Any = "auto", skip: Iterable[str] = ("lm_head",),
+                   block_size: tuple[int, int] = DEFAULT_BLOCK, out_dtype: torch.dtype | None = None) -> nn.Module:
+    """Replace every `nn.Linear` of `model` in place by a `QuantLinear` (see `QuantLinear.from_linear`)
+    and return `model`.
+
+    skip: module-name patterns (fnmatch globs, matched against the dotted name or its tail, e.g.
+    "lm_head", "layers.0.*", "*.gate") whose linears stay in floating point. dtype: as `resolve_dtype`,
+    resolved per layer for the device its weight is on (move the model to its device first).
+    out_dtype: each layer's output dtype; None keeps each linear's weight dtype.
+    """
+    if not isinstance(model, nn.Module):
+        raise InvalidInputError(f"quantize_model: expected an nn.Module, got {type(model).__name__}")
+    if isinstance(skip, str):  # a lone pattern would otherwise be split into characters
+        skip = (skip,)
+    block = checks.block_pair("quantize_model", block_size)
+    # remove_duplicate=False: a linear shared by several parents is listed under each name, and all of
+    # them get the one QuantLinear made for it.
+    targets = [(name, m) for name, m in model.named_modules(remove_duplicate=False)
+               if isinstance(m, nn.Linear) and name and not _skipped(name, skip)]
+    converted: dict[int, QuantLinear] = {}
+    for name, linear in targets:
+        if id(linear) not in converted:
+            converted[id(linear)] = QuantLinear.from_linear(linear, dtype=dtype, block_size=block, out_dtype=out_dtype)
+        parent_name, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent_name), child, converted[id(linear)])
+    return model
+
+
+def load_fp8_checkpoint(model: nn.Module, checkpoint: str | os.PathLike | Mapping[str, torch.Tensor], *,
+                        strict: bool = True):
+    """Load a DeepSeek-V3 / Hugging Face FP8 checkpoint into `model` (converted with `quantize_model`).
+
+    checkpoint: a `.safetensors` file, a directory of them (shards), or a state dict. Quantized layers
+    read `<name>.weight` (e4m3, [N, K]) and `<name>.weight_scale_inv` (fp32, [ceil(N/128), ceil(K/128)]);
+    other tensors load as usual. Returns `load_state_dict`'s (missing_keys, unexpected_keys).
+    Raises `InvalidInputError` naming the key when a quantized tensor has the wrong dtype or shape.
+    """
+    if isinstance(checkpoint, Mapping):
+        state = dict(checkpoint)
+    else:
+        from safetensors.torch import load_file  # optional dependency, needed only for files
+
+        path = Path(checkpoint)
+        files = sorted(path.glob("*.safetensors")) if path.is_dir() else [path]
+        if not files or not all(f.is_file() for f in files):
+            raise InvalidInputError(f"load_fp8_checkpoint: no safetensors file at {str(path)!r}; pass a .safetensors "
+                                    "file, a directory holding them, or a state dict")
+        state = {}
+        for f in files:
+            state.update(load_file(str(f)))
+    return model.load_state_dict(state, strict=strict)
