@@ -64,7 +64,8 @@ class Explanation(BaseModel):
         head += f"runs {self.selected}" if self.selected else "nothing can run"
         if self.numerics and self.numerics != "exact":
             head += f" (numerics: {self.numerics})"
-        rows = [f"  {c.impl:<18} {c.status:<11} {'; '.join(c.reasons)}" for c in self.candidates]
+        rows = [f"  {c.impl:<18} {c.status:<11} {'; '.join(c.reasons)}"
+                + (f" [numerics: {c.numerics}]" if c.numerics != "exact" else "") for c in self.candidates]
         return "\n".join([head, *rows])
 
 
@@ -215,6 +216,18 @@ def select(query: Query, backend: BackendChoice = None) -> Impl:
     return impl
 
 
+def _one_per_label(candidates: list[Impl], fmt: str) -> list[Impl]:
+    """Entries of one label split by format are one row: keep those implementing `fmt` (or the first,
+    to say that none does)."""
+    kept = []
+    for impl in candidates:
+        same = [i for i in candidates if i.label == impl.label]
+        serving = [i for i in same if fmt in i.constraints.formats] or same[:1]
+        if impl in serving:
+            kept.append(impl)
+    return kept
+
+
 def explain_query(query: Query, backend: BackendChoice = None) -> Explanation:
     """Every implementation of `query.op` with its status for this query."""
     explicit, order = _resolve_choice(query, backend)
@@ -225,10 +238,12 @@ def explain_query(query: Query, backend: BackendChoice = None) -> Explanation:
     candidates = []
     ranked = _ordered(query.op, order) if explicit is None else list(impls(query.op))
     others = [i for i in impls(query.op) if i not in ranked]
-    for impl in ranked + others:
+    for impl in _one_per_label(ranked + others, query.fmt):
         why = impl.not_supported_reasons(query)
         if impl is chosen:
-            degraded = impl.numerics != "exact" or impl.fallback or (explicit is None and impl is not ranked[0])
+            # A fallback: a stand-in variant, or a later backend because the first one for this format can't run.
+            first = next((i for i in ranked if query.fmt in i.constraints.formats), impl)
+            degraded = bool(impl.fallback) or (explicit is None and impl.backend != first.backend)
             status = "fallback" if degraded else "selected"
             if impl.fallback:
                 why = [impl.fallback]

@@ -78,5 +78,7 @@ def render(report: Report) -> str:
     widths = (15, 15, 9, 12)
     lines.append(f"{'op':<{widths[0]}} {'impl':<{widths[1]}} {'dtype':<{widths[2]}} {'status':<{widths[3]}} reason")
     for r in report.rows:
-        lines.append(f"{r.op:<{widths[0]}} {r.impl:<{widths[1]}} {r.dtype:<{widths[2]}} {r.status:<{widths[3]}} {r.reason}")
+        numerics = f" [numerics: {r.numerics}]" if r.numerics != "exact" else ""
+        lines.append(f"{r.op:<{widths[0]}} {r.impl:<{widths[1]}} {r.dtype:<{widths[2]}} {r.status:<{widths[3]}} "
+                     f"{r.reason}{numerics}")
     return "\n".join(lines)

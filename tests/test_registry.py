@@ -110,7 +110,8 @@ def test_numerics_change_warns_once_and_is_explained(monkeypatch):
         assert "emulated: fp8 via int8" in str(seen[0].message)
         exp = quantcore.explain("act_dequant", q, s, backend="approx")
         assert exp.numerics == "emulated: fp8 via int8"
-        assert {c.impl: c.status for c in exp.candidates}["approx"] == "fallback"
+        assert {c.impl: c.status for c in exp.candidates}["approx"] == "selected"
+        assert "[numerics: emulated: fp8 via int8]" in str(exp)
     finally:
         registry.unregister(emulated)
 

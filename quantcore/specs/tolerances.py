@@ -13,13 +13,17 @@ import torch
 EXACT = 0.0
 GEMM_FP32_OUT = {"int8": 1e-6, "fp8_e4m3": 1e-5}
 LOW_PRECISION_OUT = {torch.bfloat16: 1e-2, torch.float16: 1e-2}
+# FP8 tensor-core paths that keep a K block's running sum at the MMA's reduced precision (Hopper
+# wgmma: Triton and cuBLAS) declare it in their `numerics`; measured 1.1-1.3e-4 on the H100.
+REDUCED_ACCUMULATION_FP32_OUT = 3e-4
 REQUANT_SCALE_RTOL = 1e-5  # a re-quantized block's scale follows its amax, itself an fp32-rounded GEMM value
 
 
-def gemm_tolerance(fmt: str, out_dtype: torch.dtype) -> float:
-    """Relative Frobenius tolerance of a GEMM/epilogue output of `out_dtype` computed from `fmt` data."""
+def gemm_tolerance(fmt: str, out_dtype: torch.dtype, exact_accumulation: bool = True) -> float:
+    """Relative Frobenius tolerance of a GEMM/epilogue output of `out_dtype` computed from `fmt` data;
+    `exact_accumulation=False` for implementations declaring reduced-precision MMA accumulation."""
     if out_dtype == torch.float32:
-        return GEMM_FP32_OUT.get(fmt, 1e-6)
+        return GEMM_FP32_OUT.get(fmt, 1e-6) if exact_accumulation else REDUCED_ACCUMULATION_FP32_OUT
     return LOW_PRECISION_OUT[out_dtype]
 
 

@@ -6,6 +6,7 @@ Run on a GPU machine: `python3 -m pytest -m gpu tests/gpu`.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import pytest
@@ -19,6 +20,7 @@ pytestmark = pytest.mark.gpu
 
 FMTS = {torch.float8_e4m3fn: "fp8_e4m3", torch.int8: "int8"}
 BACKENDS = ["triton", "cupy"]
+GEMM_BACKENDS = BACKENDS + ["torch[cublas]"]  # cuBLAS's block-wise FP8, a torch variant
 PROFILES = [None, "sm80", "sm75"]  # None: the real device
 DEEPSEEK_NK = [(2112, 7168), (7168, 2048), (24576, 1536), (4096, 7168)]
 GEMM_SHAPES = [(m, n, k) for m in (1, 64, 4096) for n, k in DEEPSEEK_NK] + [(7, 129, 129), (65, 200, 576),
@@ -36,13 +38,17 @@ def poison() -> None:
 def run(backend, profile, fn, *args, **kwargs):
     """Call `fn` forcing `backend` under a simulated `profile`; skip (with the reasons) where it cannot run."""
     poison()
-    try:
-        if profile is None:
+    with quantcore.simulate(profile) if profile else contextlib.nullcontext():
+        try:
             return fn(*args, backend=backend, **kwargs)
-        with quantcore.simulate(profile):
-            return fn(*args, backend=backend, **kwargs)
-    except UnsupportedError as err:
-        pytest.skip(f"{backend} on {profile or 'this GPU'}: {err.reasons}")
+        except UnsupportedError as err:
+            pytest.skip(f"{backend} on {profile or 'this GPU'}: {err.reasons}")
+
+
+def exact_accumulation(backend, profile, *args) -> bool:
+    """Whether the scaled_mm implementation `backend` picks here declares exact (fp32/int32) accumulation."""
+    with quantcore.simulate(profile) if profile else contextlib.nullcontext():
+        return quantcore.explain("scaled_mm", *args, backend=backend).numerics == "exact"
 
 
 def rand(shape, dtype=torch.bfloat16, seed=0):
@@ -94,7 +100,7 @@ def test_weight_quant_and_dequant(backend, profile, qdtype, shape):
     assert torch.equal(run(backend, profile, ops.weight_dequant, ref_q, ref_s), ref)
 
 
-@functools.lru_cache(maxsize=4)
+@functools.lru_cache(maxsize=64)  # the float64 reference GEMM is the slow part: compute it once per case
 def gemm_case(m, n, k, qdtype):
     a, a_s = ops.act_quant(rand((m, k), seed=2), dtype=qdtype, backend="torch")
     b, b_s = ops.weight_quant(rand((n, k), seed=3), dtype=qdtype, backend="torch")
@@ -103,7 +109,7 @@ def gemm_case(m, n, k, qdtype):
 
 
 @pytest.mark.parametrize("profile", PROFILES)
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", GEMM_BACKENDS)
 @pytest.mark.parametrize("qdtype", list(FMTS))
 @pytest.mark.parametrize("mnk", GEMM_SHAPES, ids=lambda s: "x".join(map(str, s)))
 def test_scaled_mm_deepseek_shapes(backend, profile, qdtype, mnk):
@@ -113,11 +119,12 @@ def test_scaled_mm_deepseek_shapes(backend, profile, qdtype, mnk):
         assert out.dtype == out_dtype and out.shape == ref.shape
         assert not out.isnan().any()
         err = rel_error(out, ref)
-        assert err <= gemm_tolerance(FMTS[qdtype], out_dtype), (out_dtype, err)
+        exact = exact_accumulation(backend, profile, a, a_s, b, b_s)
+        assert err <= gemm_tolerance(FMTS[qdtype], out_dtype, exact), (out_dtype, err)
 
 
 @pytest.mark.parametrize("profile", PROFILES)
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", GEMM_BACKENDS)
 @pytest.mark.parametrize("qdtype", list(FMTS))
 @pytest.mark.parametrize("activation", [None, "gelu", "gelu_tanh", "silu"])
 @pytest.mark.parametrize("mnk", [(64, 2112, 7168), (7, 129, 200)], ids=lambda s: "x".join(map(str, s)))
@@ -128,12 +135,16 @@ def test_scaled_mm_epilogues(backend, profile, qdtype, activation, mnk):
     for out_dtype in (torch.float32, torch.float16):
         out = run(backend, profile, ops.scaled_mm, a, a_s, b, b_s, bias=bias, activation=activation,
                   out_dtype=out_dtype)
-        assert rel_error(out, ref) <= gemm_tolerance(FMTS[qdtype], out_dtype)
+        exact = exact_accumulation(backend, profile, a, a_s, b, b_s)
+        assert rel_error(out, ref) <= gemm_tolerance(FMTS[qdtype], out_dtype, exact)
     for out_quant in FMTS:
         q, s = run(backend, profile, ops.scaled_mm, a, a_s, b, b_s, bias=bias, activation=activation,
                    out_quant=out_quant)
         _, ref_s = ops.act_quant(ref, dtype=out_quant, backend="torch")
-        assert torch.allclose(s, ref_s, rtol=REQUANT_SCALE_RTOL, atol=0)
+        if exact:
+            assert torch.allclose(s, ref_s, rtol=REQUANT_SCALE_RTOL, atol=0)
+        else:  # one amax may be off by several times the GEMM's Frobenius error: judge the scales as a whole
+            assert rel_error(s, ref_s) <= gemm_tolerance(FMTS[qdtype], torch.float32, exact)
         full = s.repeat_interleave(128, dim=-1)[:, : mnk[1]]
         assert requant_within_one_step(q.float() * full, ref, full, FMTS[out_quant])
 

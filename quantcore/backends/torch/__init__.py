@@ -3,7 +3,7 @@ exactly. It is the last entry of every priority list and the oracle of the parit
 
 from __future__ import annotations
 
-from ..base import Constraints, Impl
+from ..base import REDUCED_FP8_ACCUMULATION, Constraints, Impl
 from .epilogue import dequant_bias, quantized_gelu
 from .gemm import scaled_mm
 from .quant import act_dequant, act_quant, weight_dequant, weight_quant
@@ -19,7 +19,7 @@ IMPLS = (
     Impl("scaled_mm", "torch", "torch.cublas:scaled_mm",
          Constraints(min_cc=(9, 0), max_cc=(10, 0), formats=("fp8_e4m3",), fp8_mma=True, block_sizes=(128,),
                      nk_multiple=(16, 128)),
-         variant="cublas"),
+         variant="cublas", numerics=REDUCED_FP8_ACCUMULATION),
 )
 
 __all__ = ["IMPLS", "act_quant", "act_dequant", "weight_quant", "weight_dequant", "scaled_mm",

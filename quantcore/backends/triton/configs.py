@@ -1,0 +1,168 @@
+"""Launch configurations of the Triton kernels, as data.
+
+`configs/<arch>.json` (e.g. `sm_90.json`) describes one architecture; `default.json` every other
+device, the CPU interpreter included. A file holds:
+
+- `"gemm"`: rules `{"mma", "m_max", "n_max", "k_max", "configs": [...]}`, tried in order; `mma`
+  ("fp8", "int8", or "fp16" for FP8 decoded to fp16) and the bounds may be null (any). The first
+  rule that matches the call's MMA kind and holds M, N and K gives the candidate tiles
+  `[BLOCK_M, BLOCK_N, num_warps, num_stages]`, best first. BLOCK_K is always the scale block along
+  K. Candidates whose estimated shared memory exceeds `profile.smem_per_block` are dropped. The
+  first survivor is used, or, with `QUANTCORE_TRITON_AUTOTUNE=1`, the fastest survivor measured on
+  the first call of each (device, M bucket, N, K, variant).
+- `"blocks"`: how much work one program of the memory-bound kernels gets (`elems_per_program`),
+  its warps (at most `num_warps`, at least `elems_per_thread` elements each) and how many programs
+  per SM to keep at least (`min_waves`).
+
+This module does not import Triton: the registry may read it to describe what the backend does.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Callable
+
+AUTOTUNE_ENV = "QUANTCORE_TRITON_AUTOTUNE"
+_DIR = Path(__file__).with_name("configs")
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    """One GEMM tiling: BLOCK_M × BLOCK_N output tile, warps, software-pipeline stages."""
+
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+    def smem_bytes(self, block_k: int) -> int:
+        """Shared memory the kernel needs, estimated from the tiles: one 8-bit A and B tile per
+        pipeline stage plus 1 KiB of barriers, or the epilogue's fp32 tile shuffle if larger (it
+        reuses the pipeline's buffers). Checked against Triton 3.6's own count for sm_80/sm_90 on
+        every path (FP8 decoded to fp16 keeps its staging in 8 bits): never below it by more than
+        1 KiB, at most one stage above it."""
+        return max(self.num_stages * (self.block_m + self.block_n) * block_k + 1024,
+                   4 * self.block_m * self.block_n)
+
+
+@dataclass(frozen=True)
+class BlockTiling:
+    """Program shape of the block quantize/dequantize kernels: RB×CB scale blocks of
+    BR_PAD×BC_PAD (padded) elements each, and the launch grid (row programs, column programs)."""
+
+    rb: int
+    cb: int
+    br_pad: int
+    bc_pad: int
+    num_warps: int
+    grid: tuple[int, int]
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@functools.lru_cache(maxsize=None)
+def _table(arch: str) -> dict:
+    path = _DIR / f"{arch}.json"
+    return json.loads((path if path.exists() else _DIR / "default.json").read_text())
+
+
+def _arch(profile) -> str:
+    cc = getattr(profile, "compute_capability", None)
+    return f"sm_{cc[0]}{cc[1]}" if cc else "default"
+
+
+def _within(bound: int | None, value: int) -> bool:
+    return bound is None or value <= bound
+
+
+def gemm_candidates(profile, M: int, N: int, K: int, *, mma: str, block_k: int,
+                    min_block_n: int) -> list[GemmConfig]:
+    """Tile candidates for an M×N×K GEMM on `profile`, best first, all fitting its shared memory.
+
+    `min_block_n` raises BLOCK_N where a fused re-quantization needs whole groups in a tile.
+    Never empty: when nothing fits, the smallest candidate with its stages cut to fit (or to 1).
+    """
+    rules = _table(_arch(profile))["gemm"]
+    rule = next(r for r in rules if r.get("mma") in (None, mma) and _within(r.get("m_max"), M)
+                and _within(r.get("n_max"), N) and _within(r.get("k_max"), K))
+    configs = []
+    for bm, bn, warps, stages in rule["configs"]:
+        cfg = GemmConfig(bm, max(bn, min_block_n), warps, stages)
+        if cfg not in configs:
+            configs.append(cfg)
+    limit = getattr(profile, "smem_per_block", 0) or 0
+    if not limit:
+        return configs
+    fitting = [c for c in configs if c.smem_bytes(block_k) <= limit]
+    if fitting:
+        return fitting
+    smallest = min(configs, key=lambda c: c.smem_bytes(block_k))
+    while smallest.num_stages > 1 and smallest.smem_bytes(block_k) > limit:
+        smallest = replace(smallest, num_stages=smallest.num_stages - 1)
+    return [smallest]
+
+
+_tuned: dict[tuple, GemmConfig] = {}
+
+
+def gemm_config(profile, M: int, N: int, K: int, *, mma: str, block_k: int, min_block_n: int,
+                variant: tuple, bench: Callable[[GemmConfig], float]) -> GemmConfig:
+    """The tile to launch: the first candidate, or with QUANTCORE_TRITON_AUTOTUNE=1 the one with
+    the least `bench(config)` time, measured once per (device, M bucket, N, K, variant)."""
+    candidates = gemm_candidates(profile, M, N, K, mma=mma, block_k=block_k,
+                                 min_block_n=min_block_n)
+    if os.environ.get(AUTOTUNE_ENV) != "1" or len(candidates) == 1:
+        return candidates[0]
+    key = (getattr(profile, "name", None), _arch(profile), _next_pow2(M), N, K, block_k,
+           min_block_n, mma, variant)
+    if key not in _tuned:
+        _tuned[key] = min(candidates, key=bench)
+    return _tuned[key]
+
+
+def block_tiling(R: int, C: int, br: int, bc: int, profile) -> BlockTiling:
+    """Program shape for quantizing/dequantizing an R×C tensor in br×bc blocks: whole blocks per
+    program up to `elems_per_program` elements, first along C (contiguous) as many as divide the
+    block count evenly (no half-masked tail program), then rows of blocks; then halved until the
+    grid has `min_waves` programs per SM where the tensor is large enough."""
+    params = _table(_arch(profile))["blocks"]
+    br_pad, bc_pad = _next_pow2(br), _next_pow2(bc)
+    row_blocks, col_blocks = _cdiv(R, br), _cdiv(C, bc)
+    budget = max(1, params["elems_per_program"] // (br_pad * bc_pad))
+    cb = min(col_blocks & -col_blocks, budget)
+    rb = min(_next_pow2(row_blocks), max(1, budget // cb))
+    min_programs = params["min_waves"] * (getattr(profile, "sm_count", 0) or 0)
+    while _cdiv(row_blocks, rb) * _cdiv(col_blocks, cb) < min_programs and rb * cb > 1:
+        if rb > 1:
+            rb //= 2
+        else:
+            cb //= 2
+    return BlockTiling(rb, cb, br_pad, bc_pad, _warps(rb * cb * br_pad * bc_pad, params),
+                       (_cdiv(row_blocks, rb), _cdiv(col_blocks, cb)))
+
+
+def tile_2d(M: int, N: int, profile) -> tuple[int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps) of an elementwise M×N kernel: rows of up to 256 contiguous
+    elements, `elems_per_program` per program, fewer rows while the grid is under `min_waves`."""
+    params = _table(_arch(profile))["blocks"]
+    block_n = min(_next_pow2(N), 256)
+    block_m = min(_next_pow2(M), max(1, params["elems_per_program"] // block_n))
+    min_programs = params["min_waves"] * (getattr(profile, "sm_count", 0) or 0)
+    while block_m > 1 and _cdiv(M, block_m) * _cdiv(N, block_n) < min_programs:
+        block_m //= 2
+    return block_m, block_n, _warps(block_m * block_n, params)
+
+
+def _warps(tile_elems: int, params: dict) -> int:
+    # At least `elems_per_thread` elements per thread keeps several vector loads in flight each.
+    return max(1, min(params["num_warps"], tile_elems // (32 * params["elems_per_thread"])))

@@ -1,0 +1,37 @@
+"""Loads into fp32 and stores from fp32 for every float/int element kind a kernel meets.
+
+Kinds are compile-time strings: "fp32", "fp16", "bf16", "int32". bf16 tensors reach kernels as
+int16 views and are converted here on their bits: the interpreter's bf16 casts truncate instead
+of rounding to nearest even, and the bit route is as cheap as a cast on the GPU.
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def bf16_encode(x):
+    """fp32 -> bf16 bits (int16), round to nearest even; NaN -> 0x7FC0 like torch's CPU cast."""
+    bits = x.to(tl.int32, bitcast=True)
+    # Adding 0x7FFF plus the kept LSB and shifting is RNE on the magnitude; a carry into the
+    # exponent is the correct round-up (to Inf past the largest bf16). Arithmetic >> keeps the sign.
+    r = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+    return tl.where(x != x, 0x7FC0, r).to(tl.int16)
+
+
+@triton.jit
+def load_f32(ptrs, mask, KIND: tl.constexpr):
+    """Load elements of kind KIND (masked lanes read 0) and convert them to fp32 exactly (int32: RNE)."""
+    if KIND == "bf16":
+        return (tl.load(ptrs, mask=mask, other=0).to(tl.int32) << 16).to(tl.float32, bitcast=True)
+    else:
+        return tl.load(ptrs, mask=mask, other=0).to(tl.float32)
+
+
+@triton.jit
+def store_f32_as(ptrs, x, mask, KIND: tl.constexpr):
+    """Store fp32 `x` as KIND ("fp32", "fp16" or "bf16"), rounding to nearest even."""
+    if KIND == "bf16":
+        tl.store(ptrs, bf16_encode(x), mask=mask)
+    else:
+        tl.store(ptrs, x.to(ptrs.dtype.element_ty), mask=mask)

@@ -1,0 +1,113 @@
+"""Block quantize / dequantize: one kernel each for activations (1×G blocks) and weights (Bn×Bk).
+
+Both view their program's tile as 4-D [RB, BR_PAD, CB, BC_PAD]: RB × CB whole scale blocks of
+BR × BC elements (padded to powers of two and masked), so that a block's amax is a reduction over
+axes 3 and 1 and every block size, tail and stride is handled by the same code. Activations are
+BR = 1 with several rows per program; weights are BR = Bn.
+"""
+
+import triton
+import triton.language as tl
+
+from .cast import load_f32, store_f32_as
+from .epilogue import activate
+from .fp8 import fp8e4m3_decode_f16, fp8e4m3_encode, nan_absmax, ue8m0_round_up
+
+
+@triton.jit
+def int8_encode(v):
+    """fp32 -> int8: round half to even, clamp to [-127, 127], NaN -> 0."""
+    v = tl.where(v != v, 0.0, v)
+    v = tl.minimum(tl.maximum(v, -127.0), 127.0)
+    # Adding and removing 1.5 * 2**23 leaves |v| <= 127 rounded to an integer by the FPU's
+    # round-to-nearest-even (the interpreter has no rint).
+    return ((v + 12582912.0) - 12582912.0).to(tl.int8)
+
+
+@triton.jit
+def decode_f32(codes, QFMT: tl.constexpr):
+    """Quantized codes (uint8 e4m3 bits or int8) -> fp32, exactly."""
+    if QFMT == "fp8":
+        return fp8e4m3_decode_f16(codes).to(tl.float32)
+    else:
+        return codes.to(tl.float32)
+
+
+@triton.jit
+def block_scale(amax, eps, QFMT: tl.constexpr, UE8M0: tl.constexpr):
+    """scale = max(amax, eps) / qmax with IEEE division, optionally rounded up to a power of two."""
+    qmax = 448.0 if QFMT == "fp8" else 127.0
+    # A NaN amax fails the comparison and stays NaN, where tl.maximum would return eps.
+    floored = tl.where(amax < eps, eps, amax)
+    s = tl.div_rn(floored, tl.full(floored.shape, qmax, tl.float32))
+    if UE8M0:
+        s = ue8m0_round_up(s)
+    return s
+
+
+@triton.jit
+def quantize(x, scale, QFMT: tl.constexpr):
+    """Codes of x / scale (IEEE division; `scale` broadcast to x's shape) in QFMT."""
+    v = tl.div_rn(x, scale)
+    if QFMT == "fp8":
+        return fp8e4m3_encode(v)
+    else:
+        return int8_encode(v)
+
+
+@triton.jit
+def block_tile(R, C, BR: tl.constexpr, BC: tl.constexpr, RB: tl.constexpr, CB: tl.constexpr,
+               BR_PAD: tl.constexpr, BC_PAD: tl.constexpr):
+    """This program's element rows/cols [RB, BR_PAD, CB, BC_PAD] with their mask, and its scale
+    rows [RB, 1] / cols [1, CB] with theirs."""
+    srow = tl.program_id(0) * RB + tl.arange(0, RB)
+    scol = tl.program_id(1) * CB + tl.arange(0, CB)
+    j = tl.arange(0, BR_PAD)
+    p = tl.arange(0, BC_PAD)
+    rows = srow[:, None, None, None] * BR + j[None, :, None, None]
+    cols = scol[None, None, :, None] * BC + p[None, None, None, :]
+    mask = (rows < R) & (cols < C) & (j[None, :, None, None] < BR) & (p[None, None, None, :] < BC)
+    srow = srow[:, None]
+    scol = scol[None, :]
+    smask = (srow < tl.cdiv(R, BR)) & (scol < tl.cdiv(C, BC))
+    return rows, cols, mask, srow, scol, smask
+
+
+@triton.jit
+def block_quant_kernel(src_ptr, src_scale_ptr, q_ptr, scale_ptr, R, C,
+                       stride_src, stride_src_sr, stride_src_sc, stride_q, stride_sr, stride_sc, eps,
+                       BR: tl.constexpr, BC: tl.constexpr, RB: tl.constexpr, CB: tl.constexpr,
+                       BR_PAD: tl.constexpr, BC_PAD: tl.constexpr, SRC: tl.constexpr,
+                       QFMT: tl.constexpr, UE8M0: tl.constexpr, ACTIVATION: tl.constexpr):
+    """Quantize src [R, C] per BR×BC block into codes q (QFMT) and fp32 scales [ceil(R/BR), ceil(C/BC)].
+
+    SRC is the source kind: a float kind ("fp32", "fp16", "bf16") for act/weight quantize, or a
+    quantized format ("fp8", "int8") whose per-block scales src_scale dequantize it first (quantized
+    GELU, same block grid). ACTIVATION is applied in fp32 before re-quantizing.
+    """
+    rows, cols, mask, srow, scol, smask = block_tile(R, C, BR, BC, RB, CB, BR_PAD, BC_PAD)
+    if SRC == "fp8" or SRC == "int8":
+        codes = tl.load(src_ptr + rows * stride_src + cols, mask=mask, other=0)
+        s_in = tl.load(src_scale_ptr + srow * stride_src_sr + scol * stride_src_sc, mask=smask, other=1.0)
+        x = decode_f32(codes, SRC) * s_in[:, None, :, None]
+    else:
+        x = load_f32(src_ptr + rows * stride_src + cols, mask, SRC)
+    # Masked lanes must not reach the amax (a dequantized 0 * Inf scale would be NaN).
+    x = tl.where(mask, activate(x, ACTIVATION), 0.0)
+    scale = block_scale(nan_absmax(nan_absmax(x, 3), 1), eps, QFMT, UE8M0)
+    q = quantize(x, tl.broadcast_to(scale[:, None, :, None], x.shape), QFMT)
+    tl.store(q_ptr + rows * stride_q + cols, q, mask=mask)
+    tl.store(scale_ptr + srow * stride_sr + scol * stride_sc, scale, mask=smask)
+
+
+@triton.jit
+def block_dequant_kernel(q_ptr, scale_ptr, out_ptr, R, C, stride_q, stride_sr, stride_sc, stride_out,
+                         BR: tl.constexpr, BC: tl.constexpr, RB: tl.constexpr, CB: tl.constexpr,
+                         BR_PAD: tl.constexpr, BC_PAD: tl.constexpr, QFMT: tl.constexpr,
+                         OUT: tl.constexpr):
+    """out = fp32(q) * scale[block] (one fp32 multiply) stored as OUT ("fp32", "fp16", "bf16")."""
+    rows, cols, mask, srow, scol, smask = block_tile(R, C, BR, BC, RB, CB, BR_PAD, BC_PAD)
+    codes = tl.load(q_ptr + rows * stride_q + cols, mask=mask, other=0)
+    scale = tl.load(scale_ptr + srow * stride_sr + scol * stride_sc, mask=smask, other=1.0)
+    x = decode_f32(codes, QFMT) * scale[:, None, :, None]
+    store_f32_as(out_ptr + rows * stride_out + cols, x, mask, OUT)
