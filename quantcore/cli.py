@@ -19,7 +19,12 @@ def _parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="time every op and backend on this GPU beside the baselines")
     bench.add_argument("--quick", action="store_true", help="a small shape set")
     bench.add_argument("--ops", nargs="*", default=(), help="only these ops")
-    bench.add_argument("--json", metavar="PATH", help="write the results as JSON")
+    bench.add_argument("--json", metavar="PATH", help="write the results as JSON (also after every case)")
+    bench.add_argument("--resume", metavar="PATH", help="continue the partial JSON of an interrupted run")
+    bench.add_argument("--ours-only", action="store_true",
+                       help="time quantcore's implementations only, no baselines (enough for --write-priority)")
+    bench.add_argument("--from-json", metavar="PATH",
+                       help="measure nothing: summarize, plot or --write-priority a saved run")
     bench.add_argument("--plot", metavar="PATH", help="write a PNG of achieved vs ceiling")
     bench.add_argument("--no-progress", action="store_true")
     bench.add_argument("--write-priority", action="store_true",
@@ -44,19 +49,32 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _bench(args: argparse.Namespace, argv: list[str] | None) -> int:
-    from .bench import run
+    from .bench import BenchResult, run
     from .bench.summary import summarize, write_priority
     from .errors import UnsupportedError
 
     command = "quantcore " + " ".join(argv if argv is not None else sys.argv[1:])
+
+    def load(path: str) -> BenchResult:
+        with open(path) as f:
+            return BenchResult.model_validate_json(f.read())
+
+    def save(partial: BenchResult) -> None:
+        with open(args.json, "w") as f:
+            f.write(partial.model_dump_json(indent=1))
+
     try:
-        result = run(quick=args.quick, only=tuple(args.ops), progress=not args.no_progress, command=command)
-    except UnsupportedError as err:
+        if args.from_json:
+            result = load(args.from_json)
+        else:
+            result = run(quick=args.quick, only=tuple(args.ops), progress=not args.no_progress, command=command,
+                         checkpoint=save if args.json else None, resume=load(args.resume) if args.resume else None,
+                         with_baselines=not args.ours_only)
+    except (UnsupportedError, InvalidInputError, OSError) as err:
         print(f"quantcore: {err}", file=sys.stderr)
         return 2
     if args.json:
-        with open(args.json, "w") as f:
-            f.write(result.model_dump_json(indent=1))
+        save(result)
     if args.plot:
         from .bench.plot import plot
 

@@ -7,8 +7,11 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
+import quantcore
 from quantcore import cli, report
+from quantcore.cli import main
 
 
 def run(*args):
@@ -67,3 +70,32 @@ def test_report_without_triton_or_cupy_still_works():
 def test_bad_simulate_profile_exits_2(capsys):
     assert cli.main(["report", "--simulate", "sm42"]) == 2
     assert "unknown profile 'sm42'" in capsys.readouterr().err
+
+
+def _saved_run(tmp_path):
+    """A bench result as `quantcore bench --json` writes it (values are placeholders, not measurements)."""
+    from quantcore.bench import BenchResult, Record
+
+    records = [Record(op="act_quant", fmt="fp8_e4m3", shape=[4096, 7168], impl=impl, us=us, rate=rate, unit="GB/s",
+                      fraction=rate / 3000.0) for impl, us, rate in (("triton", 10.0, 2700.0), ("cupy", 20.0, 1350.0),
+                                                                     ("torch.compile", 12.0, 2250.0))]
+    result = BenchResult(device=quantcore.capability.simulated_profile("sm90"), date="2026-01-01",
+                         command="quantcore bench", copy_gbps=3000.0, dispatch_overhead_us={"triton": 3.0},
+                         records=records)
+    path = tmp_path / "run.json"
+    path.write_text(result.model_dump_json())
+    return path
+
+
+def test_bench_summarizes_a_saved_run_without_a_gpu(tmp_path, capsys):
+    assert main(["bench", "--from-json", str(_saved_run(tmp_path))]) == 0
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if line.startswith("| act_quant"))
+    assert "| 2700 | 1350 | 0.90 | 2250 | 1.20 |" in row
+
+
+def test_bench_refuses_to_measure_without_a_gpu(tmp_path, capsys):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: the bench would run")
+    assert main(["bench", "--json", str(tmp_path / "out.json")]) == 2
+    assert "needs a CUDA GPU" in capsys.readouterr().err

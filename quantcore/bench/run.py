@@ -5,16 +5,18 @@ from __future__ import annotations
 import datetime
 import math
 import sys
+import time
 from typing import Callable
 
 import torch
 from pydantic import BaseModel
 
 from .. import capability, ops, registry, specs
-from ..errors import UnsupportedError
+from ..errors import InvalidInputError, UnsupportedError
 from . import baselines, shapes, timing
 
 BACKENDS = ("triton", "cupy", "torch")
+OURS = ("triton", "cupy")  # what measured priorities rank (with EXTRA_IMPLS); "torch" is the reference
 EXTRA_IMPLS = {"scaled_mm": ("torch[cublas]",)}  # variants measured on their own, for measured priorities
 REFERENCE_GEMM_FLOPS = 1e12  # the reference GEMM computes in float64: beyond this it only wastes the run
 
@@ -47,11 +49,13 @@ class BenchResult(BaseModel):
 
 class _Progress:
     def __init__(self, total: int, enabled: bool):
-        self.total, self.done, self.enabled = total, 0, enabled
+        self.total, self.done, self.enabled, self.start = total, 0, enabled, time.perf_counter()
 
     def step(self, label: str) -> None:
         self.done += 1
-        if self.enabled:
+        if not self.enabled:
+            print(f"[{time.perf_counter() - self.start:7.1f}s] {self.done}/{self.total} {label}", flush=True)
+        else:
             filled = int(30 * self.done / max(self.total, 1))
             sys.stderr.write(f"\r[{'#' * filled}{'.' * (30 - filled)}] {self.done}/{self.total} {label:<48}")
             sys.stderr.flush()
@@ -83,17 +87,22 @@ def _try(make: Callable[[], Callable[[], object]]) -> tuple[Callable[[], object]
         return None, f"{type(err).__name__}: {str(err).splitlines()[0][:160]}"
 
 
-def _contenders(op: str, args: tuple, kwargs: dict) -> dict[str, tuple[Callable | None, str]]:
-    """quantcore's backends (forced one by one) and torch.compile of the reference, for one call."""
+def _contenders(op: str, args: tuple, kwargs: dict, with_baselines: bool) -> dict[str, tuple[Callable | None, str]]:
+    """quantcore's backends (forced one by one) and, with the baselines, the reference eager and
+    torch.compile of it, for one call.
+
+    The GEMM reference is not compiled: it loops over K blocks in float64, so torch.compile unrolls
+    and recompiles it per K, and the vendor kernels are the GEMM's baselines."""
     out = {}
-    for backend in BACKENDS + EXTRA_IMPLS.get(op, ()):
+    for backend in (BACKENDS if with_baselines else OURS) + EXTRA_IMPLS.get(op, ()):
         def make(backend=backend):
             getattr(ops, op)(*args, backend=backend, **kwargs)  # compiles, and raises where it cannot run
             return lambda: getattr(ops, op)(*args, backend=backend, **kwargs)
         out[backend] = _try(make)
-    prepared = specs.SPECS[op](*args, **kwargs)
-    compiled = baselines.compiled_reference(op)
-    out["torch.compile"] = _try(lambda: (compiled(**prepared.kwargs), lambda: compiled(**prepared.kwargs))[1])
+    if op != "scaled_mm" and with_baselines:
+        prepared = specs.SPECS[op](*args, **kwargs)
+        compiled = baselines.compiled_reference(op)
+        out["torch.compile"] = _try(lambda: (compiled(**prepared.kwargs), lambda: compiled(**prepared.kwargs))[1])
     return out
 
 
@@ -125,11 +134,14 @@ def _memory_cases(plan: dict) -> list[tuple[str, str, list[int], Callable[[], tu
     return cases
 
 
-def _gemm_records(fmt: str, qdtype, m: int, n: int, k: int) -> list[Record]:
+def _gemm_records(fmt: str, qdtype, m: int, n: int, k: int, with_baselines: bool) -> list[Record]:
     a, a_s = ops.act_quant(_rand(m, k), dtype=qdtype)
     b, b_s = ops.weight_quant(_rand(n, k), dtype=qdtype)
     flops = baselines.gemm_flops(m, n, k)
     rec = dict(op="scaled_mm", fmt=fmt, shape=[m, n, k])
+    if not with_baselines:
+        return [_timed({**rec, "impl": name, "note": note}, fn, flops, "TFLOP/s", None)
+                for name, (fn, note) in _contenders("scaled_mm", (a, a_s, b, b_s), {}, False).items()]
     if fmt == "fp8_e4m3":
         vendor, vendor_note = _try(lambda: baselines.cublas_blockwise_fp8(a, a_s, b, b_s))
         dense, _ = _try(lambda: baselines.cublas_tensorwise_fp8(a, b))
@@ -147,8 +159,8 @@ def _gemm_records(fmt: str, qdtype, m: int, n: int, k: int) -> list[Record]:
         records.append(_timed({**rec, "impl": "torch._int_mm+dequant_bias"},
                               lambda: ops.dequant_bias(vendor()[:m], sa, sb), flops, "TFLOP/s", ceiling))
     records.append(_timed({**rec, "impl": "cublas-bf16"}, baselines.bf16_mm(m, n, k), flops, "TFLOP/s", ceiling))
-    for name, (fn, note) in _contenders("scaled_mm", (a, a_s, b, b_s), {}).items():
-        if name in ("torch", "torch.compile") and flops > REFERENCE_GEMM_FLOPS:
+    for name, (fn, note) in _contenders("scaled_mm", (a, a_s, b, b_s), {}, True).items():
+        if name == "torch" and flops > REFERENCE_GEMM_FLOPS:
             fn, note = None, f"skipped: the reference computes in float64 ({flops:.1e} FLOP)"
         records.append(_timed({**rec, "impl": name, "note": note}, fn, flops, "TFLOP/s", ceiling))
     vendor_us = records[0].us
@@ -175,28 +187,47 @@ def _dispatch_overhead() -> dict[str, float]:
 
 
 def run(*, quick: bool = False, only: tuple[str, ...] = (), progress: bool = True,
-        command: str = "quantcore bench") -> BenchResult:
-    """Measure every op × backend × format on the current GPU beside the baselines."""
+        command: str = "quantcore bench", checkpoint: Callable[[BenchResult], None] | None = None,
+        resume: BenchResult | None = None, with_baselines: bool = True) -> BenchResult:
+    """Measure every op × backend × format on the current GPU beside the baselines.
+
+    `checkpoint`, if given, receives the partial result after every case (a long run cut short
+    still leaves its measurements); `resume`, such a partial result of the same GPU model, is
+    continued: its ceilings are kept and the cases it holds are not measured again.
+    `with_baselines=False` times quantcore's implementations only: what measured priorities need,
+    without torch.compile's compilations and the vendor kernels."""
     if not torch.cuda.is_available():
         raise UnsupportedError("bench: needs a CUDA GPU; run it on a GPU machine")
+    device = capability.profile_for("cuda")
+    if resume is not None and resume.device.name != device.name:
+        raise InvalidInputError(f"bench: cannot resume a run of {resume.device.name} on {device.name}; "
+                                "start a new run")
     plan = shapes.QUICK if quick else shapes.FULL
-    mem = [c for c in _memory_cases(plan) if not only or c[0] in only]
-    gemms = [] if only and "scaled_mm" not in only else plan["gemm"]
-    bar = _Progress(len(mem) + 2 * len(gemms), progress)
-    copy = timing.copy_bandwidth_gbps()
-    records: list[Record] = []
+    done = {(r.op, r.fmt, tuple(r.shape)) for r in resume.records} if resume else set()
+    mem = [c for c in _memory_cases(plan) if (not only or c[0] in only) and (c[0], c[1], tuple(c[2])) not in done]
+    gemms = [] if only and "scaled_mm" not in only else [
+        (fmt, qdtype, mnk) for fmt, qdtype in (("fp8_e4m3", torch.float8_e4m3fn), ("int8", torch.int8))
+        for mnk in plan["gemm"] if ("scaled_mm", fmt, mnk) not in done]
+    bar = _Progress(len(mem) + len(gemms), progress)
+    if resume is not None:
+        result = resume.model_copy(update={"command": f"{resume.command}; resumed by {command}",
+                                           "records": list(resume.records)})
+    else:
+        result = BenchResult(device=device, date=datetime.date.today().isoformat(), command=command,
+                             copy_gbps=timing.copy_bandwidth_gbps(), dispatch_overhead_us=_dispatch_overhead(),
+                             records=[])
     for op, fmt, shape, make in mem:
         args, kwargs, nbytes = make()
-        for name, (fn, note) in _contenders(op, args, kwargs).items():
-            records.append(_timed(dict(op=op, fmt=fmt, shape=shape, impl=name, note=note), fn, nbytes, "GB/s", copy))
+        for name, (fn, note) in _contenders(op, args, kwargs, with_baselines).items():
+            result.records.append(_timed(dict(op=op, fmt=fmt, shape=shape, impl=name, note=note), fn, nbytes, "GB/s",
+                                         result.copy_gbps))
         bar.step(f"{op} {fmt} {shape}")
-    for fmt, qdtype in (("fp8_e4m3", torch.float8_e4m3fn), ("int8", torch.int8)):
-        for m, n, k in gemms:
-            records += _gemm_records(fmt, qdtype, m, n, k)
-            bar.step(f"scaled_mm {fmt} {m}x{n}x{k}")
-            torch.cuda.empty_cache()
-    return BenchResult(
-        device=capability.profile_for("cuda"),
-        date=datetime.date.today().isoformat(), command=command, copy_gbps=copy,
-        dispatch_overhead_us=_dispatch_overhead(), records=records,
-    )
+        if checkpoint:
+            checkpoint(result)
+    for fmt, qdtype, (m, n, k) in gemms:
+        result.records += _gemm_records(fmt, qdtype, m, n, k, with_baselines)
+        bar.step(f"scaled_mm {fmt} {m}x{n}x{k}")
+        torch.cuda.empty_cache()
+        if checkpoint:
+            checkpoint(result)
+    return result

@@ -8,9 +8,7 @@ from pathlib import Path
 
 from .. import measured
 from ..backends.base import m_bucket
-from .run import BACKENDS, EXTRA_IMPLS, BenchResult
-
-OURS = ("triton", "cupy")
+from .run import EXTRA_IMPLS, OURS, BenchResult
 
 
 def _fmt(x: float | None, spec: str = ".2f") -> str:
@@ -60,7 +58,7 @@ def summarize(result: BenchResult) -> str:
 
 def write_priority(result: BenchResult) -> Path:
     """Turn a run into the measured priority table of this GPU model, inside the installed package."""
-    ours = {b for b in BACKENDS if b != "torch"} | {i for v in EXTRA_IMPLS.values() for i in v}
+    ours = set(OURS) | {i for v in EXTRA_IMPLS.values() for i in v}
     weights = ("weight_quant", "weight_dequant")  # no M: one bucket
     table = measured.build([r for r in result.records if r.impl in ours],
                            lambda r: 0 if r.op in weights else m_bucket(r.shape[0]))
