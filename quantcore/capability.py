@@ -95,6 +95,12 @@ def simulated_profile(name: str) -> DeviceProfile:
 _local = threading.local()
 
 
+def simulation_state() -> tuple:
+    """The raw inputs of `active_simulation` (context, environment), cheap enough for a cache key."""
+    stack = getattr(_local, "stack", None)
+    return (stack[-1] if stack else None), os.environ.get(SIMULATE_ENV)
+
+
 def active_simulation() -> str | None:
     """Name of the simulated profile in force (context manager first, then the environment)."""
     stack = getattr(_local, "stack", None)
@@ -116,13 +122,15 @@ def simulate(name: str) -> Iterator[DeviceProfile]:
         stack.pop()
 
 
-def _interpreter_on() -> bool:
+def triton_interpreter() -> bool:
+    """Whether Triton kernels run on the CPU interpreter (TRITON_INTERPRET=1): hardware-only
+    instructions (FP8 conversions) must then be avoided even under a simulated GPU profile."""
     return os.environ.get("TRITON_INTERPRET", "") == "1"
 
 
 def cpu_profile() -> DeviceProfile:
     """The CPU: no tensor cores; Triton kernels run here only under TRITON_INTERPRET=1."""
-    return _cpu_profile(_interpreter_on())
+    return _cpu_profile(triton_interpreter())
 
 
 @functools.lru_cache(maxsize=None)

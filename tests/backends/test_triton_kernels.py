@@ -335,6 +335,21 @@ def test_scaled_mm_shapes_and_paths(gen, profile, qdtype, M, N, K):
 
 
 @pytest.mark.parametrize("qdtype", QDTYPES)
+@pytest.mark.parametrize("k_step", [1, 2])
+@pytest.mark.parametrize("tma", [False, True])
+def test_scaled_mm_k_steps_and_tma_loads(gen, monkeypatch, qdtype, k_step, tma):
+    """Two K blocks per iteration with an odd block count (the phantom block adds nothing), and tiles
+    through TMA descriptors (K = 272: 16-byte rows, a 16-wide last block zero-filled past K)."""
+    aq, a_s, bq, b_s = _gemm_inputs(gen, 5, 200, 272, qdtype, 128, 128)
+    cfg = configs.GemmConfig(16, 64, 4, 2, k_step=k_step, tma=tma)
+    monkeypatch.setattr(configs, "gemm_config", lambda *args, **kwargs: cfg)
+    kw = _gemm_kw()
+    assert launch._tma_ready(aq, bq, SM90)
+    got = launch.scaled_mm(aq, a_s, bq, b_s, profile=SM90, **kw)
+    assert rel_err(got, ref.scaled_mm(aq, a_s, bq, b_s, **kw)) <= TOL[qdtype]
+
+
+@pytest.mark.parametrize("qdtype", QDTYPES)
 @pytest.mark.parametrize("block_n,block_k", [(64, 128), (128, 64), (96, 32), (32, 64)])
 def test_scaled_mm_block_shapes(gen, qdtype, block_n, block_k):
     """block_n need not equal block_k nor divide BLOCK_N (scales then gathered per column)."""
@@ -418,4 +433,4 @@ def test_block_tiling_covers_the_tensor():
                          (200, 300, 32, 96)]:
         t = configs.block_tiling(R, C, br, bc, SM90)
         assert t.grid[0] * t.rb * br >= R and t.grid[1] * t.cb * bc >= C
-        assert t.br_pad >= br and t.bc_pad >= bc and t.num_warps in (1, 2, 4, 8)
+        assert t.br_pad >= br and t.bc_pad >= bc and t.num_warps in (1, 2, 4, 8, 16, 32)

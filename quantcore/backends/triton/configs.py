@@ -3,11 +3,13 @@
 `configs/<arch>.json` (e.g. `sm_90.json`) describes one architecture; `default.json` every other
 device, the CPU interpreter included. A file holds:
 
-- `"gemm"`: rules `{"mma", "m_max", "n_max", "k_max", "configs": [...]}`, tried in order; `mma`
-  ("fp8", "int8", or "fp16" for FP8 decoded to fp16) and the bounds may be null (any). The first
-  rule that matches the call's MMA kind and holds M, N and K gives the candidate tiles
-  `[BLOCK_M, BLOCK_N, num_warps, num_stages]`, best first. BLOCK_K is always the scale block along
-  K. Candidates whose estimated shared memory exceeds `profile.smem_per_block` are dropped. The
+- `"gemm"`: rules `{"mma", "m_max", "n_max", "k_max", "tma", "configs": [...]}`, tried in order;
+  `mma` ("fp8", "int8", or "fp16" for FP8 decoded to fp16) and the bounds may be null (any). The
+  first rule that matches the call's MMA kind and holds M, N and K gives the candidate tiles
+  `[BLOCK_M, BLOCK_N, num_warps, num_stages]` or `[..., k_step]` (K blocks multiplied per loop
+  iteration, 1 or 2), best first; `"tma": true` loads them through TMA descriptors where the device
+  (sm_90+) and the operands' alignment allow. BLOCK_K is always the scale block along K.
+  Candidates whose estimated shared memory exceeds `profile.smem_per_block` are dropped. The
   first survivor is used, or, with `QUANTCORE_TRITON_AUTOTUNE=1`, the fastest survivor measured on
   the first call of each (device, M bucket, N, K, variant).
 - `"blocks"`: how much work one program of the memory-bound kernels gets (`elems_per_program`),
@@ -32,20 +34,23 @@ _DIR = Path(__file__).with_name("configs")
 
 @dataclass(frozen=True)
 class GemmConfig:
-    """One GEMM tiling: BLOCK_M × BLOCK_N output tile, warps, software-pipeline stages."""
+    """One GEMM tiling: BLOCK_M × BLOCK_N output tile, warps, software-pipeline stages, K blocks
+    per loop iteration, and whether tiles come through TMA descriptors (where the call allows)."""
 
     block_m: int
     block_n: int
     num_warps: int
     num_stages: int
+    k_step: int = 1
+    tma: bool = False
 
     def smem_bytes(self, block_k: int) -> int:
-        """Shared memory the kernel needs, estimated from the tiles: one 8-bit A and B tile per
+        """Shared memory the kernel needs, estimated from the tiles: k_step 8-bit A and B tiles per
         pipeline stage plus 1 KiB of barriers, or the epilogue's fp32 tile shuffle if larger (it
         reuses the pipeline's buffers). Checked against Triton 3.6's own count for sm_80/sm_90 on
         every path (FP8 decoded to fp16 keeps its staging in 8 bits): never below it by more than
         1 KiB, at most one stage above it."""
-        return max(self.num_stages * (self.block_m + self.block_n) * block_k + 1024,
+        return max(self.num_stages * self.k_step * (self.block_m + self.block_n) * block_k + 1024,
                    4 * self.block_m * self.block_n)
 
 
@@ -85,8 +90,9 @@ def _within(bound: int | None, value: int) -> bool:
     return bound is None or value <= bound
 
 
+@functools.lru_cache(maxsize=4096)  # on every launch's path: rule matching costs microseconds
 def gemm_candidates(profile, M: int, N: int, K: int, *, mma: str, block_k: int,
-                    min_block_n: int) -> list[GemmConfig]:
+                    min_block_n: int) -> tuple[GemmConfig, ...]:
     """Tile candidates for an M×N×K GEMM on `profile`, best first, all fitting its shared memory.
 
     `min_block_n` raises BLOCK_N where a fused re-quantization needs whole groups in a tile.
@@ -96,20 +102,20 @@ def gemm_candidates(profile, M: int, N: int, K: int, *, mma: str, block_k: int,
     rule = next(r for r in rules if r.get("mma") in (None, mma) and _within(r.get("m_max"), M)
                 and _within(r.get("n_max"), N) and _within(r.get("k_max"), K))
     configs = []
-    for bm, bn, warps, stages in rule["configs"]:
-        cfg = GemmConfig(bm, max(bn, min_block_n), warps, stages)
+    for bm, bn, warps, stages, *k_step in rule["configs"]:
+        cfg = GemmConfig(bm, max(bn, min_block_n), warps, stages, *k_step, tma=rule.get("tma", False))
         if cfg not in configs:
             configs.append(cfg)
     limit = getattr(profile, "smem_per_block", 0) or 0
     if not limit:
-        return configs
-    fitting = [c for c in configs if c.smem_bytes(block_k) <= limit]
+        return tuple(configs)
+    fitting = tuple(c for c in configs if c.smem_bytes(block_k) <= limit)
     if fitting:
         return fitting
     smallest = min(configs, key=lambda c: c.smem_bytes(block_k))
     while smallest.num_stages > 1 and smallest.smem_bytes(block_k) > limit:
         smallest = replace(smallest, num_stages=smallest.num_stages - 1)
-    return [smallest]
+    return (smallest,)
 
 
 _tuned: dict[tuple, GemmConfig] = {}
@@ -130,6 +136,7 @@ def gemm_config(profile, M: int, N: int, K: int, *, mma: str, block_k: int, min_
     return _tuned[key]
 
 
+@functools.lru_cache(maxsize=4096)
 def block_tiling(R: int, C: int, br: int, bc: int, profile) -> BlockTiling:
     """Program shape for quantizing/dequantizing an R×C tensor in br×bc blocks: whole blocks per
     program up to `elems_per_program` elements, first along C (contiguous) as many as divide the
@@ -151,6 +158,7 @@ def block_tiling(R: int, C: int, br: int, bc: int, profile) -> BlockTiling:
                        (_cdiv(row_blocks, rb), _cdiv(col_blocks, cb)))
 
 
+@functools.lru_cache(maxsize=4096)
 def tile_2d(M: int, N: int, profile) -> tuple[int, int, int]:
     """(BLOCK_M, BLOCK_N, num_warps) of an elementwise M×N kernel: rows of up to 256 contiguous
     elements, `elems_per_program` per program, fewer rows while the grid is under `min_waves`."""

@@ -12,6 +12,12 @@ import torch
 import triton
 import triton.testing
 
+try:  # host-side TMA descriptors (Triton >= 3.3)
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:  # older Triton: pointer loads only
+    TensorDescriptor = None
+
+from ... import capability
 from . import configs
 from .kernels.epilogue import dequant_bias_kernel
 from .kernels.gemm import block_scaled_mm_kernel
@@ -41,7 +47,7 @@ def _blocks_quantize(src, src_scale, q, scale, *, block, ue8m0, eps, activation,
         src.stride(0), ss.stride(0), ss.stride(-1), q.stride(0), scale.stride(0), scale.stride(1), eps,
         BR=block[0], BC=block[1], RB=t.rb, CB=t.cb, BR_PAD=t.br_pad, BC_PAD=t.bc_pad,
         SRC=_KIND[src.dtype], QFMT=_KIND[q.dtype], UE8M0=bool(ue8m0), ACTIVATION=activation,
-        num_warps=t.num_warps)
+        HW_FP8=_hw_fp8(profile), num_warps=t.num_warps)
 
 
 def _blocks_dequantize(q, scale, *, block, out_dtype, profile):
@@ -54,7 +60,7 @@ def _blocks_dequantize(q, scale, *, block, out_dtype, profile):
     block_dequant_kernel[t.grid](
         _view(q), scale, _view(out), R, C, q.stride(0), scale.stride(0), scale.stride(1), out.stride(0),
         BR=block[0], BC=block[1], RB=t.rb, CB=t.cb, BR_PAD=t.br_pad, BC_PAD=t.bc_pad,
-        QFMT=_KIND[q.dtype], OUT=_KIND[out_dtype], num_warps=t.num_warps)
+        QFMT=_KIND[q.dtype], OUT=_KIND[out_dtype], HW_FP8=_hw_fp8(profile), num_warps=t.num_warps)
     return out
 
 
@@ -173,16 +179,20 @@ def scaled_mm(a, a_scale, b, b_scale, *, block_n, block_k, bias, activation, out
         QFMT=qfmt, USE_FP8_MMA=use_fp8_mma, SCALE_BN=block_n,
         BIAS="none" if bias is None else _KIND[bias.dtype], ACTIVATION=activation or "none",
         OUT=out_kind, OUT_GROUP=out_group if out_quant is not None else 1, UE8M0_OUT=bool(ue8m0_out),
+        HW_FP8=_hw_fp8(profile),
         BLOCK_K=block_k, GROUP_M=_GROUP_M)
 
     def run(cfg: configs.GemmConfig):
         grid = (triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n),)
+        tma = cfg.tma and _tma_ready(a, b, profile)
+        a_desc = TensorDescriptor.from_tensor(a, [cfg.block_m, block_k]) if tma else None
+        b_desc = TensorDescriptor.from_tensor(b, [cfg.block_n, block_k]) if tma else None
         block_scaled_mm_kernel[grid](
-            _view(a), _view(b), a_scale, b_scale, out if bias is None else _view(bias), _view(out),
-            out_scale, M, N, K, a.stride(0), b.stride(0), a_scale.stride(0), a_scale.stride(1),
+            _view(a), _view(b), a_desc, b_desc, a_scale, b_scale, out if bias is None else _view(bias),
+            _view(out), out_scale, M, N, K, a.stride(0), b.stride(0), a_scale.stride(0), a_scale.stride(1),
             b_scale.stride(0), b_scale.stride(1), 0 if bias is None else bias.stride(0),
-            out.stride(0), out_scale.stride(0), eps, **constants,
-            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps,
+            out.stride(0), out_scale.stride(0), eps, **constants, TMA=tma,
+            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, K_STEP=cfg.k_step, num_warps=cfg.num_warps,
             num_stages=cfg.num_stages)
 
     def bench(cfg: configs.GemmConfig) -> float:
@@ -194,6 +204,20 @@ def scaled_mm(a, a_scale, b, b_scale, *, block_n, block_k, bias, activation, out
         variant=(out_kind, activation), bench=bench)
     run(cfg)
     return result
+
+
+def _hw_fp8(profile) -> bool:
+    """FP8 conversion instructions exist (sm_89+, the GPUs with FP8 MMA); the interpreter's cast
+    mis-rounds, so it keeps the integer codec even when it runs a simulated GPU's paths."""
+    return profile.kind == "cuda" and bool(profile.fp8_mma) and not capability.triton_interpreter()
+
+
+def _tma_ready(a, b, profile) -> bool:
+    """Whether a and b can be read through TMA descriptors: a Hopper-class device (a simulated
+    older GPU gets its own path) and 16-byte aligned bases and row strides (TMA's rules)."""
+    return (TensorDescriptor is not None and profile.kind == "cuda"
+            and tuple(profile.compute_capability or (0, 0)) >= (9, 0)
+            and all(t.data_ptr() % 16 == 0 and t.stride(0) % 16 == 0 for t in (a, b)))
 
 
 def _as_kernel_float(bias):

@@ -3,7 +3,9 @@
 Triton refuses to compile a kernel that names the fp8e4nv type below sm_89, and the interpreter's
 own fp32 -> fp8 cast mis-rounds when the rounding carries into the exponent. So FP8 data crosses
 every kernel boundary as uint8 bits and is encoded/decoded here, bit-exactly on any GPU and in the
-interpreter alike.
+interpreter alike. On GPUs with FP8 hardware (HW true, sm_89+) the conversion instructions compute
+the same codes (`cvt.rn.satfinite`: nearest even, ±448 on overflow, NaN kept) at a fraction of the
+integer arithmetic's cost, which made FP8 quantization compute-bound (measured on an H100).
 """
 
 import triton
@@ -35,6 +37,24 @@ def fp8e4m3_encode(v):
     code = tl.where(exp >= 121, normal, sub)
     code = tl.where((bits & 0x7FFFFFFF) > 0x7F800000, 0x7F, code)
     return (code | sign).to(tl.uint8)
+
+
+@triton.jit
+def fp8e4m3_encode_as(v, HW: tl.constexpr):
+    """fp32 -> e4m3fn bits: the conversion instruction when HW (sm_89+), else `fp8e4m3_encode`."""
+    if HW:
+        return v.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
+    else:
+        return fp8e4m3_encode(v)
+
+
+@triton.jit
+def fp8e4m3_decode_f32(bits, HW: tl.constexpr):
+    """e4m3fn bits -> fp32, exactly: the conversion instruction when HW (sm_89+), else the fp16 route."""
+    if HW:
+        return bits.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+    else:
+        return fp8e4m3_decode_f16(bits).to(tl.float32)
 
 
 @triton.jit

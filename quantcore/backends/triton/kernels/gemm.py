@@ -15,21 +15,70 @@ from .quant import block_scale, quantize
 
 
 @triton.jit
+def _load_k_block(a_ptrs, b_ptrs, a_desc, b_desc, off_m, off_n, offs_k, kb, K,
+                  TMA: tl.constexpr, BLOCK_K: tl.constexpr):
+    """K block `kb` of this program's A rows and B rows (zeros past K): through the tensor-memory
+    accelerator when TMA (its out-of-bounds fill does the masking), else masked pointer loads."""
+    if TMA:
+        a = a_desc.load([off_m, kb * BLOCK_K])
+        b = b_desc.load([off_n, kb * BLOCK_K])
+    else:
+        k_mask = offs_k[None, :] < K - kb * BLOCK_K
+        a = tl.load(a_ptrs + kb * BLOCK_K, mask=k_mask, other=0)
+        b = tl.load(b_ptrs + kb * BLOCK_K, mask=k_mask, other=0)
+    return a, b
+
+
+@triton.jit
+def _block_dot(a, b, QFMT: tl.constexpr, USE_FP8_MMA: tl.constexpr, TMA: tl.constexpr):
+    """One K block's a @ b^T: int32 for INT8 (exact), fp32 for FP8."""
+    if QFMT == "int8":
+        return tl.dot(a, tl.trans(b), out_dtype=tl.int32)
+    elif USE_FP8_MMA:
+        # Hopper's FP8 MMA adds products with a reduced-precision accumulator: on an H100 this
+        # path is ~1.3e-4 relative (Frobenius) from float64, the others ~1e-7. Promoting into
+        # fp32 every 32 products (max_num_imprecise_acc=32) only reached 4.5e-5, at 26% less
+        # throughput, so Triton's default is kept. TMA delivers e4m3 typed tiles; pointers, bits.
+        if not TMA:
+            a = a.to(tl.float8e4nv, bitcast=True)
+            b = b.to(tl.float8e4nv, bitcast=True)
+        return tl.dot(a, tl.trans(b))
+    else:
+        return tl.dot(fp8e4m3_decode_f16(a), tl.trans(fp8e4m3_decode_f16(b)))
+
+
+@triton.jit
+def _scaled(part, a_s_ptrs, b_s_ptrs, kb, stride_ask, stride_bsk, valid, UNIFORM_BS: tl.constexpr):
+    """fp32(part) * a_s[m, kb] * b_s[n-block, kb]. A K block past the end (valid false: zero tiles,
+    kb clamped in range) gets zero scales, so it adds exactly 0 whatever the last real scales hold."""
+    a_s = tl.where(valid, tl.load(a_s_ptrs + kb * stride_ask), 0.0)
+    b_s = tl.where(valid, tl.load(b_s_ptrs + kb * stride_bsk), 0.0)
+    if UNIFORM_BS:
+        return part.to(tl.float32) * (a_s * b_s)[:, None]
+    else:
+        return part.to(tl.float32) * a_s[:, None] * b_s[None, :]
+
+
+@triton.jit
 def block_scaled_mm_kernel(
-        a_ptr, b_ptr, a_scale_ptr, b_scale_ptr, bias_ptr, out_ptr, out_scale_ptr, M, N, K,
+        a_ptr, b_ptr, a_desc, b_desc, a_scale_ptr, b_scale_ptr, bias_ptr, out_ptr, out_scale_ptr, M, N, K,
         stride_am, stride_bn, stride_asm, stride_ask, stride_bsn, stride_bsk, stride_bias,
         stride_om, stride_osm, eps,
-        QFMT: tl.constexpr, USE_FP8_MMA: tl.constexpr, SCALE_BN: tl.constexpr,
+        QFMT: tl.constexpr, USE_FP8_MMA: tl.constexpr, TMA: tl.constexpr, SCALE_BN: tl.constexpr,
         BIAS: tl.constexpr, ACTIVATION: tl.constexpr, OUT: tl.constexpr, OUT_GROUP: tl.constexpr,
-        UE8M0_OUT: tl.constexpr,
-        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+        UE8M0_OUT: tl.constexpr, HW_FP8: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+        BLOCK_K: tl.constexpr, K_STEP: tl.constexpr, GROUP_M: tl.constexpr):
     """a [M, K] @ b [N, K]^T with block scales, fused epilogue.
 
-    QFMT "fp8" (uint8 bits) or "int8". USE_FP8_MMA multiplies FP8 on FP8 tensor cores (sm_89+);
-    without it FP8 is decoded to fp16 (exact) for fp16 MMA with fp32 accumulation, which every
-    sm_80+ GPU has. BIAS is the bias kind or "none"; OUT is "fp32"/"fp16"/"bf16" for a cast, or
-    "fp8"/"int8" to re-quantize per 1×OUT_GROUP (OUT_GROUP must divide BLOCK_N) into out and
-    out_scale [M, ceil(N/OUT_GROUP)].
+    QFMT "fp8" or "int8". USE_FP8_MMA multiplies FP8 on FP8 tensor cores (sm_89+); without it FP8
+    (uint8 bits) is decoded to fp16 (exact) for fp16 MMA with fp32 accumulation, which every sm_80+
+    GPU has. TMA loads tiles through the host tensor descriptors a_desc [M, K] / b_desc [N, K]
+    (sm_90+, typed e4m3/int8) instead of a_ptr / b_ptr (uint8 bits or int8). K_STEP K blocks (1 or
+    2) are multiplied per iteration before their fp32 promotion: two dots in flight before the
+    promotion waits keep Hopper's tensor cores busier. BIAS is the bias kind or "none"; OUT is
+    "fp32"/"fp16"/"bf16" for a cast, or "fp8"/"int8" to re-quantize per 1×OUT_GROUP (OUT_GROUP must
+    divide BLOCK_N) into out and out_scale [M, ceil(N/OUT_GROUP)], encoding FP8 with the conversion
+    instructions when HW_FP8 (sm_89+).
     """
     # Grouped ordering: GROUP_M row-tiles share each column strip of b while it is in L2.
     pid = tl.program_id(0)
@@ -44,7 +93,7 @@ def block_scaled_mm_kernel(
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
-    # Wrapping the tail rows/cols back into range keeps the main-loop loads unmasked along M and N;
+    # Wrapping the tail rows/cols back into range keeps the pointer loads unmasked along M and N;
     # those rows and columns are never stored.
     rows_a = offs_m % M
     rows_b = offs_n % N
@@ -59,29 +108,21 @@ def block_scaled_mm_kernel(
     else:
         b_s_ptrs = b_scale_ptr + (rows_b // SCALE_BN) * stride_bsn
 
+    num_kb = tl.cdiv(K, BLOCK_K)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for kb in range(0, tl.cdiv(K, BLOCK_K)):
-        k_mask = offs_k[None, :] < K - kb * BLOCK_K
-        a = tl.load(a_ptrs, mask=k_mask, other=0)
-        b = tl.load(b_ptrs, mask=k_mask, other=0)
-        if QFMT == "int8":
-            part = tl.dot(a, tl.trans(b), out_dtype=tl.int32).to(tl.float32)
-        elif USE_FP8_MMA:
-            # Hopper's FP8 MMA adds products with a reduced-precision accumulator: on an H100 this
-            # path is ~1.3e-4 relative (Frobenius) from float64, the others ~1e-7. Promoting into
-            # fp32 every 32 products (max_num_imprecise_acc=32) only reached 4.5e-5, at 26% less
-            # throughput, so Triton's default is kept.
-            part = tl.dot(a.to(tl.float8e4nv, bitcast=True), tl.trans(b.to(tl.float8e4nv, bitcast=True)))
-        else:
-            part = tl.dot(fp8e4m3_decode_f16(a), tl.trans(fp8e4m3_decode_f16(b)))
-        a_s = tl.load(a_s_ptrs + kb * stride_ask)
-        b_s = tl.load(b_s_ptrs + kb * stride_bsk)
-        if UNIFORM_BS:
-            acc += part * (a_s * b_s)[:, None]
-        else:
-            acc += part * a_s[:, None] * b_s[None, :]
-        a_ptrs += BLOCK_K
-        b_ptrs += BLOCK_K
+    for kb in range(0, num_kb, K_STEP):
+        a0, b0 = _load_k_block(a_ptrs, b_ptrs, a_desc, b_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, offs_k, kb, K,
+                               TMA, BLOCK_K)
+        if K_STEP == 2:
+            a1, b1 = _load_k_block(a_ptrs, b_ptrs, a_desc, b_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, offs_k,
+                                   kb + 1, K, TMA, BLOCK_K)
+        part0 = _block_dot(a0, b0, QFMT, USE_FP8_MMA, TMA)
+        if K_STEP == 2:
+            part1 = _block_dot(a1, b1, QFMT, USE_FP8_MMA, TMA)
+        acc += _scaled(part0, a_s_ptrs, b_s_ptrs, kb, stride_ask, stride_bsk, True, UNIFORM_BS)
+        if K_STEP == 2:
+            acc += _scaled(part1, a_s_ptrs, b_s_ptrs, tl.minimum(kb + 1, num_kb - 1), stride_ask, stride_bsk,
+                           kb + 1 < num_kb, UNIFORM_BS)
 
     n_mask = offs_n < N
     mask = (offs_m < M)[:, None] & n_mask[None, :]
@@ -94,7 +135,7 @@ def block_scaled_mm_kernel(
         # Columns past N must not reach a group's amax.
         x = tl.reshape(tl.where(mask, acc, 0.0), (BLOCK_M, GROUPS, OUT_GROUP))
         scale = block_scale(nan_absmax(x, 2), eps, OUT, UE8M0_OUT)
-        q = quantize(x, tl.broadcast_to(scale[:, :, None], x.shape), OUT)
+        q = quantize(x, tl.broadcast_to(scale[:, :, None], x.shape), OUT, HW_FP8)
         tl.store(out_ptrs, tl.reshape(q, (BLOCK_M, BLOCK_N)), mask=mask)
         groups = pid_n * GROUPS + tl.arange(0, GROUPS)
         tl.store(out_scale_ptr + offs_m[:, None] * stride_osm + groups[None, :], scale,

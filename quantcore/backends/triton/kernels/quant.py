@@ -11,7 +11,7 @@ import triton.language as tl
 
 from .cast import load_f32, store_f32_as
 from .epilogue import activate
-from .fp8 import fp8e4m3_decode_f16, fp8e4m3_encode, nan_absmax, ue8m0_round_up
+from .fp8 import fp8e4m3_decode_f32, fp8e4m3_encode_as, nan_absmax, ue8m0_round_up
 
 
 @triton.jit
@@ -25,10 +25,10 @@ def int8_encode(v):
 
 
 @triton.jit
-def decode_f32(codes, QFMT: tl.constexpr):
-    """Quantized codes (uint8 e4m3 bits or int8) -> fp32, exactly."""
+def decode_f32(codes, QFMT: tl.constexpr, HW_FP8: tl.constexpr):
+    """Quantized codes (uint8 e4m3 bits or int8) -> fp32, exactly (HW_FP8: sm_89+ instructions)."""
     if QFMT == "fp8":
-        return fp8e4m3_decode_f16(codes).to(tl.float32)
+        return fp8e4m3_decode_f32(codes, HW_FP8)
     else:
         return codes.to(tl.float32)
 
@@ -46,11 +46,12 @@ def block_scale(amax, eps, QFMT: tl.constexpr, UE8M0: tl.constexpr):
 
 
 @triton.jit
-def quantize(x, scale, QFMT: tl.constexpr):
-    """Codes of x / scale (IEEE division; `scale` broadcast to x's shape) in QFMT."""
+def quantize(x, scale, QFMT: tl.constexpr, HW_FP8: tl.constexpr):
+    """Codes of x / scale (IEEE division; `scale` broadcast to x's shape) in QFMT (HW_FP8: sm_89+
+    conversion instructions)."""
     v = tl.div_rn(x, scale)
     if QFMT == "fp8":
-        return fp8e4m3_encode(v)
+        return fp8e4m3_encode_as(v, HW_FP8)
     else:
         return int8_encode(v)
 
@@ -78,24 +79,26 @@ def block_quant_kernel(src_ptr, src_scale_ptr, q_ptr, scale_ptr, R, C,
                        stride_src, stride_src_sr, stride_src_sc, stride_q, stride_sr, stride_sc, eps,
                        BR: tl.constexpr, BC: tl.constexpr, RB: tl.constexpr, CB: tl.constexpr,
                        BR_PAD: tl.constexpr, BC_PAD: tl.constexpr, SRC: tl.constexpr,
-                       QFMT: tl.constexpr, UE8M0: tl.constexpr, ACTIVATION: tl.constexpr):
+                       QFMT: tl.constexpr, UE8M0: tl.constexpr, ACTIVATION: tl.constexpr,
+                       HW_FP8: tl.constexpr):
     """Quantize src [R, C] per BR×BC block into codes q (QFMT) and fp32 scales [ceil(R/BR), ceil(C/BC)].
 
     SRC is the source kind: a float kind ("fp32", "fp16", "bf16") for act/weight quantize, or a
     quantized format ("fp8", "int8") whose per-block scales src_scale dequantize it first (quantized
-    GELU, same block grid). ACTIVATION is applied in fp32 before re-quantizing.
+    GELU, same block grid). ACTIVATION is applied in fp32 before re-quantizing. HW_FP8 (sm_89+)
+    converts FP8 with the hardware instructions.
     """
     rows, cols, mask, srow, scol, smask = block_tile(R, C, BR, BC, RB, CB, BR_PAD, BC_PAD)
     if SRC == "fp8" or SRC == "int8":
         codes = tl.load(src_ptr + rows * stride_src + cols, mask=mask, other=0)
         s_in = tl.load(src_scale_ptr + srow * stride_src_sr + scol * stride_src_sc, mask=smask, other=1.0)
-        x = decode_f32(codes, SRC) * s_in[:, None, :, None]
+        x = decode_f32(codes, SRC, HW_FP8) * s_in[:, None, :, None]
     else:
         x = load_f32(src_ptr + rows * stride_src + cols, mask, SRC)
     # Masked lanes must not reach the amax (a dequantized 0 * Inf scale would be NaN).
     x = tl.where(mask, activate(x, ACTIVATION), 0.0)
     scale = block_scale(nan_absmax(nan_absmax(x, 3), 1), eps, QFMT, UE8M0)
-    q = quantize(x, tl.broadcast_to(scale[:, None, :, None], x.shape), QFMT)
+    q = quantize(x, tl.broadcast_to(scale[:, None, :, None], x.shape), QFMT, HW_FP8)
     tl.store(q_ptr + rows * stride_q + cols, q, mask=mask)
     tl.store(scale_ptr + srow * stride_sr + scol * stride_sc, scale, mask=smask)
 
@@ -104,10 +107,10 @@ def block_quant_kernel(src_ptr, src_scale_ptr, q_ptr, scale_ptr, R, C,
 def block_dequant_kernel(q_ptr, scale_ptr, out_ptr, R, C, stride_q, stride_sr, stride_sc, stride_out,
                          BR: tl.constexpr, BC: tl.constexpr, RB: tl.constexpr, CB: tl.constexpr,
                          BR_PAD: tl.constexpr, BC_PAD: tl.constexpr, QFMT: tl.constexpr,
-                         OUT: tl.constexpr):
+                         OUT: tl.constexpr, HW_FP8: tl.constexpr):
     """out = fp32(q) * scale[block] (one fp32 multiply) stored as OUT ("fp32", "fp16", "bf16")."""
     rows, cols, mask, srow, scol, smask = block_tile(R, C, BR, BC, RB, CB, BR_PAD, BC_PAD)
     codes = tl.load(q_ptr + rows * stride_q + cols, mask=mask, other=0)
     scale = tl.load(scale_ptr + srow * stride_sr + scol * stride_sc, mask=smask, other=1.0)
-    x = decode_f32(codes, QFMT) * scale[:, None, :, None]
+    x = decode_f32(codes, QFMT, HW_FP8) * scale[:, None, :, None]
     store_f32_as(out_ptr + rows * stride_out + cols, x, mask, OUT)
