@@ -1,5 +1,6 @@
-"""quantcore's public ops. Each validates its arguments once (raising `InvalidInputError`), picks an
-implementation through the registry (cached per device, formats and block sizes) and launches it.
+"""quantcore's public ops. Each validates its arguments (raising `InvalidInputError`), picks an
+implementation through the registry and launches it; the validated plan is kept per argument
+signature (`dispatch.py`), so repeated calls with same-shaped inputs skip straight to the launch.
 
 `backend=None` (or "auto") chooses automatically; a name ("triton", "cupy", "torch") forces that
 backend and raises `UnsupportedError` with its reasons when it cannot run; a sequence of names sets
@@ -11,16 +12,9 @@ from __future__ import annotations
 import torch
 
 from . import registry, specs
+from .dispatch import call
 from .formats import DEFAULT_BLOCK, DEFAULT_EPS, DEFAULT_GROUP
 from .registry import BackendChoice, Explanation
-from .specs.base import Prepared
-
-
-def _run(prepared: Prepared, backend: BackendChoice):
-    impl = registry.select(prepared.query, backend)
-    if prepared.empty:  # no rows: every backend would return the same empty tensors
-        impl = registry.reference(prepared.query.op)
-    return prepared.finish(impl(**prepared.kwargs))
 
 
 def act_quant(x: torch.Tensor, *, dtype=torch.float8_e4m3fn, group_size: int = DEFAULT_GROUP, scale_fmt: str = "fp32",
@@ -34,14 +28,14 @@ def act_quant(x: torch.Tensor, *, dtype=torch.float8_e4m3fn, group_size: int = D
     Returns (q [..., K] dtype, scale [..., ceil(K/group_size)] fp32). A block with NaN/Inf gets a
     non-finite scale (or raises `NonFiniteInputError` with check_finite=True); other blocks are unaffected.
     """
-    return _run(specs.act_quant(x, dtype=dtype, group_size=group_size, scale_fmt=scale_fmt, eps=eps,
-                                scale_layout=scale_layout, check_finite=check_finite), backend)
+    return call("act_quant", (x,), dict(dtype=dtype, group_size=group_size, scale_fmt=scale_fmt, eps=eps,
+                                        scale_layout=scale_layout, check_finite=check_finite), backend)
 
 
 def act_dequant(q: torch.Tensor, scale: torch.Tensor, *, group_size: int = DEFAULT_GROUP,
                 out_dtype: torch.dtype = torch.bfloat16, backend: BackendChoice = None) -> torch.Tensor:
     """Dequantize activations: q [..., K] (fp8/int8), scale [..., ceil(K/G)] fp32 (any layout) -> [..., K] out_dtype."""
-    return _run(specs.act_dequant(q, scale, group_size=group_size, out_dtype=out_dtype), backend)
+    return call("act_dequant", (q, scale), dict(group_size=group_size, out_dtype=out_dtype), backend)
 
 
 def weight_quant(w: torch.Tensor, *, dtype=torch.float8_e4m3fn, block_size: tuple[int, int] = DEFAULT_BLOCK,
@@ -49,14 +43,14 @@ def weight_quant(w: torch.Tensor, *, dtype=torch.float8_e4m3fn, block_size: tupl
                  backend: BackendChoice = None):
     """Quantize a weight per Bn×Bk block: w [N, K] bf16/fp16/fp32 -> (q [N, K] dtype,
     scale [ceil(N/Bn), ceil(K/Bk)] fp32), the DeepSeek-V3 `weight_scale_inv` layout."""
-    return _run(specs.weight_quant(w, dtype=dtype, block_size=block_size, scale_fmt=scale_fmt, eps=eps,
-                                   check_finite=check_finite), backend)
+    return call("weight_quant", (w,), dict(dtype=dtype, block_size=block_size, scale_fmt=scale_fmt, eps=eps,
+                                           check_finite=check_finite), backend)
 
 
 def weight_dequant(q: torch.Tensor, scale: torch.Tensor, *, block_size: tuple[int, int] = DEFAULT_BLOCK,
                    out_dtype: torch.dtype = torch.bfloat16, backend: BackendChoice = None) -> torch.Tensor:
     """Dequantize a block-quantized weight: q [N, K], scale [ceil(N/Bn), ceil(K/Bk)] fp32 -> [N, K] out_dtype."""
-    return _run(specs.weight_dequant(q, scale, block_size=block_size, out_dtype=out_dtype), backend)
+    return call("weight_dequant", (q, scale), dict(block_size=block_size, out_dtype=out_dtype), backend)
 
 
 def scaled_mm(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor, *,
@@ -72,9 +66,9 @@ def scaled_mm(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: 
     (returns [..., N]) or, with out_quant a quantized dtype, re-quantization per 1×out_group_size
     (returns (q [..., N], scale [..., ceil(N/out_group_size)])).
     """
-    return _run(specs.scaled_mm(a, a_scale, b, b_scale, bias=bias, activation=activation, out_dtype=out_dtype,
-                                out_quant=out_quant, block_size=block_size, out_group_size=out_group_size,
-                                out_scale_fmt=out_scale_fmt, eps=eps), backend)
+    return call("scaled_mm", (a, a_scale, b, b_scale),
+                dict(bias=bias, activation=activation, out_dtype=out_dtype, out_quant=out_quant, block_size=block_size,
+                     out_group_size=out_group_size, out_scale_fmt=out_scale_fmt, eps=eps), backend)
 
 
 def dequant_bias(g: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor, bias: torch.Tensor | None = None, *,
@@ -85,7 +79,7 @@ def dequant_bias(g: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor, 
     g: [..., N] bf16/fp16/fp32/int32 (e.g. `torch._int_mm`'s output); scale_a: [...] or [..., 1] fp32;
     scale_b: [N] or [1, N] fp32; bias: [N] or [1, N] float. Returns [..., N] out_dtype.
     """
-    return _run(specs.dequant_bias(g, scale_a, scale_b, bias, out_dtype=out_dtype), backend)
+    return call("dequant_bias", (g, scale_a, scale_b, bias), dict(out_dtype=out_dtype), backend)
 
 
 def quantized_gelu(q: torch.Tensor, scale: torch.Tensor, *, group_size: int = DEFAULT_GROUP, approximate: str = "none",
@@ -96,8 +90,8 @@ def quantized_gelu(q: torch.Tensor, scale: torch.Tensor, *, group_size: int = DE
     q: [..., K] fp8/int8; scale: [..., ceil(K/G)] fp32. out_dtype: the output's quantized dtype
     (None keeps q's). Returns (q [..., K], scale [..., ceil(K/G)] fp32).
     """
-    return _run(specs.quantized_gelu(q, scale, group_size=group_size, approximate=approximate, out_dtype=out_dtype,
-                                     scale_fmt=scale_fmt, eps=eps), backend)
+    return call("quantized_gelu", (q, scale), dict(group_size=group_size, approximate=approximate,
+                                                   out_dtype=out_dtype, scale_fmt=scale_fmt, eps=eps), backend)
 
 
 def explain(op: str, *args, backend: BackendChoice = None, **kwargs) -> Explanation:

@@ -91,6 +91,13 @@ def _check_names(names: Sequence[str]) -> None:
         raise InvalidInputError(f"backend: unknown {bad}; expected names among {sorted(known)}")
 
 
+def priority_state() -> tuple:
+    """What `current_priority` reads besides the query (context and environment): part of the key
+    under which `quantcore.dispatch` keeps validated plans."""
+    stack = getattr(_local, "stack", None)
+    return (stack[-1] if stack else None), os.environ.get(PRIORITY_ENV)
+
+
 def current_priority(query: Query) -> tuple[str, ...]:
     """The priority in force for a call: context, then environment, then the measured table of this
     GPU model (not while simulating another), then the default for the device kind."""
@@ -124,6 +131,21 @@ def _all_impls() -> dict[str, tuple[Impl, ...]]:
 
 
 _registered: list[Impl] = []
+_epoch = 0  # bumped whenever selections made so far may no longer hold
+
+
+def epoch() -> int:
+    """A counter that changes whenever earlier selections are invalidated (register, unregister,
+    clear_caches); `quantcore.dispatch` keys its kept plans on it."""
+    return _epoch
+
+
+def clear_caches() -> None:
+    """Forget every cached selection and kept plan, and which numerics warnings were issued."""
+    global _epoch
+    _epoch += 1
+    _select_cached.cache_clear()
+    _warned.clear()
 
 
 def register(impl: Impl) -> None:
@@ -131,13 +153,13 @@ def register(impl: Impl) -> None:
     if not isinstance(impl, Impl):
         raise InvalidInputError(f"register: expected a quantcore Impl, got {type(impl).__name__}")
     _registered.insert(0, impl)
-    _select_cached.cache_clear()
+    clear_caches()
 
 
 def unregister(impl: Impl) -> None:
     """Remove an implementation added with `register`."""
     _registered.remove(impl)
-    _select_cached.cache_clear()
+    clear_caches()
 
 
 def impls(op: str) -> tuple[Impl, ...]:

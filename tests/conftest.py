@@ -29,6 +29,5 @@ def _clean_registry_state(monkeypatch):
     """Selection caches and warn-once state must not leak between tests."""
     monkeypatch.delenv("QUANTCORE_SIMULATE", raising=False)
     monkeypatch.delenv("QUANTCORE_PRIORITY", raising=False)
-    registry._select_cached.cache_clear()
-    registry._warned.clear()
+    registry.clear_caches()
     yield

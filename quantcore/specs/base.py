@@ -23,3 +23,17 @@ class Prepared:
 def keep(out: Any) -> Any:
     """`finish` for results that need no reshaping."""
     return out
+
+
+def leading(lead: tuple[int, ...]) -> Callable[[Any], Any]:
+    """`finish` that gives each result tensor (one, or a tuple) the caller's leading dims `lead` back,
+    keeping its last dim; `keep` when the caller's input already was 2-D."""
+    if len(lead) == 1:
+        return keep
+
+    def finish(out: Any) -> Any:
+        if isinstance(out, tuple):
+            return tuple(t.reshape(*lead, t.shape[-1]) for t in out)
+        return out.reshape(*lead, out.shape[-1])
+
+    return finish

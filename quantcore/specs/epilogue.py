@@ -10,7 +10,7 @@ from .. import capability
 from ..backends.base import Query, m_bucket
 from ..formats import DEFAULT_EPS, DEFAULT_GROUP, FLOAT_DTYPES, GELU_APPROXIMATIONS, dtype_name
 from . import checks
-from .base import Prepared
+from .base import Prepared, leading
 
 GEMM_OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.int32)
 
@@ -44,7 +44,7 @@ def dequant_bias(g, scale_a, scale_b, bias=None, *, out_dtype=torch.bfloat16) ->
     return Prepared(
         Query(op, profile, dtype_name(g.dtype), m_bucket=m_bucket(M)),
         dict(g=g2, scale_a=scale_a.reshape(M), scale_b=scale_b, bias=bias, out_dtype=out, profile=profile),
-        lambda o: o.reshape(*lead, N), empty=M == 0,
+        leading(lead), empty=M == 0,
     )
 
 
@@ -66,13 +66,9 @@ def quantized_gelu(q, scale, *, group_size=DEFAULT_GROUP, approximate="none", ou
     q2 = checks.rows(q)
     profile = capability.profile_for(q.device)
 
-    def finish(res):
-        q_out, s_out = res
-        return q_out.reshape(*lead, K), s_out.reshape(*lead, s_out.shape[-1])
-
     return Prepared(
         Query(op, profile, fmt.name, out_fmt.name, (group,), m_bucket(q2.shape[0])),
         dict(q=q2, scale=scale.reshape(-1, scale.shape[-1]), group_size=group, approximate=approx,
              out_qdtype=out_fmt.dtype, ue8m0=ue8m0, eps=floor, profile=profile),
-        finish, empty=q2.shape[0] == 0,
+        leading(lead), empty=q2.shape[0] == 0,
     )

@@ -10,7 +10,7 @@ from .. import capability
 from ..backends.base import Query, m_bucket
 from ..formats import ACTIVATIONS, DEFAULT_BLOCK, DEFAULT_EPS, DEFAULT_GROUP, FLOAT_DTYPES, dtype_name
 from . import checks
-from .base import Prepared
+from .base import Prepared, leading
 
 
 def scaled_mm(a, a_scale, b, b_scale, *, bias=None, activation=None, out_dtype=torch.bfloat16, out_quant=None,
@@ -58,12 +58,6 @@ def scaled_mm(a, a_scale, b, b_scale, *, bias=None, activation=None, out_dtype=t
     blocks = (bn, bk) + ((group,) if out_fmt else ())
     profile = capability.profile_for(a.device)
 
-    def finish(res):
-        if out_fmt is None:
-            return res.reshape(*lead, N)
-        q, s = res
-        return q.reshape(*lead, N), s.reshape(*lead, s.shape[-1])
-
     return Prepared(
         Query(op, profile, fmt.name, out_fmt.name if out_fmt else None, blocks, m_bucket(a2.shape[0]), (N, K),
               block_k=bk, out_group=group if out_fmt else 0),
@@ -71,5 +65,5 @@ def scaled_mm(a, a_scale, b, b_scale, *, bias=None, activation=None, out_dtype=t
              block_n=bn, block_k=bk, bias=bias, activation=act, out_dtype=out,
              out_quant=out_fmt.dtype if out_fmt else None, out_group=group, ue8m0_out=ue8m0_out, eps=floor,
              profile=profile),
-        finish, empty=a2.shape[0] == 0,
+        leading(lead), empty=a2.shape[0] == 0,
     )

@@ -10,7 +10,7 @@ from .. import capability
 from ..backends.base import Query, m_bucket
 from ..formats import DEFAULT_BLOCK, DEFAULT_EPS, DEFAULT_GROUP, FLOAT_DTYPES, SCALE_LAYOUTS
 from . import checks
-from .base import Prepared, keep
+from .base import Prepared, keep, leading
 
 
 def act_quant(x, *, dtype=torch.float8_e4m3fn, group_size=DEFAULT_GROUP, scale_fmt="fp32", eps=DEFAULT_EPS,
@@ -28,16 +28,12 @@ def act_quant(x, *, dtype=torch.float8_e4m3fn, group_size=DEFAULT_GROUP, scale_f
     lead, K = x.shape[:-1], x.shape[-1]
     x2 = checks.rows(x)
 
-    def finish(out):
-        q, s = out
-        return q.reshape(*lead, K), s.reshape(*lead, s.shape[-1])
-
     profile = capability.profile_for(x.device)
     return Prepared(
         Query(op, profile, fmt.name, blocks=(group,), m_bucket=m_bucket(x2.shape[0])),
         dict(x=x2, qdtype=fmt.dtype, group_size=group, ue8m0=ue8m0, eps=floor,
              scale_m_major=layout == "m_major", profile=profile),
-        finish, empty=x2.shape[0] == 0,
+        leading(lead), empty=x2.shape[0] == 0,
     )
 
 
@@ -57,7 +53,7 @@ def act_dequant(q, scale, *, group_size=DEFAULT_GROUP, out_dtype=torch.bfloat16)
     return Prepared(
         Query(op, profile, fmt.name, blocks=(group,), m_bucket=m_bucket(q2.shape[0])),
         dict(q=q2, scale=scale.reshape(-1, scale.shape[-1]), group_size=group, out_dtype=out, profile=profile),
-        lambda x: x.reshape(*lead, K), empty=q2.shape[0] == 0,
+        leading(lead), empty=q2.shape[0] == 0,
     )
 
 

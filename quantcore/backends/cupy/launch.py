@@ -43,12 +43,18 @@ _MAX_GRID = 65535
 _GEMM_BK = 64  # kBK in gemm.cu
 
 
+_streams: dict[tuple[int, int], object] = {}
+
+
 def _launch(fn, grid, block, args, device: torch.device, smem: int = 0) -> None:
     import cupy
 
     index = device.index if device.index is not None else torch.cuda.current_device()
+    ptr = torch.cuda.current_stream(index).cuda_stream
+    stream = _streams.get((index, ptr))
+    if stream is None:  # wrapping torch's stream costs microseconds: once per stream
+        stream = _streams[(index, ptr)] = cupy.cuda.ExternalStream(ptr, index)
     with cupy.cuda.Device(index):
-        stream = cupy.cuda.ExternalStream(torch.cuda.current_stream(index).cuda_stream)
         fn(grid, block, args, shared_mem=smem, stream=stream)
 
 

@@ -1,0 +1,105 @@
+"""The call path of `quantcore.ops`: validate, select, launch, and remember the validated plan.
+
+Validation and selection depend only on the arguments' metadata (dtypes, shapes, strides, devices,
+options) and on the simulation and priority in force. Their outcome is therefore kept per such
+signature: a repeated call puts its tensors into the kept plan (each kernel argument is one of the
+inputs or a view of one, re-made with the same view metadata) and launches, skipping the spec's
+checks and the registry. This is what keeps a `quantcore.ops` call within a few microseconds of a
+bare launch. Calls that validate by reading data (`check_finite=True`), tensors that are not plain
+strided tensors, and plans whose kernel arguments are copies rather than views are never kept.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+import torch
+
+from . import capability, registry, specs
+from .registry import BackendChoice
+
+_MAX_PLANS = 4096
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
+class _Uncacheable(Exception):
+    pass
+
+
+class _Plan(NamedTuple):
+    launch: Callable[..., Any]
+    static: dict[str, Any]  # non-tensor kernel arguments, the implementation's fixed options included
+    # (argument, input index, view or None: the input itself); None: a plan for this call only
+    bindings: tuple[tuple[str, int, tuple | None], ...] | None
+    finish: Callable[[Any], Any]
+
+
+_plans: dict[tuple, _Plan] = {}
+
+
+def call(op: str, args: tuple, options: dict[str, Any], backend: BackendChoice) -> Any:
+    """Run `op` (a `specs.SPECS` name) on positional `args` and keyword `options`."""
+    try:
+        key = _key(op, args, options, backend)
+        plan = _plans.get(key)
+    except (_Uncacheable, TypeError):  # TypeError: an unhashable option (a list, say)
+        key, plan = None, None
+    if plan is None:
+        plan = _prepare(op, args, options, backend)
+        if key is not None and plan.bindings is not None:
+            if len(_plans) >= _MAX_PLANS:
+                _plans.clear()
+            _plans[key] = plan
+    values = (*args, *options.values())
+    kwargs = dict(plan.static)
+    for name, index, view in plan.bindings or ():
+        t = values[index]
+        kwargs[name] = t if view is None else t.as_strided(view[0], view[1], t.storage_offset() + view[2])
+    return plan.finish(plan.launch(**kwargs))
+
+
+def _key(op: str, args: tuple, options: dict[str, Any], backend: BackendChoice) -> tuple:
+    # Each op passes the same option names in the same order, so their values alone identify them.
+    if options.get("check_finite"):
+        raise _Uncacheable
+    return (op, backend if backend is None or isinstance(backend, str) else tuple(backend), registry.epoch(),
+            capability.simulation_state(), registry.priority_state(),
+            *[_signature(v) for v in args], *[_signature(v) for v in options.values()])
+
+
+def _signature(v: Any) -> Any:
+    if not isinstance(v, torch.Tensor):
+        return v
+    if type(v) not in _PLAIN or v.layout is not torch.strided:
+        raise _Uncacheable
+    return v.dtype, v.shape, v.stride(), v.device
+
+
+def _prepare(op: str, args: tuple, options: dict[str, Any], backend: BackendChoice) -> _Plan:
+    """The full path: validate (raising on bad input), select, and describe how to rebind."""
+    prepared = specs.SPECS[op](*args, **options)
+    impl = registry.select(prepared.query, backend)
+    if prepared.empty:  # no rows: every backend would return the same empty tensors
+        impl = registry.reference(op)
+    values = (*args, *options.values())
+    static = {k: v for k, v in prepared.kwargs.items() if not isinstance(v, torch.Tensor)} | dict(impl.options)
+    tensors = {k: v for k, v in prepared.kwargs.items() if isinstance(v, torch.Tensor)}
+    sources = {name: _source(t, values) for name, t in tensors.items()}
+    if prepared.empty or None in sources.values():  # a copy made by the spec: this plan cannot be replayed
+        return _Plan(impl.function(), static | tensors, None, prepared.finish)
+    return _Plan(impl.function(), static, tuple((name, *src) for name, src in sources.items()), prepared.finish)
+
+
+def _source(t: torch.Tensor, values: tuple) -> tuple[int, tuple | None] | None:
+    """(index of the argument `t` is, or is a view of; None when `t` has that argument's own layout,
+    else (size, stride, storage-offset delta)), or None when `t` views no tensor argument."""
+    inputs = [(i, x) for i, x in enumerate(values) if isinstance(x, torch.Tensor)]
+    for i, x in inputs:
+        if t is x:
+            return i, None
+    for i, x in inputs:
+        if t.untyped_storage().data_ptr() == x.untyped_storage().data_ptr() and t.dtype == x.dtype:
+            if (t.shape, t.stride(), t.storage_offset()) == (x.shape, x.stride(), x.storage_offset()):
+                return i, None
+            return i, (tuple(t.shape), tuple(t.stride()), t.storage_offset() - x.storage_offset())
+    return None

@@ -1,0 +1,97 @@
+"""The kept-plan fast path of `quantcore.ops`: a repeated call must compute exactly what a fresh,
+fully validated call computes, follow the priority and simulation in force, and never keep what it
+cannot replay."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import quantcore
+from quantcore import dispatch, ops, registry
+from quantcore.backends.base import Constraints, Impl
+
+from helpers import randn
+
+
+def fresh(fn, *args, **kwargs):
+    """`fn` with every kept plan forgotten first: the fully validated path."""
+    registry.clear_caches()
+    return fn(*args, **kwargs)
+
+
+def same(a, b):
+    if isinstance(a, tuple):
+        return all(same(x, y) for x, y in zip(a, b, strict=True))
+    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.float().nan_to_num(7), b.float().nan_to_num(7))
+
+
+def test_repeated_calls_reuse_the_plan_and_bind_the_new_tensors(gen):
+    x1, x2 = randn((2, 3, 300), gen=gen), randn((2, 3, 300), gen=gen)
+    ops.act_quant(x1)
+    kept = len(dispatch._plans)
+    assert kept >= 1
+    got = ops.act_quant(x2)
+    assert len(dispatch._plans) == kept  # same signature: no new plan
+    assert same(got, fresh(ops.act_quant, x2)) and not same(got, fresh(ops.act_quant, x1))
+
+
+def test_strided_views_are_rebound_at_their_own_offset(gen):
+    buf = randn((9, 700), gen=gen)
+    first, second = buf[1:5, 3:303], buf[4:8, 100:400]  # same shape and strides, other storage offsets
+    q, s = ops.act_quant(first)
+    assert same((q, s), fresh(ops.act_quant, first))
+    assert same(ops.act_quant(second), fresh(ops.act_quant, second))
+
+
+def test_gemm_with_bias_and_leading_dims(gen):
+    w = randn((40, 256), gen=gen)
+    b, b_s = ops.weight_quant(w)
+    for _ in range(2):
+        a, a_s = ops.act_quant(randn((2, 3, 256), gen=gen))
+        bias = randn((40,), gen=gen)
+        got = ops.scaled_mm(a, a_s, b, b_s, bias=bias, activation="silu")
+        assert got.shape == (2, 3, 40)
+        assert same(got, fresh(ops.scaled_mm, a, a_s, b, b_s, bias=bias, activation="silu"))
+
+
+def test_a_new_signature_is_validated(gen):
+    ops.act_dequant(*ops.act_quant(randn((4, 256), gen=gen)))
+    q, s = ops.act_quant(randn((4, 256), gen=gen))
+    with pytest.raises(quantcore.InvalidInputError, match="scale has shape"):
+        ops.act_dequant(q, s[:, :1])
+
+
+def test_check_finite_is_never_skipped(gen):
+    x = randn((2, 128), gen=gen)
+    ops.act_quant(x, check_finite=True)
+    x[1, 5] = float("nan")
+    with pytest.raises(quantcore.NonFiniteInputError):
+        ops.act_quant(x, check_finite=True)
+
+
+def test_priority_in_force_is_part_of_the_plan(gen):
+    calls = []
+
+    def launch(**kwargs):
+        calls.append(kwargs["x"].shape)
+        return torch.zeros_like(kwargs["x"], dtype=torch.float8_e4m3fn), torch.ones(kwargs["x"].shape[0], 1)
+
+    impl = Impl("act_quant", "fake", launch, Constraints(devices=("cpu",)))
+    registry.register(impl)
+    try:
+        x = randn((2, 128), gen=gen)
+        reference = ops.act_quant(x)
+        with quantcore.priority("fake"):
+            assert torch.equal(ops.act_quant(x)[1], torch.ones(2, 1))
+        assert same(ops.act_quant(x), reference) and len(calls) == 1
+    finally:
+        registry.unregister(impl)
+
+
+def test_copies_made_by_the_spec_are_not_kept(gen):
+    x = randn((256, 3), gen=gen).t()  # last dim not contiguous: the spec copies it
+    before = len(dispatch._plans)
+    got = ops.act_quant(x)
+    assert len(dispatch._plans) == before
+    assert same(got, fresh(ops.act_quant, x.contiguous()))
