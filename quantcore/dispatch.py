@@ -1,5 +1,8 @@
 """The call path of `quantcore.ops`: validate, select, launch, and remember the validated plan.
 
+`call(op, args, options, backend)` takes the op's tensors (and None for absent optional tensors)
+positionally and its other options, none of them tensors, by keyword.
+
 Validation and selection depend only on the arguments' metadata (dtypes, shapes, strides, devices,
 options) and on the simulation and priority in force. Their outcome is therefore kept per such
 signature: a repeated call puts its tensors into the kept plan (each kernel argument is one of the
@@ -50,10 +53,9 @@ def call(op: str, args: tuple, options: dict[str, Any], backend: BackendChoice) 
             if len(_plans) >= _MAX_PLANS:
                 _plans.clear()
             _plans[key] = plan
-    values = (*args, *options.values())
     kwargs = dict(plan.static)
     for name, index, view in plan.bindings or ():
-        t = values[index]
+        t = args[index]
         kwargs[name] = t if view is None else t.as_strided(view[0], view[1], t.storage_offset() + view[2])
     return plan.finish(plan.launch(**kwargs))
 
@@ -63,16 +65,18 @@ def _key(op: str, args: tuple, options: dict[str, Any], backend: BackendChoice) 
     if options.get("check_finite"):
         raise _Uncacheable
     return (op, backend if backend is None or isinstance(backend, str) else tuple(backend), registry.epoch(),
-            capability.simulation_state(), registry.priority_state(),
-            *[_signature(v) for v in args], *[_signature(v) for v in options.values()])
+            capability.simulation_state(), registry.priority_state(), *map(_signature, args), *options.values())
 
 
-def _signature(v: Any) -> Any:
-    if not isinstance(v, torch.Tensor):
-        return v
-    if type(v) not in _PLAIN or v.layout is not torch.strided:
+def _signature(t: torch.Tensor | None) -> tuple | None:
+    if t is None:
+        return None
+    if type(t) not in _PLAIN:  # subclasses (fake, functional, ...) and non-tensors: validate every call
         raise _Uncacheable
-    return v.dtype, v.shape, v.stride(), v.device
+    try:
+        return t.dtype, t.shape, t.stride(), t.device
+    except RuntimeError:  # sparse and other layouts have no strides
+        raise _Uncacheable from None
 
 
 def _prepare(op: str, args: tuple, options: dict[str, Any], backend: BackendChoice) -> _Plan:
@@ -81,19 +85,18 @@ def _prepare(op: str, args: tuple, options: dict[str, Any], backend: BackendChoi
     impl = registry.select(prepared.query, backend)
     if prepared.empty:  # no rows: every backend would return the same empty tensors
         impl = registry.reference(op)
-    values = (*args, *options.values())
     static = {k: v for k, v in prepared.kwargs.items() if not isinstance(v, torch.Tensor)} | dict(impl.options)
     tensors = {k: v for k, v in prepared.kwargs.items() if isinstance(v, torch.Tensor)}
-    sources = {name: _source(t, values) for name, t in tensors.items()}
+    sources = {name: _source(t, args) for name, t in tensors.items()}
     if prepared.empty or None in sources.values():  # a copy made by the spec: this plan cannot be replayed
         return _Plan(impl.function(), static | tensors, None, prepared.finish)
     return _Plan(impl.function(), static, tuple((name, *src) for name, src in sources.items()), prepared.finish)
 
 
-def _source(t: torch.Tensor, values: tuple) -> tuple[int, tuple | None] | None:
+def _source(t: torch.Tensor, args: tuple) -> tuple[int, tuple | None] | None:
     """(index of the argument `t` is, or is a view of; None when `t` has that argument's own layout,
     else (size, stride, storage-offset delta)), or None when `t` views no tensor argument."""
-    inputs = [(i, x) for i, x in enumerate(values) if isinstance(x, torch.Tensor)]
+    inputs = [(i, x) for i, x in enumerate(args) if isinstance(x, torch.Tensor)]
     for i, x in inputs:
         if t is x:
             return i, None

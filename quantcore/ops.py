@@ -66,8 +66,8 @@ def scaled_mm(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: 
     (returns [..., N]) or, with out_quant a quantized dtype, re-quantization per 1×out_group_size
     (returns (q [..., N], scale [..., ceil(N/out_group_size)])).
     """
-    return call("scaled_mm", (a, a_scale, b, b_scale),
-                dict(bias=bias, activation=activation, out_dtype=out_dtype, out_quant=out_quant, block_size=block_size,
+    return call("scaled_mm", (a, a_scale, b, b_scale, bias),
+                dict(activation=activation, out_dtype=out_dtype, out_quant=out_quant, block_size=block_size,
                      out_group_size=out_group_size, out_scale_fmt=out_scale_fmt, eps=eps), backend)
 
 

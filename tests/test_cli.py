@@ -99,3 +99,28 @@ def test_bench_refuses_to_measure_without_a_gpu(tmp_path, capsys):
         pytest.skip("this machine has a GPU: the bench would run")
     assert main(["bench", "--json", str(tmp_path / "out.json")]) == 2
     assert "needs a CUDA GPU" in capsys.readouterr().err
+
+
+def test_dispatch_overhead_probe_measures_and_leaves_the_registry_as_it_was():
+    import importlib
+
+    from quantcore import registry
+
+    bench_run = importlib.import_module("quantcore.bench.run")  # the module, not the function of that name
+
+    before = {op: registry.impls(op) for op in ("act_quant", "scaled_mm")}
+    overhead = bench_run._dispatch_overhead("cpu")
+    assert set(overhead) == {"act_quant", "scaled_mm"}
+    assert all(0 < v < 1000 for v in overhead.values()), overhead  # µs per call: positive, not absurd
+    assert {op: registry.impls(op) for op in before} == before
+
+
+def test_saved_runs_keep_the_versions_of_the_machine_that_measured(tmp_path):
+    import json
+
+    from quantcore.bench import BenchResult
+
+    data = json.loads(_saved_run(tmp_path).read_text())
+    data.pop("versions")
+    data["device"]["versions"] = {"torch": "2.11.0+cu130", "triton": "3.6.0"}
+    assert BenchResult.model_validate(data).versions == {"torch": "2.11.0+cu130", "triton": "3.6.0"}

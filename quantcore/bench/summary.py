@@ -19,9 +19,9 @@ def summarize(result: BenchResult) -> str:
     """Memory-bound table (GB/s, fraction of copy, vs torch.compile) and GEMM table (TFLOP/s, vs vendor)."""
     d = result.device
     out = [f"device: {d.name} ({d.arch}), {result.date}; copy ceiling {result.copy_gbps:.0f} GB/s; "
-           f"versions: {', '.join(f'{k} {v}' for k, v in d.versions.items())}",
+           f"versions: {', '.join(f'{k} {v}' for k, v in result.versions.items())}",
            f"command: `{result.command}`", "",
-           "dispatch overhead over a bare launch (µs): "
+           "quantcore.ops host time over calling the implementation directly (µs): "
            + ", ".join(f"{k} {v:.1f}" for k, v in result.dispatch_overhead_us.items()), ""]
     by_case = defaultdict(dict)
     for r in result.records:

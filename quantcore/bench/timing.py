@@ -50,12 +50,14 @@ def host_overhead_us(call: Callable[[], object], bare: Callable[[], object], *, 
     """Per-call host time of `call` minus that of `bare` (same kernel, launched directly), in µs:
     the best of `rounds` alternating measurements of each, so that a noisy moment of the host
     (a shared machine) cannot land on one side only."""
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+
     def per_call(fn):
-        torch.cuda.synchronize()
+        sync()
         t0 = time.perf_counter()
         for _ in range(n):
             fn()
-        torch.cuda.synchronize()
+        sync()
         return (time.perf_counter() - t0) / n * 1e6
 
     for fn in (call, bare):

@@ -13,7 +13,7 @@ from . import checks
 from .base import Prepared, leading
 
 
-def scaled_mm(a, a_scale, b, b_scale, *, bias=None, activation=None, out_dtype=torch.bfloat16, out_quant=None,
+def scaled_mm(a, a_scale, b, b_scale, bias=None, *, activation=None, out_dtype=torch.bfloat16, out_quant=None,
               block_size=DEFAULT_BLOCK, out_group_size=DEFAULT_GROUP, out_scale_fmt="fp32",
               eps=DEFAULT_EPS) -> Prepared:
     """Spec of `ops.scaled_mm`.

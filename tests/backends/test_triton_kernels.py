@@ -269,6 +269,20 @@ def test_weight_quant_dequant_blocks_and_tails(gen, qdtype, block, ue8m0):
                                               out_dtype=torch.bfloat16))
 
 
+@pytest.mark.parametrize("qdtype", QDTYPES)
+@pytest.mark.parametrize("shape,block", [((256, 384), (128, 128)), ((64, 512), (1, 128))])
+def test_whole_block_tensors_take_the_unmasked_path(gen, qdtype, shape, block):
+    assert configs.block_tiling(*shape, *block, SM90).even
+    w = plant_specials(randn(shape, dtype=torch.bfloat16, gen=gen), block[1])
+    kw = dict(qdtype=qdtype, block_n=block[0], block_k=block[1], ue8m0=False, eps=1e-4)
+    q, s = launch.weight_quant(w, profile=SM90, **kw)
+    eq, es = ref.weight_quant(w, **kw)
+    assert_codes_equal(q, eq)
+    assert_bits_equal(s, es)
+    got = launch.weight_dequant(q, s, block_n=block[0], block_k=block[1], out_dtype=torch.float32, profile=SM90)
+    assert_bits_equal(got, ref.weight_dequant(q, s, block_n=block[0], block_k=block[1], out_dtype=torch.float32))
+
+
 # ---------------------------------------------------------------------------------------------
 # epilogues
 

@@ -57,7 +57,8 @@ class GemmConfig:
 @dataclass(frozen=True)
 class BlockTiling:
     """Program shape of the block quantize/dequantize kernels: RB×CB scale blocks of
-    BR_PAD×BC_PAD (padded) elements each, and the launch grid (row programs, column programs)."""
+    BR_PAD×BC_PAD (padded) elements each, the launch grid (row programs, column programs), and
+    whether every program holds whole, unpadded blocks inside the tensor (no masks needed)."""
 
     rb: int
     cb: int
@@ -65,6 +66,7 @@ class BlockTiling:
     bc_pad: int
     num_warps: int
     grid: tuple[int, int]
+    even: bool
 
 
 def _next_pow2(n: int) -> int:
@@ -154,8 +156,10 @@ def block_tiling(R: int, C: int, br: int, bc: int, profile) -> BlockTiling:
             rb //= 2
         else:
             cb //= 2
+    even = (R % br == 0 and C % bc == 0 and (br, bc) == (br_pad, bc_pad)
+            and row_blocks % rb == 0 and col_blocks % cb == 0)
     return BlockTiling(rb, cb, br_pad, bc_pad, _warps(rb * cb * br_pad * bc_pad, params),
-                       (_cdiv(row_blocks, rb), _cdiv(col_blocks, cb)))
+                       (_cdiv(row_blocks, rb), _cdiv(col_blocks, cb)), even)
 
 
 @functools.lru_cache(maxsize=4096)

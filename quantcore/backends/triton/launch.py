@@ -47,7 +47,7 @@ def _blocks_quantize(src, src_scale, q, scale, *, block, ue8m0, eps, activation,
         src.stride(0), ss.stride(0), ss.stride(-1), q.stride(0), scale.stride(0), scale.stride(1), eps,
         BR=block[0], BC=block[1], RB=t.rb, CB=t.cb, BR_PAD=t.br_pad, BC_PAD=t.bc_pad,
         SRC=_KIND[src.dtype], QFMT=_KIND[q.dtype], UE8M0=bool(ue8m0), ACTIVATION=activation,
-        HW_FP8=_hw_fp8(profile), num_warps=t.num_warps)
+        HW_FP8=_hw_fp8(profile), EVEN=t.even, num_warps=t.num_warps)
 
 
 def _blocks_dequantize(q, scale, *, block, out_dtype, profile):
@@ -60,7 +60,7 @@ def _blocks_dequantize(q, scale, *, block, out_dtype, profile):
     block_dequant_kernel[t.grid](
         _view(q), scale, _view(out), R, C, q.stride(0), scale.stride(0), scale.stride(1), out.stride(0),
         BR=block[0], BC=block[1], RB=t.rb, CB=t.cb, BR_PAD=t.br_pad, BC_PAD=t.bc_pad,
-        QFMT=_KIND[q.dtype], OUT=_KIND[out_dtype], HW_FP8=_hw_fp8(profile), num_warps=t.num_warps)
+        QFMT=_KIND[q.dtype], OUT=_KIND[out_dtype], HW_FP8=_hw_fp8(profile), EVEN=t.even, num_warps=t.num_warps)
     return out
 
 
