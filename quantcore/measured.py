@@ -66,6 +66,7 @@ def build(records, m_of) -> dict[str, dict[str, list[str]]]:
 
 def write(device_name: str, priority: dict, source: str, root: Path) -> Path:
     """Write a priority table for `device_name` under `root` (the package's data folder)."""
+    root.mkdir(parents=True, exist_ok=True)
     path = root / f"{device_slug(device_name)}.json"
     path.write_text(json.dumps({"device": device_name, "source": source, "priority": priority}, indent=1) + "\n")
     return path

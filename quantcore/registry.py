@@ -100,7 +100,9 @@ def priority_state() -> tuple:
 
 def current_priority(query: Query) -> tuple[str, ...]:
     """The priority in force for a call: context, then environment, then the measured table of this
-    GPU model (not while simulating another), then the default for the device kind."""
+    GPU model (not while simulating another; not for fused epilogues, which the bench does not time:
+    an implementation fastest at a plain GEMM may run the epilogue as extra passes), then the
+    default for the device kind."""
     stack = getattr(_local, "stack", None)
     if stack:
         order = stack[-1]
@@ -109,8 +111,8 @@ def current_priority(query: Query) -> tuple[str, ...]:
         _check_names(order)
     else:
         p = query.profile
-        found = None if p.kind != "cuda" or p.simulated_from else measured.lookup(p.name, query.op, query.fmt,
-                                                                                     query.m_bucket)
+        found = None if p.kind != "cuda" or p.simulated_from or query.fused else measured.lookup(
+            p.name, query.op, query.fmt, query.m_bucket)
         default = DEFAULT_PRIORITY.get(p.kind, (REFERENCE,))
         order = (*found, *[n for n in default if n not in found]) if found else default
     return _with_reference(order)

@@ -89,9 +89,9 @@ def _saved_run(tmp_path):
 
 def test_bench_summarizes_a_saved_run_without_a_gpu(tmp_path, capsys):
     assert main(["bench", "--from-json", str(_saved_run(tmp_path))]) == 0
-    out = capsys.readouterr().out
-    row = next(line for line in out.splitlines() if line.startswith("| act_quant"))
-    assert "| 2700 | 1350 | 0.90 | 2250 | 1.20 |" in row
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| act_quant")]
+    assert rows[0] == "| act_quant | fp8_e4m3 | 0.90 (4096x7168) | 1.20 (4096x7168) |"  # the targets
+    assert "| 2700 | 1350 | 0.90 | 2250 | 1.20 |" in rows[1]  # the detailed table
 
 
 def test_bench_refuses_to_measure_without_a_gpu(tmp_path, capsys):

@@ -40,6 +40,9 @@ def test_lookup_takes_the_nearest_bucket_below(monkeypatch, tmp_path):
     q = Query("scaled_mm", H100, "fp8_e4m3", blocks=(128, 128), m_bucket=4096, nk=(2112, 7168))
     assert registry.current_priority(q) == ("torch[cublas]", "triton", "cupy", "torch")
     assert registry._ordered("scaled_mm", registry.current_priority(q))[0].label == "torch[cublas]"
+    # fused epilogues are not what the bench times: they keep the default order
+    fused = Query("scaled_mm", H100, "fp8_e4m3", blocks=(128, 128), m_bucket=4096, nk=(2112, 7168), fused=True)
+    assert registry.current_priority(fused) == ("triton", "cupy", "torch")
     # a simulated profile never uses the real GPU's measurements
     sim = H100.model_copy(update={"simulated_from": "NVIDIA H100 80GB HBM3"})
     assert registry.current_priority(Query("scaled_mm", sim, "fp8_e4m3", m_bucket=4096)) == ("triton", "cupy", "torch")

@@ -39,6 +39,7 @@ class Query:
     nk: tuple[int, int] | None = None
     block_k: int = 0  # the GEMM's K block (= the activation group)
     out_group: int = 0  # the re-quantization group of a GEMM with out_quant
+    fused: bool = False  # a GEMM with a fused epilogue (bias, activation, re-quantization)
 
 
 @dataclass(frozen=True)

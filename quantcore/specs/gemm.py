@@ -60,7 +60,8 @@ def scaled_mm(a, a_scale, b, b_scale, bias=None, *, activation=None, out_dtype=t
 
     return Prepared(
         Query(op, profile, fmt.name, out_fmt.name if out_fmt else None, blocks, m_bucket(a2.shape[0]), (N, K),
-              block_k=bk, out_group=group if out_fmt else 0),
+              block_k=bk, out_group=group if out_fmt else 0,
+              fused=bias is not None or act is not None or out_fmt is not None),
         dict(a=a2, a_scale=a_scale.reshape(-1, kb), b=checks.last_dim_contiguous(b), b_scale=b_scale,
              block_n=bn, block_k=bk, bias=bias, activation=act, out_dtype=out,
              out_quant=out_fmt.dtype if out_fmt else None, out_group=group, ue8m0_out=ue8m0_out, eps=floor,
