@@ -9,7 +9,8 @@ signature: a repeated call puts its tensors into the kept plan (each kernel argu
 inputs or a view of one, re-made with the same view metadata) and launches, skipping the spec's
 checks and the registry. This is what keeps a `quantcore.ops` call within a few microseconds of a
 bare launch. Calls that validate by reading data (`check_finite=True`), tensors that are not plain
-strided tensors, and plans whose kernel arguments are copies rather than views are never kept.
+strided tensors, plans whose kernel arguments are copies rather than views, and calls whose inputs
+share memory are never kept.
 """
 
 from __future__ import annotations
@@ -88,7 +89,10 @@ def _prepare(op: str, args: tuple, options: dict[str, Any], backend: BackendChoi
     static = {k: v for k, v in prepared.kwargs.items() if not isinstance(v, torch.Tensor)} | dict(impl.options)
     tensors = {k: v for k, v in prepared.kwargs.items() if isinstance(v, torch.Tensor)}
     sources = {name: _source(t, args) for name, t in tensors.items()}
-    if prepared.empty or None in sources.values():  # a copy made by the spec: this plan cannot be replayed
+    storages = [x.untyped_storage().data_ptr() for x in args if isinstance(x, torch.Tensor)]
+    # Not replayable: a copy made by the spec (no source), or inputs sharing memory in this call (a
+    # kernel argument could then be traced to the wrong input, which later calls need not alias).
+    if prepared.empty or None in sources.values() or len(set(storages)) < len(storages):
         return _Plan(impl.function(), static | tensors, None, prepared.finish)
     return _Plan(impl.function(), static, tuple((name, *src) for name, src in sources.items()), prepared.finish)
 

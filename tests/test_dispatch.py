@@ -95,3 +95,13 @@ def test_copies_made_by_the_spec_are_not_kept(gen):
     got = ops.act_quant(x)
     assert len(dispatch._plans) == before
     assert same(got, fresh(ops.act_quant, x.contiguous()))
+
+
+def test_aliased_inputs_are_not_kept(gen):
+    """a is b in the first call: a plan kept then could bind a later call's b to its a."""
+    x = randn((256, 256), gen=gen)
+    a, a_s = ops.act_quant(x)
+    _, b_s = ops.weight_quant(x)
+    ops.scaled_mm(a, a_s, a, b_s)
+    b, b_s = ops.weight_quant(randn((256, 256), gen=gen))
+    assert same(ops.scaled_mm(a, a_s, b, b_s), fresh(ops.scaled_mm, a, a_s, b, b_s))
