@@ -26,7 +26,7 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--from-json", metavar="PATH",
                        help="measure nothing: summarize, plot or --write-priority a saved run")
     bench.add_argument("--plot", metavar="PATH", help="write a PNG of achieved vs ceiling")
-    bench.add_argument("--no-progress", action="store_true")
+    bench.add_argument("--no-progress", action="store_true", help="plain log lines instead of a progress bar")
     bench.add_argument("--write-priority", action="store_true",
                        help="write this GPU's measured priority table into the package's data folder")
     return parser
