@@ -103,10 +103,10 @@ def simulation_state() -> tuple:
 
 def active_simulation() -> str | None:
     """Name of the simulated profile in force (context manager first, then the environment)."""
-    stack = getattr(_local, "stack", None)
-    if stack:
-        return stack[-1]
-    env = os.environ.get(SIMULATE_ENV, "").strip()
+    context, env = simulation_state()
+    if context:
+        return context
+    env = (env or "").strip()
     return _normalize_name(env) if env else None
 
 

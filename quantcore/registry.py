@@ -103,11 +103,11 @@ def current_priority(query: Query) -> tuple[str, ...]:
     GPU model (not while simulating another; not for fused epilogues, which the bench does not time:
     an implementation fastest at a plain GEMM may run the epilogue as extra passes), then the
     default for the device kind."""
-    stack = getattr(_local, "stack", None)
-    if stack:
-        order = stack[-1]
-    elif os.environ.get(PRIORITY_ENV):
-        order = tuple(n.strip() for n in os.environ[PRIORITY_ENV].split(",") if n.strip())
+    context, env = priority_state()
+    if context:
+        order = context
+    elif env:
+        order = tuple(n.strip() for n in env.split(",") if n.strip())
         _check_names(order)
     else:
         p = query.profile
@@ -142,11 +142,16 @@ def epoch() -> int:
     return _epoch
 
 
-def clear_caches() -> None:
-    """Forget every cached selection and kept plan, and which numerics warnings were issued."""
+def _invalidate() -> None:
+    """Forget every cached selection and kept plan."""
     global _epoch
     _epoch += 1
     _select_cached.cache_clear()
+
+
+def clear_caches() -> None:
+    """Forget every cached selection and kept plan, and which numerics warnings were issued."""
+    _invalidate()
     _warned.clear()
 
 
@@ -155,13 +160,13 @@ def register(impl: Impl) -> None:
     if not isinstance(impl, Impl):
         raise InvalidInputError(f"register: expected a quantcore Impl, got {type(impl).__name__}")
     _registered.insert(0, impl)
-    clear_caches()
+    _invalidate()
 
 
 def unregister(impl: Impl) -> None:
     """Remove an implementation added with `register`."""
     _registered.remove(impl)
-    clear_caches()
+    _invalidate()
 
 
 def impls(op: str) -> tuple[Impl, ...]:
