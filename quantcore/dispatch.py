@@ -7,10 +7,17 @@ Validation and selection depend only on the arguments' metadata (dtypes, shapes,
 options) and on the simulation and priority in force. Their outcome is therefore kept per such
 signature: a repeated call puts its tensors into the kept plan (each kernel argument is one of the
 inputs or a view of one, re-made with the same view metadata) and launches, skipping the spec's
-checks and the registry. This is what keeps a `quantcore.ops` call within a few microseconds of a
-bare launch. Calls that validate by reading data (`check_finite=True`), tensors that are not plain
-strided tensors, plans whose kernel arguments are copies rather than views, and calls whose inputs
-share memory are never kept.
+checks and the registry. The signature holds each option's type beside its value (validation tells
+`128` from `128.0` and `True`, so the plan key must too) and each tensor's address modulo 16
+(kernels are specialised on the alignment of their pointers).
+
+A launch function that carries a `prepare` attribute (`prepare(**kwargs) -> run(**tensors)`) is
+prepared once per plan: everything that depends only on the signature (grids, tile choice, the
+compiled kernel and its constant arguments) is computed then, and a repeated call costs the key,
+the binding, and `run`: its output allocations and one kernel launch. This is what keeps a
+`quantcore.ops` call within a few microseconds of a bare launch. Calls that validate by reading
+data (`check_finite=True`), tensors that are not plain strided tensors, plans whose kernel arguments
+are copies rather than views, and calls whose inputs share memory are never kept.
 """
 
 from __future__ import annotations
@@ -32,7 +39,7 @@ class _Uncacheable(Exception):
 
 class _Plan(NamedTuple):
     launch: Callable[..., Any]
-    static: dict[str, Any]  # non-tensor kernel arguments, the implementation's fixed options included
+    static: dict[str, Any]  # kernel arguments other than the bound tensors ({} for prepared launches)
     # (argument, input index, view or None: the input itself); None: a plan for this call only
     bindings: tuple[tuple[str, int, tuple | None], ...] | None
     finish: Callable[[Any], Any]
@@ -65,8 +72,16 @@ def _key(op: str, args: tuple, options: dict[str, Any], backend: BackendChoice) 
     # Each op passes the same option names in the same order, so their values alone identify them.
     if options.get("check_finite"):
         raise _Uncacheable
-    return (op, backend if backend is None or isinstance(backend, str) else tuple(backend), registry.epoch(),
-            capability.simulation_state(), registry.priority_state(), *map(_signature, args), *options.values())
+    return (op, _choice_key(backend), registry.epoch(), capability.simulation_state(), registry.priority_state(),
+            *map(_signature, args), *[(type(v), tuple(v) if type(v) is list else v) for v in options.values()])
+
+
+def _choice_key(backend: BackendChoice) -> Any:
+    if backend is None or type(backend) is str:
+        return backend
+    if isinstance(backend, (list, tuple)):
+        return type(backend), tuple(backend)
+    raise _Uncacheable  # a bad value: the full path raises the error that names it
 
 
 def _signature(t: torch.Tensor | None) -> tuple | None:
@@ -75,7 +90,7 @@ def _signature(t: torch.Tensor | None) -> tuple | None:
     if type(t) not in _PLAIN:  # subclasses (fake, functional, ...) and non-tensors: validate every call
         raise _Uncacheable
     try:
-        return t.dtype, t.shape, t.stride(), t.device
+        return t.dtype, t.shape, t.stride(), t.device, t.data_ptr() % 16
     except RuntimeError:  # sparse and other layouts have no strides
         raise _Uncacheable from None
 
@@ -92,9 +107,12 @@ def _prepare(op: str, args: tuple, options: dict[str, Any], backend: BackendChoi
     storages = [x.untyped_storage().data_ptr() for x in args if isinstance(x, torch.Tensor)]
     # Not replayable: a copy made by the spec (no source), or inputs sharing memory in this call (a
     # kernel argument could then be traced to the wrong input, which later calls need not alias).
+    launch = impl.function()
+    if hasattr(launch, "prepare"):
+        launch, static = launch.prepare(**static, **tensors), {}
     if prepared.empty or None in sources.values() or len(set(storages)) < len(storages):
-        return _Plan(impl.function(), static | tensors, None, prepared.finish)
-    return _Plan(impl.function(), static, tuple((name, *src) for name, src in sources.items()), prepared.finish)
+        return _Plan(launch, static | tensors, None, prepared.finish)
+    return _Plan(launch, static, tuple((name, *src) for name, src in sources.items()), prepared.finish)
 
 
 def _source(t: torch.Tensor, args: tuple) -> tuple[int, tuple | None] | None:

@@ -105,3 +105,56 @@ def test_aliased_inputs_are_not_kept(gen):
     ops.scaled_mm(a, a_s, a, b_s)
     b, b_s = ops.weight_quant(randn((256, 256), gen=gen))
     assert same(ops.scaled_mm(a, a_s, b, b_s), fresh(ops.scaled_mm, a, a_s, b, b_s))
+
+
+@pytest.mark.parametrize("option,value", [("group_size", 128.0), ("group_size", True), ("eps", True),
+                                          ("group_size", "np.int64")])
+def test_rejected_options_stay_rejected_after_a_warm_up(gen, option, value):
+    """The plan key tells apart what validation tells apart: an equal-comparing value of another type
+    is validated on its own, never served the plan of the accepted one."""
+    import numpy as np
+
+    value = np.int64(128) if value == "np.int64" else value
+    x = randn((4, 256), gen=gen)
+    ops.act_quant(x, **{option: 128 if option == "group_size" else 1e-4})
+    for _ in range(2):
+        with pytest.raises(quantcore.InvalidInputError, match=option):
+            ops.act_quant(x, **{option: value})
+
+
+def test_a_prepared_launch_is_prepared_once_per_plan(gen):
+    """A launch function with a `prepare` stage keeps its per-call part with the plan."""
+    from quantcore.backends.base import prepared
+
+    prepares, runs = [], []
+
+    @prepared
+    def launch(x, *, qdtype, group_size, ue8m0, eps, scale_m_major, profile):
+        prepares.append(x.shape)
+
+        def run(x):
+            runs.append(x.data_ptr())
+            return torch.zeros_like(x, dtype=qdtype), torch.ones(x.shape[0], 2)
+        return run
+
+    impl = Impl("act_quant", "fake", launch, Constraints(devices=("cpu",)))
+    registry.register(impl)
+    try:
+        xs = [randn((2, 256), gen=gen) for _ in range(3)]
+        for x in xs:
+            ops.act_quant(x, backend="fake")
+        assert len(prepares) == 1 and runs == [x.data_ptr() for x in xs]
+        assert launch(xs[0], qdtype=torch.int8, group_size=128, ue8m0=False, eps=1e-4, scale_m_major=False,
+                      profile=None)[0].dtype == torch.int8  # both stages when called as a plain function
+    finally:
+        registry.unregister(impl)
+
+
+def test_misaligned_views_get_their_own_plan(gen):
+    """Kernels are specialised on 16-byte alignment: a view 2 bytes further on is another signature."""
+    buf = randn((4, 400), gen=gen, dtype=torch.bfloat16)
+    ops.act_quant(buf[:, :256])
+    kept = len(dispatch._plans)
+    got = ops.act_quant(buf[:, 1:257])
+    assert len(dispatch._plans) == kept + 1
+    assert same(got, fresh(ops.act_quant, buf[:, 1:257]))

@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import functools
 import importlib
+import inspect
 from dataclasses import dataclass, field
 from typing import Any, Callable
+
+import torch
 
 from ..capability import DeviceProfile, module_available
 
@@ -105,6 +108,38 @@ class Constraints:
 def m_bucket(m: int) -> int:
     """Rows rounded up to a power of two, capped at 16384: the granularity of measured priorities."""
     return min(1 << max(m - 1, 0).bit_length(), 16384)
+
+
+def prepared(prepare: Callable[..., Callable[..., Any]]) -> Callable[..., Any]:
+    """A launch function of the backend contract made of two stages: `prepare(*tensors, **options)`
+    computes what depends only on the arguments' metadata and options and returns `run(**tensors)`,
+    which allocates the outputs and launches. Called as the contract's function it runs both; the
+    dispatcher keeps `run` (as `launch.prepare(...)`) with a plan and calls only it afterwards, so
+    `run` must hold no reference to the first call's tensors and work for any tensors of the same
+    dtypes, shapes, strides, device and address alignment (mod 16)."""
+    signature = inspect.signature(prepare)
+
+    @functools.wraps(prepare)
+    def launch(*args: Any, **kwargs: Any) -> Any:
+        bound = signature.bind(*args, **kwargs).arguments
+        run = prepare(**bound)
+        return run(**{k: v for k, v in bound.items() if isinstance(v, torch.Tensor)})
+
+    launch.prepare = prepare  # type: ignore[attr-defined]
+    return launch
+
+
+def composed_quant_linear(act_quant: Callable[..., Any], scaled_mm: Callable[..., Any]) -> Callable[..., Any]:
+    """The contract's quant_linear as a backend's own act_quant followed by its scaled_mm (what the
+    fused implementations must equal bit for bit)."""
+    def quant_linear(x, w, w_scale, *, block_n, block_k, bias, activation, out_dtype, ue8m0, eps, profile=None):
+        """x [M, K] float -> act_quant per 1×block_k into w's format -> scaled_mm with w [N, K] -> [M, N]."""
+        a, a_scale = act_quant(x, qdtype=w.dtype, group_size=block_k, ue8m0=ue8m0, eps=eps, scale_m_major=False,
+                               profile=profile)
+        return scaled_mm(a, a_scale, w, w_scale, block_n=block_n, block_k=block_k, bias=bias, activation=activation,
+                         out_dtype=out_dtype, out_quant=None, out_group=block_k, ue8m0_out=False, eps=eps,
+                         profile=profile)
+    return quant_linear
 
 
 @functools.lru_cache(maxsize=None)

@@ -1,9 +1,13 @@
-"""The seven launch functions of the backend contract (docs/backend-contract.md), on Triton kernels.
+"""The launch functions of the backend contract (docs/backend-contract.md), on Triton kernels.
 
 Inputs arrive validated by `quantcore.ops`: one device, supported dtypes, agreeing shapes, last dim
 of every 2-D operand with stride 1. Kernels see FP8 tensors as uint8 and bf16 tensors as int16
 views (see `kernels/fp8.py`, `kernels/cast.py`); everything else as is. This module imports
 Triton at its top; quantcore imports it only when a Triton implementation is first launched.
+
+Each function is `prepared` (backends/base.py): its body runs once per kept plan and computes what
+depends only on shapes, strides and options (tiles, grids, constants, a `direct.Launcher` per
+kernel), and returns the per-call part: allocate the outputs, launch.
 """
 
 from __future__ import annotations
@@ -18,192 +22,344 @@ except ImportError:  # older Triton: pointer loads only
     TensorDescriptor = None
 
 from ... import capability
+from ..base import prepared
 from . import configs
+from .direct import Launcher
+from .kernels.decode import decode_mm_kernel
 from .kernels.epilogue import dequant_bias_kernel
 from .kernels.gemm import block_scaled_mm_kernel
 from .kernels.quant import block_dequant_kernel, block_quant_kernel
 
+
 _KIND = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.int32: "int32",
          torch.float8_e4m3fn: "fp8", torch.int8: "int8"}
-_KERNEL_VIEW = {torch.bfloat16: torch.int16, torch.float8_e4m3fn: torch.uint8}
 _GROUP_M = 8  # row tiles per L2 group in the GEMM's program order
 
 
-def _view(t: torch.Tensor) -> torch.Tensor:
-    """The tensor as its kernel sees it (same memory and strides)."""
-    return t.view(_KERNEL_VIEW[t.dtype]) if t.dtype in _KERNEL_VIEW else t
+_NATIVE_BIAS = (torch.float32, torch.float16, torch.bfloat16)
 
 
-def _blocks_quantize(src, src_scale, q, scale, *, block, ue8m0, eps, activation, profile):
-    """Quantize src per block[0]×block[1] into q and scale (dequantizing it first with src_scale
-    when src is itself quantized), applying `activation` in between."""
+def _bias_kind(bias) -> str:
+    """The element kind a kernel reads the bias as: its own, or fp32 for other float dtypes (`_kernel_bias`)."""
+    if bias is None:
+        return "none"
+    return _KIND[bias.dtype] if bias.dtype in _NATIVE_BIAS else "fp32"
+
+
+def _kernel_bias(bias):
+    """The bias as a kernel reads it: fp32/fp16/bf16 as is, any other float dtype rounded to fp32."""
+    return bias if bias is None or bias.dtype in _NATIVE_BIAS else bias.float()
+
+
+def _nothing(*_tensors) -> None:
+    """The launch of an empty tensor."""
+
+
+def _blocks_quantizer(src, src_scale, q, scale, *, block, ue8m0, eps, activation, profile):
+    """A function (src, src_scale, q, scale) that quantizes src per block[0]×block[1] into q and scale
+    (dequantizing it first with src_scale when src is itself quantized, src_scale None otherwise),
+    applying `activation` in between, for tensors laid out as these."""
     R, C = src.shape
     if src.numel() == 0:
-        return
+        return _nothing
     t = configs.block_tiling(R, C, block[0], block[1], profile)
     ss = src if src_scale is None else src_scale
-    block_quant_kernel[t.grid](
-        _view(src), ss, _view(q), scale, R, C,
-        src.stride(0), ss.stride(0), ss.stride(-1), q.stride(0), scale.stride(0), scale.stride(1), eps,
-        BR=block[0], BC=block[1], RB=t.rb, CB=t.cb, BR_PAD=t.br_pad, BC_PAD=t.bc_pad,
-        SRC=_KIND[src.dtype], QFMT=_KIND[q.dtype], UE8M0=bool(ue8m0), ACTIVATION=activation,
-        HW_FP8=_hw_fp8(profile), EVEN=t.even, num_warps=t.num_warps)
+    launch = Launcher(block_quant_kernel, t.grid, dict(
+        BR=block[0], BC=block[1], RB=t.rb, CB=t.cb, BR_PAD=t.br_pad, BC_PAD=t.bc_pad, SRC=_KIND[src.dtype],
+        QFMT=_KIND[q.dtype], UE8M0=bool(ue8m0), ACTIVATION=activation, HW_FP8=_hw_fp8(profile), EVEN=t.even,
+        num_warps=t.num_warps), src.device)
+    scalars = (R, C, src.stride(0), ss.stride(0), ss.stride(-1), q.stride(0), scale.stride(0), scale.stride(1), eps)
+
+    def run(src, src_scale, q, scale):
+        launch(src, src if src_scale is None else src_scale, q, scale, *scalars)
+    return run
 
 
-def _blocks_dequantize(q, scale, *, block, out_dtype, profile):
-    """fp32(q) * scale per block[0]×block[1], as a new out_dtype tensor."""
-    R, C = q.shape
-    out = torch.empty((R, C), dtype=out_dtype, device=q.device)
+def _blocks_dequantizer(q, scale, *, block, out_dtype, profile):
+    """A function (q, scale) -> fp32(q) * scale per block[0]×block[1], as a new out_dtype tensor."""
+    (R, C), device = q.shape, q.device
     if q.numel() == 0:
-        return out
+        return lambda q, scale: torch.empty((R, C), dtype=out_dtype, device=device)
     t = configs.block_tiling(R, C, block[0], block[1], profile)
-    block_dequant_kernel[t.grid](
-        _view(q), scale, _view(out), R, C, q.stride(0), scale.stride(0), scale.stride(1), out.stride(0),
-        BR=block[0], BC=block[1], RB=t.rb, CB=t.cb, BR_PAD=t.br_pad, BC_PAD=t.bc_pad,
-        QFMT=_KIND[q.dtype], OUT=_KIND[out_dtype], HW_FP8=_hw_fp8(profile), EVEN=t.even, num_warps=t.num_warps)
-    return out
+    launch = Launcher(block_dequant_kernel, t.grid, dict(
+        BR=block[0], BC=block[1], RB=t.rb, CB=t.cb, BR_PAD=t.br_pad, BC_PAD=t.bc_pad, QFMT=_KIND[q.dtype],
+        OUT=_KIND[out_dtype], HW_FP8=_hw_fp8(profile), EVEN=t.even, num_warps=t.num_warps), device)
+    scalars = (R, C, q.stride(0), scale.stride(0), scale.stride(1), C)
+
+    def run(q, scale):
+        out = torch.empty((R, C), dtype=out_dtype, device=device)
+        launch(q, scale, out, *scalars)
+        return out
+    return run
 
 
+@prepared
 def act_quant(x, *, qdtype, group_size, ue8m0, eps, scale_m_major, profile):
     """Quantize activations per 1×group_size block along the last dim.
 
     x [M, K] bf16/fp16/fp32 -> (q [M, K] qdtype contiguous, scale [M, ceil(K/G)] fp32). With
     `scale_m_major` the scale is the transpose of a contiguous [ceil(K/G), M] buffer (strides (1, M)).
     """
-    M, K = x.shape
+    (M, K), device = x.shape, x.device
     kb = triton.cdiv(K, group_size)
-    q = torch.empty((M, K), dtype=qdtype, device=x.device)
-    if scale_m_major:
-        scale = torch.empty((kb, M), dtype=torch.float32, device=x.device).t()
-    else:
-        scale = torch.empty((M, kb), dtype=torch.float32, device=x.device)
-    _blocks_quantize(x, None, q, scale, block=(1, group_size), ue8m0=ue8m0, eps=eps,
-                     activation="none", profile=profile)
-    return q, scale
+
+    def outputs():
+        if scale_m_major:
+            scale = torch.empty((kb, M), dtype=torch.float32, device=device).t()
+        else:
+            scale = torch.empty((M, kb), dtype=torch.float32, device=device)
+        return torch.empty((M, K), dtype=qdtype, device=device), scale
+
+    quantize = _blocks_quantizer(x, None, *outputs(), block=(1, group_size), ue8m0=ue8m0, eps=eps,
+                                 activation="none", profile=profile)
+
+    def run(x):
+        q, scale = outputs()
+        quantize(x, None, q, scale)
+        return q, scale
+    return run
 
 
+@prepared
 def act_dequant(q, scale, *, group_size, out_dtype, profile):
     """fp32(q) * scale per 1×group_size block, cast to out_dtype.
 
     q [M, K] fp8_e4m3fn/int8, scale [M, ceil(K/G)] fp32 (any strides) -> x [M, K] out_dtype
     (bf16/fp16/fp32).
     """
-    return _blocks_dequantize(q, scale, block=(1, group_size), out_dtype=out_dtype, profile=profile)
+    return _blocks_dequantizer(q, scale, block=(1, group_size), out_dtype=out_dtype, profile=profile)
 
 
+@prepared
 def weight_quant(w, *, qdtype, block_n, block_k, ue8m0, eps, profile):
     """Quantize a weight per block_n×block_k block.
 
     w [N, K] bf16/fp16/fp32 -> (q [N, K] qdtype contiguous, scale [ceil(N/Bn), ceil(K/Bk)] fp32).
     """
-    N, K = w.shape
-    q = torch.empty((N, K), dtype=qdtype, device=w.device)
-    scale = torch.empty((triton.cdiv(N, block_n), triton.cdiv(K, block_k)), dtype=torch.float32,
-                        device=w.device)
-    _blocks_quantize(w, None, q, scale, block=(block_n, block_k), ue8m0=ue8m0, eps=eps,
-                     activation="none", profile=profile)
-    return q, scale
+    (N, K), device = w.shape, w.device
+
+    def outputs():
+        return (torch.empty((N, K), dtype=qdtype, device=device),
+                torch.empty((triton.cdiv(N, block_n), triton.cdiv(K, block_k)), dtype=torch.float32, device=device))
+
+    quantize = _blocks_quantizer(w, None, *outputs(), block=(block_n, block_k), ue8m0=ue8m0, eps=eps,
+                                 activation="none", profile=profile)
+
+    def run(w):
+        q, scale = outputs()
+        quantize(w, None, q, scale)
+        return q, scale
+    return run
 
 
+@prepared
 def weight_dequant(q, scale, *, block_n, block_k, out_dtype, profile):
     """fp32(q) * scale per block_n×block_k block, cast to out_dtype.
 
     q [N, K] fp8_e4m3fn/int8, scale [ceil(N/Bn), ceil(K/Bk)] fp32 (any strides) -> w [N, K] out_dtype.
     """
-    return _blocks_dequantize(q, scale, block=(block_n, block_k), out_dtype=out_dtype, profile=profile)
+    return _blocks_dequantizer(q, scale, block=(block_n, block_k), out_dtype=out_dtype, profile=profile)
 
 
+@prepared
 def quantized_gelu(q, scale, *, group_size, approximate, out_qdtype, ue8m0, eps, profile):
     """GELU of dequantized activations, re-quantized per 1×group_size, in one pass.
 
     q [M, K] fp8_e4m3fn/int8, scale [M, ceil(K/G)] fp32 (any strides), approximate "none"/"tanh"
     -> (q2 [M, K] out_qdtype contiguous, scale2 [M, ceil(K/G)] fp32 contiguous).
     """
-    M, K = q.shape
-    q2 = torch.empty((M, K), dtype=out_qdtype, device=q.device)
-    scale2 = torch.empty((M, triton.cdiv(K, group_size)), dtype=torch.float32, device=q.device)
-    _blocks_quantize(q, scale, q2, scale2, block=(1, group_size), ue8m0=ue8m0, eps=eps,
-                     activation="gelu_tanh" if approximate == "tanh" else "gelu", profile=profile)
-    return q2, scale2
+    (M, K), device = q.shape, q.device
+
+    def outputs():
+        return (torch.empty((M, K), dtype=out_qdtype, device=device),
+                torch.empty((M, triton.cdiv(K, group_size)), dtype=torch.float32, device=device))
+
+    quantize = _blocks_quantizer(q, scale, *outputs(), block=(1, group_size), ue8m0=ue8m0, eps=eps,
+                                 activation="gelu_tanh" if approximate == "tanh" else "gelu", profile=profile)
+
+    def run(q, scale):
+        q2, scale2 = outputs()
+        quantize(q, scale, q2, scale2)
+        return q2, scale2
+    return run
 
 
+@prepared
 def dequant_bias(g, scale_a, scale_b, bias, *, out_dtype, profile):
     """out = fp32(g) * scale_a[m] * scale_b[n] + fp32(bias[n]), evaluated left to right.
 
-    g [M, N] bf16/fp16/fp32/int32, scale_a [M] fp32, scale_b [N] fp32, bias [N] float or None
+    g [M, N] bf16/fp16/fp32/int32, scale_a [M] fp32, scale_b [N] fp32, bias [N] bf16/fp16/fp32 or None
     -> out [M, N] out_dtype (bf16/fp16/fp32).
     """
-    M, N = g.shape
-    out = torch.empty((M, N), dtype=out_dtype, device=g.device)
+    (M, N), device = g.shape, g.device
     if g.numel() == 0:
-        return out
-    bias = _as_kernel_float(bias)
+        return lambda g, scale_a, scale_b, bias=None: torch.empty((M, N), dtype=out_dtype, device=device)
     block_m, block_n, warps = configs.tile_2d(M, N, profile)
-    grid = (triton.cdiv(M, block_m), triton.cdiv(N, block_n))
-    dequant_bias_kernel[grid](
-        _view(g), scale_a, scale_b, g if bias is None else _view(bias), _view(out), M, N,
-        g.stride(0), scale_a.stride(0), scale_b.stride(0), 0 if bias is None else bias.stride(0),
-        out.stride(0), G=_KIND[g.dtype], BIAS="none" if bias is None else _KIND[bias.dtype],
-        OUT=_KIND[out_dtype], BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps,
-        enable_fp_fusion=False)
-    return out
+    launch = Launcher(dequant_bias_kernel, (triton.cdiv(M, block_m), triton.cdiv(N, block_n)), dict(
+        G=_KIND[g.dtype], BIAS=_bias_kind(bias), OUT=_KIND[out_dtype],
+        BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps, enable_fp_fusion=False), device)
+    scalars = (M, N, g.stride(0), scale_a.stride(0), scale_b.stride(0), 0 if bias is None else bias.stride(0), N)
+
+    def run(g, scale_a, scale_b, bias=None):
+        out = torch.empty((M, N), dtype=out_dtype, device=device)
+        launch(g, scale_a, scale_b, g if bias is None else _kernel_bias(bias), out, *scalars)
+        return out
+    return run
 
 
+def _gemm_outputs(M, N, device, out_dtype, out_quant, out_group):
+    """A function returning fresh (out, out_scale or None) for a GEMM's result."""
+    if out_quant is None:
+        return lambda: (torch.empty((M, N), dtype=out_dtype, device=device), None)
+    groups = triton.cdiv(N, out_group)
+    return lambda: (torch.empty((M, N), dtype=out_quant, device=device),
+                    torch.empty((M, groups), dtype=torch.float32, device=device))
+
+
+@prepared
 def scaled_mm(a, a_scale, b, b_scale, *, block_n, block_k, bias, activation, out_dtype, out_quant,
               out_group, ue8m0_out, eps, profile):
     """Block-scaled GEMM a @ b^T with a fused epilogue.
 
     a [M, K] and b [N, K] fp8_e4m3fn or int8 (same), a_scale [M, ceil(K/Bk)] fp32 and
-    b_scale [ceil(N/Bn), ceil(K/Bk)] fp32 (any strides), bias [N] float or None, activation
+    b_scale [ceil(N/Bn), ceil(K/Bk)] fp32 (any strides), bias [N] bf16/fp16/fp32 or None, activation
     None/"gelu"/"gelu_tanh"/"silu". Returns out [M, N] out_dtype (bf16/fp16/fp32) when out_quant is
     None, else (q [M, N] out_quant, scale [M, ceil(N/out_group)] fp32) re-quantized per 1×out_group.
     FP8 runs on FP8 tensor cores when `profile.fp8_mma`, else decoded to fp16 (exact).
     block_k must be a power of two >= 16 (it is the K tile); out_group a power of two.
     """
+    M, N = a.shape[0], b.shape[0]
+    outputs = _gemm_outputs(M, N, a.device, out_dtype, out_quant, out_group)
+    gemm = _gemm(a, a_scale, b, b_scale, bias, *outputs(), block_n=block_n, block_k=block_k, activation=activation,
+                 out_group=out_group, ue8m0_out=ue8m0_out, eps=eps, profile=profile)
+
+    def run(a, a_scale, b, b_scale, bias=None):
+        out, out_scale = outputs()
+        gemm(a, a_scale, b, b_scale, bias, out, out_scale)
+        return out if out_scale is None else (out, out_scale)
+    return run
+
+
+@prepared
+def quant_linear(x, w, w_scale, *, block_n, block_k, bias, activation, out_dtype, ue8m0, eps, profile):
+    """act_quant(x) per 1×block_k group into w's format, then scaled_mm with w, in one launch at
+    decode sizes (the GEMM's prologue quantizes; bit for bit the two ops), as the two ops above.
+
+    x [M, K] bf16/fp16/fp32, w [N, K] fp8_e4m3fn/int8, w_scale [ceil(N/Bn), ceil(K/Bk)] fp32, bias [N]
+    or None -> out [M, N] out_dtype. `ue8m0` and `eps` are the activation quantization's.
+    """
+    (M, K), device = x.shape, x.device
+    outputs = _gemm_outputs(M, w.shape[0], device, out_dtype, None, block_k)
+    options = dict(block_n=block_n, block_k=block_k, activation=activation, out_group=block_k, ue8m0_out=False,
+                   eps=eps, profile=profile)
+    if M <= configs.decode_m_max(profile):
+        gemm = _gemm(x, None, w, w_scale, bias, *outputs(), a_ue8m0=ue8m0, **options)
+
+        def fused(x, w, w_scale, bias=None):
+            out, _ = outputs()
+            gemm(x, None, w, w_scale, bias, out, None)
+            return out
+        return fused
+    quantize = act_quant.prepare(x, qdtype=w.dtype, group_size=block_k, ue8m0=ue8m0, eps=eps, scale_m_major=False,
+                                 profile=profile)
+    kb = triton.cdiv(K, block_k)
+    gemm = scaled_mm.prepare(torch.empty((M, K), dtype=w.dtype, device=device),
+                             torch.empty((M, kb), dtype=torch.float32, device=device), w, w_scale, bias=bias,
+                             out_dtype=out_dtype, out_quant=None, **options)
+
+    def composed(x, w, w_scale, bias=None):
+        return gemm(*quantize(x), w, w_scale, bias)
+    return composed
+
+
+def _gemm(a, a_scale, b, b_scale, bias, out, out_scale, *, block_n, block_k, activation, out_group, ue8m0_out, eps,
+          profile, a_ue8m0=False):
+    """A function (a, a_scale, b, b_scale, bias, out, out_scale) running the GEMM for operands laid out as
+    these: the decode kernel for M <= the profile's decode bound, else the tiled one. `a` is quantized
+    (with a_scale), or a float activation that the decode kernel quantizes itself (a_scale None; a_ue8m0
+    and eps are then act_quant's)."""
     M, K = a.shape
     N = b.shape[0]
-    qfmt = _KIND[a.dtype]
-    use_fp8_mma = qfmt == "fp8" and bool(profile.fp8_mma)
-    if out_quant is None:
-        out = torch.empty((M, N), dtype=out_dtype, device=a.device)
-        out_scale, result = out, out
-    else:
-        out = torch.empty((M, N), dtype=out_quant, device=a.device)
-        out_scale = torch.empty((M, triton.cdiv(N, out_group)), dtype=torch.float32, device=a.device)
-        result = (out, out_scale)
     if out.numel() == 0:
-        return result
-    bias = _as_kernel_float(bias)
-    out_kind = _KIND[out.dtype]
+        return _nothing
+    qfmt = _KIND[b.dtype]
+    use_fp8_mma = qfmt == "fp8" and bool(profile.fp8_mma)
+    mma = "fp8" if use_fp8_mma else ("int8" if qfmt == "int8" else "fp16")
+    quantized_out = out_scale is not None
     constants = dict(
         QFMT=qfmt, USE_FP8_MMA=use_fp8_mma, SCALE_BN=block_n,
-        BIAS="none" if bias is None else _KIND[bias.dtype], ACTIVATION=activation or "none",
-        OUT=out_kind, OUT_GROUP=out_group if out_quant is not None else 1, UE8M0_OUT=bool(ue8m0_out),
-        HW_FP8=_hw_fp8(profile),
-        BLOCK_K=block_k, GROUP_M=_GROUP_M)
+        BIAS=_bias_kind(bias), ACTIVATION=activation or "none",
+        OUT=_KIND[out.dtype], OUT_GROUP=out_group if quantized_out else 1, UE8M0_OUT=bool(ue8m0_out),
+        HW_FP8=_hw_fp8(profile), BLOCK_K=block_k)
+    bias_stride = 0 if bias is None else bias.stride(0)
+    out_scale_stride = out_scale.stride(0) if quantized_out else 0
+    if M <= configs.decode_m_max(profile):
+        cfg = configs.decode_config(profile, M, N, K, mma=mma, block_k=block_k,
+                                    min_block_n=out_group if quantized_out else 1)
+        ws, counters, cfg = _workspace(a.device, cfg, N)
+        launch = Launcher(decode_mm_kernel, (triton.cdiv(N, cfg.block_n), cfg.split_k), dict(
+            constants, A=_KIND[a.dtype], UE8M0_A=bool(a_ue8m0), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+            SPLIT_K=cfg.split_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages), a.device)
+        a_strides = (0, 0) if a_scale is None else (a_scale.stride(0), a_scale.stride(1))
+        scalars = (M, N, K, cfg.kb_per_split, a.stride(0), *a_strides, b.stride(0), b_scale.stride(0),
+                   b_scale.stride(1), bias_stride, out.stride(0), out_scale_stride, eps, eps)
 
-    def run(cfg: configs.GemmConfig):
-        grid = (triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n),)
+        def decode(a, a_scale, b, b_scale, bias, out, out_scale):
+            launch(a, a if a_scale is None else a_scale, b, b_scale, out if bias is None else _kernel_bias(bias), out,
+                   out if out_scale is None else out_scale, ws, counters, *scalars)
+        return decode
+
+    constants.update(GROUP_M=_GROUP_M)
+    scalars = (M, N, K, a.stride(0), b.stride(0), a_scale.stride(0), a_scale.stride(1), b_scale.stride(0),
+               b_scale.stride(1), bias_stride, out.stride(0), out_scale_stride, eps)
+
+    def tiled(cfg: configs.GemmConfig):
         tma = cfg.tma and _tma_ready(a, b, profile)
-        a_desc = TensorDescriptor.from_tensor(a, [cfg.block_m, block_k]) if tma else None
-        b_desc = TensorDescriptor.from_tensor(b, [cfg.block_n, block_k]) if tma else None
-        block_scaled_mm_kernel[grid](
-            _view(a), _view(b), a_desc, b_desc, a_scale, b_scale, out if bias is None else _view(bias),
-            _view(out), out_scale, M, N, K, a.stride(0), b.stride(0), a_scale.stride(0), a_scale.stride(1),
-            b_scale.stride(0), b_scale.stride(1), 0 if bias is None else bias.stride(0),
-            out.stride(0), out_scale.stride(0), eps, **constants, TMA=tma,
-            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, K_STEP=cfg.k_step, num_warps=cfg.num_warps,
-            num_stages=cfg.num_stages)
+        launch = Launcher(block_scaled_mm_kernel, (triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n),), dict(
+            constants, TMA=tma, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, K_STEP=cfg.k_step,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages), a.device)
+        a_block, b_block = [cfg.block_m, block_k], [cfg.block_n, block_k]
+
+        def run(a, a_scale, b, b_scale, bias, out, out_scale):
+            # Descriptors hold the base addresses: made per call (TMA is only taken for large M).
+            a_desc = TensorDescriptor.from_tensor(a, a_block) if tma else None
+            b_desc = TensorDescriptor.from_tensor(b, b_block) if tma else None
+            launch(a, b, a_desc, b_desc, a_scale, b_scale, out if bias is None else _kernel_bias(bias), out,
+                   out if out_scale is None else out_scale, *scalars)
+        return run
 
     def bench(cfg: configs.GemmConfig) -> float:
-        return triton.testing.do_bench(lambda: run(cfg))
+        run = tiled(cfg)
+        return triton.testing.do_bench(lambda: run(a, a_scale, b, b_scale, bias, out, out_scale))
 
-    cfg = configs.gemm_config(
-        profile, M, N, K, block_k=block_k, min_block_n=out_group if out_quant is not None else 1,
-        mma="fp8" if use_fp8_mma else ("int8" if qfmt == "int8" else "fp16"),
-        variant=(out_kind, activation), bench=bench)
-    run(cfg)
-    return result
+    return tiled(configs.gemm_config(profile, M, N, K, block_k=block_k,
+                                     min_block_n=out_group if quantized_out else 1, mma=mma,
+                                     variant=(_KIND[out.dtype], activation), bench=bench))
+
+
+_workspaces: dict[torch.device, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+
+
+def _workspace(device: torch.device, cfg: configs.DecodeConfig, N: int):
+    """(fp32 partials, int32 counters, cfg) for a split-K decode launch on `device`: one pair per device,
+    shared by every launch (launches on one stream run one after another; the counters return to zero
+    at the end of each). Grown when a launch needs more, never freed: a captured CUDA graph keeps the
+    addresses it saw. Growing needs the zeroed counters to exist before the launch, which a stream
+    being captured into a graph cannot provide: there the launch runs unsplit."""
+    if cfg.split_k == 1:
+        return None, None, cfg
+    tiles = triton.cdiv(N, cfg.block_n)
+    floats = cfg.split_k * tiles * cfg.block_n * cfg.block_m
+    kept = _workspaces.setdefault(device, [])
+    if kept and kept[-1][0].numel() >= floats and kept[-1][1].numel() >= tiles:
+        return (*kept[-1], cfg)
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return None, None, configs.unsplit(cfg)
+    floats = max(floats, kept[-1][0].numel() if kept else 0)
+    tiles = max(tiles, kept[-1][1].numel() if kept else 0)
+    kept.append((torch.empty(floats, dtype=torch.float32, device=device),
+                 torch.zeros(tiles, dtype=torch.int32, device=device)))
+    return (*kept[-1], cfg)
 
 
 def _hw_fp8(profile) -> bool:
@@ -218,10 +374,3 @@ def _tma_ready(a, b, profile) -> bool:
     return (TensorDescriptor is not None and profile.kind == "cuda"
             and tuple(profile.compute_capability or (0, 0)) >= (9, 0)
             and all(t.data_ptr() % 16 == 0 and t.stride(0) % 16 == 0 for t in (a, b)))
-
-
-def _as_kernel_float(bias):
-    """Bias as a kernel reads it: fp32/fp16/bf16 as is, any other float dtype rounded to fp32."""
-    if bias is None or bias.dtype in (torch.float32, torch.float16, torch.bfloat16):
-        return bias
-    return bias.float()
