@@ -2,7 +2,7 @@
 
 Importing this module registers `torch.ops.quantcore.<name>` for act_quant, act_dequant,
 weight_quant, weight_dequant, scaled_mm, scaled_mm_quant (the re-quantized-output GEMM: one op per
-return type, where `ops.scaled_mm` returns either), dequant_bias and quantized_gelu. `import
+return type, where `ops.scaled_mm` returns either), quant_linear, dequant_bias and quantized_gelu. `import
 quantcore` does not import it, so plain use of `quantcore.ops` never pays for the registration;
 `quantcore.nn` does.
 
@@ -50,6 +50,8 @@ SCHEMAS = {
     "scaled_mm_quant": f'({_GEMM_ARGS}, *, ScalarType out_quant, str? activation=None, {_BLOCK}, '
                        f'int out_group_size={DEFAULT_GROUP}, str out_scale_fmt="fp32", {_EPS}, '
                        f"{_BACKEND}) -> (Tensor, Tensor)",
+    "quant_linear": f'(Tensor x, Tensor w, Tensor w_scale, Tensor? bias=None, *, str? activation=None, '
+                    f'ScalarType out_dtype=bfloat16, {_BLOCK}, str scale_fmt="fp32", {_EPS}, {_BACKEND}) -> Tensor',
     "dequant_bias": f"(Tensor g, Tensor scale_a, Tensor scale_b, Tensor? bias=None, *, "
                     f"ScalarType out_dtype=bfloat16, {_BACKEND}) -> Tensor",
     "quantized_gelu": f'(Tensor q, Tensor scale, *, {_GROUP}, str approximate="none", ScalarType? out_dtype=None, '
@@ -103,6 +105,10 @@ def _scaled_mm_quant_fake(a, a_scale, b, b_scale, bias=None, *, out_quant, out_g
     return a.new_empty(*lead, N, dtype=out_quant), a.new_empty(*lead, groups, dtype=_F32)
 
 
+def _quant_linear_fake(x, w, w_scale, bias=None, *, out_dtype=torch.bfloat16, **_):
+    return x.new_empty(*x.shape[:-1], w.shape[0], dtype=out_dtype)
+
+
 def _dequant_bias_fake(g, scale_a, scale_b, bias=None, *, out_dtype=torch.bfloat16, **_):
     return g.new_empty(g.shape, dtype=out_dtype)
 
@@ -147,6 +153,7 @@ _KERNELS = {
     "weight_dequant": (_real(ops.weight_dequant), _dequant_fake),
     "scaled_mm": (_scaled_mm, _scaled_mm_fake),
     "scaled_mm_quant": (_scaled_mm, _scaled_mm_quant_fake),
+    "quant_linear": (_real(ops.quant_linear), _quant_linear_fake),
     "dequant_bias": (_real(ops.dequant_bias), _dequant_bias_fake),
     "quantized_gelu": (_real(ops.quantized_gelu), _quantized_gelu_fake),
 }

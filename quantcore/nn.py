@@ -4,9 +4,10 @@
 under the names DeepSeek-V3 and Hugging Face checkpoints use — `weight` [N, K] and
 `weight_scale_inv` [ceil(N/Bn), ceil(K/Bk)] — so a model converted with `quantize_model` loads such a
 checkpoint with a plain `load_state_dict` (or `load_fp8_checkpoint` from safetensors files). The
-forward quantizes the activation per 1×Bk group on the fly and runs the block-scaled GEMM with the
-bias fused, both as `torch.ops.quantcore` custom ops, so the model compiles with
-`torch.compile(fullgraph=True)` and the implementation is chosen per call (M stays dynamic).
+forward is one `quantcore.ops.quant_linear` call: the activation quantized per 1×Bk group and the
+block-scaled GEMM with the bias fused (one kernel launch at decode sizes on Triton). Under
+`torch.compile` it is the `torch.ops.quantcore.quant_linear` custom op instead, so the model compiles
+with `fullgraph=True` and the implementation is chosen per call (M stays dynamic).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import torch
 from torch import nn
 
 from . import library as _library  # noqa: F401  (registers torch.ops.quantcore)
+from . import ops
 from .errors import InvalidInputError
 from .formats import DEFAULT_BLOCK, FLOAT_DTYPES, dtype_name, format_named, format_of_dtype
 from .specs import checks
@@ -94,9 +96,12 @@ class QuantLinear(nn.Module):
         if x.shape[-1] != self.in_features:
             raise InvalidInputError(f"{_LAYER}: input has {x.shape[-1]} features in its last dim (shape "
                                     f"{tuple(x.shape)}); this layer expects in_features={self.in_features}")
-        xq, xs = torch.ops.quantcore.act_quant(x, dtype=self.weight.dtype, group_size=self.block_size[1])
-        return torch.ops.quantcore.scaled_mm(xq, xs, self.weight, self.weight_scale_inv, self.bias,
-                                             out_dtype=self.out_dtype, block_size=list(self.block_size))
+        if torch.compiler.is_compiling():
+            return torch.ops.quantcore.quant_linear(x, self.weight, self.weight_scale_inv, self.bias,
+                                                    out_dtype=self.out_dtype, block_size=list(self.block_size))
+        # Eagerly the custom op's dispatch would cost more host time than the kernel takes at decode.
+        return ops.quant_linear(x, self.weight, self.weight_scale_inv, self.bias, out_dtype=self.out_dtype,
+                                block_size=self.block_size)
 
     def dequantized_weight(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The weight the layer computes with, as a float [N, K] tensor of `dtype`."""

@@ -71,6 +71,24 @@ def scaled_mm(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: 
                      out_group_size=out_group_size, out_scale_fmt=out_scale_fmt, eps=eps), backend)
 
 
+def quant_linear(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None = None, *,
+                 activation: str | None = None, out_dtype: torch.dtype = torch.bfloat16,
+                 block_size: tuple[int, int] = DEFAULT_BLOCK, scale_fmt: str = "fp32", eps: float = DEFAULT_EPS,
+                 backend: BackendChoice = None) -> torch.Tensor:
+    """A quantized linear layer in one call: `act_quant(x, dtype=w.dtype, group_size=Bk, scale_fmt, eps)`
+    followed by `scaled_mm(..., w, w_scale, bias=bias, activation=activation, out_dtype=out_dtype,
+    block_size=block_size)`, bit for bit, on the same backend.
+
+    x: [..., K] bf16/fp16/fp32; w: [N, K] fp8_e4m3fn/int8 with w_scale [ceil(N/Bn), ceil(K/Bk)] fp32
+    (weight_quant's output); bias: [N] or None. Returns [..., N] out_dtype. Where the GEMM runs its
+    decode kernel (Triton, M <= 64 rows) the activation is quantized in the kernel's prologue: one
+    launch instead of two.
+    """
+    return call("quant_linear", (x, w, w_scale, bias),
+                dict(activation=activation, out_dtype=out_dtype, block_size=block_size, scale_fmt=scale_fmt, eps=eps),
+                backend)
+
+
 def dequant_bias(g: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor, bias: torch.Tensor | None = None, *,
                  out_dtype: torch.dtype = torch.bfloat16, backend: BackendChoice = None) -> torch.Tensor:
     """The epilogue after an INT8/FP8 GEMM with per-row and per-column scales:

@@ -19,10 +19,12 @@ REPORTED_FORMATS: dict[str, tuple[str, ...]] = {
     "weight_quant": tuple(f.name for f in FORMATS),
     "weight_dequant": tuple(f.name for f in FORMATS),
     "scaled_mm": tuple(f.name for f in FORMATS),
+    "quant_linear": tuple(f.name for f in FORMATS),
     "dequant_bias": ("bfloat16", "float16", "float32", "int32"),
     "quantized_gelu": tuple(f.name for f in FORMATS),
 }
-_BLOCKS = {"weight_quant": DEFAULT_BLOCK, "weight_dequant": DEFAULT_BLOCK, "scaled_mm": DEFAULT_BLOCK}
+_BLOCKS = {"weight_quant": DEFAULT_BLOCK, "weight_dequant": DEFAULT_BLOCK, "scaled_mm": DEFAULT_BLOCK,
+           "quant_linear": DEFAULT_BLOCK}
 
 
 class Row(BaseModel):

@@ -89,6 +89,16 @@ def test_scaled_mm(gen, qdtype, lead, N, K):
                                                              out_scale_fmt="ue8m0"))
 
 
+@pytest.mark.parametrize("qdtype", QDTYPES)
+@pytest.mark.parametrize("lead,N,K", [((1,), 1, 1), ((2, 4), 130, 256)])
+def test_quant_linear(gen, qdtype, lead, N, K):
+    _, _, w, w_s = gemm_operands(lead, N, K, qdtype, gen)
+    x = randn((*lead, K), gen=gen, dtype=torch.bfloat16)
+    check(qc.quant_linear.default, (x, w, w_s))
+    check(qc.quant_linear.default, (x, w, w_s, randn((N,), gen=gen)), dict(activation="gelu_tanh",
+                                                                          out_dtype=torch.float32))
+
+
 @pytest.mark.parametrize("lead", [(5,), (2, 3)])
 @pytest.mark.parametrize("g_dtype", [torch.int32, torch.bfloat16, torch.float32])
 def test_dequant_bias(gen, lead, g_dtype):

@@ -338,10 +338,18 @@ def _gemm_kw(block_n=128, block_k=128, bias=None, activation=None, out_dtype=tor
 TOL = {FP8: 1e-5, I8: 1e-6}
 
 
+def _tiled_only(monkeypatch):
+    """Send every M to the tiled kernel (the decode kernel otherwise takes M <= 64)."""
+    monkeypatch.setattr(configs, "decode_m_max", lambda profile: 0)
+
+
+@pytest.mark.parametrize("kernel", ["decode", "tiled"])
 @pytest.mark.parametrize("profile", ["sm90", "sm80"])
 @pytest.mark.parametrize("qdtype", QDTYPES)
 @pytest.mark.parametrize("M,N,K", [(1, 33, 1), (3, 96, 129), (7, 200, 576), (3, 64, 127)])
-def test_scaled_mm_shapes_and_paths(gen, profile, qdtype, M, N, K):
+def test_scaled_mm_shapes_and_paths(gen, monkeypatch, kernel, profile, qdtype, M, N, K):
+    if kernel == "tiled":
+        _tiled_only(monkeypatch)
     aq, a_s, bq, b_s = _gemm_inputs(gen, M, N, K, qdtype, 128, 128)
     kw = _gemm_kw()
     got = launch.scaled_mm(aq, a_s, bq, b_s, profile=PROFILES[profile], **kw)
@@ -357,6 +365,7 @@ def test_scaled_mm_k_steps_and_tma_loads(gen, monkeypatch, qdtype, k_step, tma):
     aq, a_s, bq, b_s = _gemm_inputs(gen, 5, 200, 272, qdtype, 128, 128)
     cfg = configs.GemmConfig(16, 64, 4, 2, k_step=k_step, tma=tma)
     monkeypatch.setattr(configs, "gemm_config", lambda *args, **kwargs: cfg)
+    _tiled_only(monkeypatch)
     kw = _gemm_kw()
     assert launch._tma_ready(aq, bq, SM90)
     got = launch.scaled_mm(aq, a_s, bq, b_s, profile=SM90, **kw)
@@ -412,8 +421,60 @@ def test_scaled_mm_nan_block_poisons_only_its_rows(gen):
     assert rel_err(got, expected) <= 1e-5
 
 
+@pytest.mark.parametrize("qdtype", QDTYPES)
+@pytest.mark.parametrize("split_k", [1, 2, 5])
+def test_decode_split_k_sums_in_a_fixed_order(gen, monkeypatch, qdtype, split_k):
+    """Every split of K agrees with the reference, and a repeated call is bit-identical (the partials
+    meet in split order; the counters are back at zero after each launch)."""
+    aq, a_s, bq, b_s = _gemm_inputs(gen, 3, 100, 600, qdtype, 128, 128)  # 5 K blocks
+    cfg = configs.DecodeConfig(16, 64, 4, 2, split_k, -(-5 // split_k))
+    monkeypatch.setattr(configs, "decode_config", lambda *args, **kwargs: cfg)
+    kw = _gemm_kw(bias=randn((100,), gen=gen), activation="gelu")
+    first = launch.scaled_mm(aq, a_s, bq, b_s, profile=SM90, **kw)
+    assert rel_err(first, ref.scaled_mm(aq, a_s, bq, b_s, **kw)) <= TOL[qdtype]
+    assert torch.equal(launch.scaled_mm(aq, a_s, bq, b_s, profile=SM90, **kw), first)
+
+
+@pytest.mark.parametrize("profile", ["sm90", "sm80"])
+@pytest.mark.parametrize("qdtype", QDTYPES)
+@pytest.mark.parametrize("M,K,block", [(1, 300, (128, 128)), (5, 256, (64, 128)), (64, 130, (128, 64)),
+                                       (70, 300, (128, 128))])
+def test_quant_linear_is_act_quant_then_scaled_mm_bit_for_bit(gen, profile, qdtype, M, K, block):
+    """The decode kernel's quantizing prologue (M <= 64) and the two-launch composition (M > 64)."""
+    x, w = randn((M, K), gen=gen, dtype=torch.bfloat16), randn((90, K), gen=gen)
+    wq, w_s = ref.weight_quant(w, qdtype=qdtype, block_n=block[0], block_k=block[1], ue8m0=False, eps=1e-4)
+    bias = randn((90,), gen=gen)
+    for ue8m0 in (False, True):
+        aq, a_s = launch.act_quant(x, qdtype=qdtype, group_size=block[1], ue8m0=ue8m0, eps=1e-4,
+                                   scale_m_major=False, profile=PROFILES[profile])
+        kw = dict(block_n=block[0], block_k=block[1], bias=bias, activation="silu", out_dtype=torch.float32, eps=1e-4)
+        want = launch.scaled_mm(aq, a_s, wq, w_s, out_quant=None, out_group=block[1], ue8m0_out=False,
+                                profile=PROFILES[profile], **kw)
+        got = launch.quant_linear(x, wq, w_s, ue8m0=ue8m0, profile=PROFILES[profile], **kw)
+        assert torch.equal(got, want)
+
+
+def test_direct_launches_need_a_known_triton_and_a_gpu():
+    from quantcore.backends.triton import direct
+
+    assert direct.version_supported("3.6.0") and direct.version_supported("3.3.1+git1234")
+    assert not direct.version_supported("3.2.0") and not direct.version_supported("4.0.0")
+    assert not direct.version_supported("nightly")
+    assert not direct.enabled()  # the interpreter runs every launch through the JIT
+
+
 # ---------------------------------------------------------------------------------------------
 # configuration data
+
+def test_decode_configs_split_k_evenly_and_fit_shared_memory():
+    for profile in (SM90, SM80, SIMULATED["sm86"], SIMULATED["sm75"]):
+        for M, N, K in [(1, 2112, 7168), (64, 7168, 2048), (16, 32768, 512), (4, 7168, 16384), (1, 33, 1)]:
+            for min_block_n in (1, 256):
+                cfg = configs.decode_config(profile, M, N, K, mma="fp8", block_k=128, min_block_n=min_block_n)
+                kbs = -(-K // 128)
+                assert cfg.block_m >= max(M, 16) and cfg.block_n >= min_block_n
+                assert (cfg.split_k - 1) * cfg.kb_per_split < kbs <= cfg.split_k * cfg.kb_per_split
+                assert cfg.num_stages * (cfg.block_n + 4 * cfg.block_m) * 128 <= profile.smem_per_block
 
 def test_gemm_candidates_fit_shared_memory_and_requant_groups():
     for profile in (SM90, SM80, SIMULATED["sm86"], SIMULATED["sm89"]):

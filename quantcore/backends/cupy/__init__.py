@@ -19,8 +19,10 @@ IMPLS = (
     *(Impl(op, "cupy", f"cupy.launch:{op}", Constraints(**_BASE)) for op in _MEMORY_BOUND),
     Impl("dequant_bias", "cupy", "cupy.launch:dequant_bias",
          Constraints(**_BASE, formats=("bfloat16", "float16", "float32", "int32"))),
-    Impl("scaled_mm", "cupy", "cupy.launch:scaled_mm", Constraints(**_GEMM, fp8_mma=True, int8_mma=True)),
-    Impl("scaled_mm", "cupy", "cupy.launch:scaled_mm",
-         Constraints(**_GEMM, max_cc=(8, 9), formats=("fp8_e4m3",)),
-         variant="w8a16", fallback="FP8 expanded exactly to fp16, fp16 tensor-core MMA with fp32 accumulation"),
+    # quant_linear: act_quant then scaled_mm, the same variants.
+    *(impl for op in ("scaled_mm", "quant_linear") for impl in (
+        Impl(op, "cupy", f"cupy.launch:{op}", Constraints(**_GEMM, fp8_mma=True, int8_mma=True)),
+        Impl(op, "cupy", f"cupy.launch:{op}", Constraints(**_GEMM, max_cc=(8, 9), formats=("fp8_e4m3",)),
+             variant="w8a16", fallback="FP8 expanded exactly to fp16, fp16 tensor-core MMA with fp32 accumulation"),
+    )),
 )

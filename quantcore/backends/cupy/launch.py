@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from ...errors import UnsupportedError
+from ..base import composed_quant_linear
 from . import compiler
 
 _CTYPE = {torch.float32: "float", torch.bfloat16: "__nv_bfloat16", torch.float16: "__half", torch.int32: "int"}
@@ -335,3 +336,7 @@ def scaled_mm(a, a_scale, b, b_scale, *, block_n, block_k, bias, activation, out
                 _i64(out_scale.stride(0) if out_scale is not None else 0), _i64(1), _i32(M), _i32(N), *epilogue)
         _launch(fin, (math.ceil(N / 256), math.ceil(M / rows)), (32, rows), args, dev)
     return out if out_scale is None else (out, out_scale)
+
+
+# Two launches: the GEMM reads the activation through cp.async as 8-bit codes, quantized beforehand.
+quant_linear = composed_quant_linear(act_quant, scaled_mm)

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from ..base import REDUCED_FP8_ACCUMULATION, Constraints, Impl
 from .epilogue import dequant_bias, quantized_gelu
-from .gemm import scaled_mm
+from .gemm import quant_linear, scaled_mm
 from .quant import act_dequant, act_quant, weight_dequant, weight_quant
 
-OPS = ("act_quant", "act_dequant", "weight_quant", "weight_dequant", "scaled_mm", "quantized_gelu")
+OPS = ("act_quant", "act_dequant", "weight_quant", "weight_dequant", "scaled_mm", "quant_linear", "quantized_gelu")
 _ANYWHERE = Constraints(devices=("cpu", "cuda"))
 
 IMPLS = (
@@ -22,5 +22,5 @@ IMPLS = (
          variant="cublas", numerics=REDUCED_FP8_ACCUMULATION),
 )
 
-__all__ = ["IMPLS", "act_quant", "act_dequant", "weight_quant", "weight_dequant", "scaled_mm",
+__all__ = ["IMPLS", "act_quant", "act_dequant", "weight_quant", "weight_dequant", "scaled_mm", "quant_linear",
            "dequant_bias", "quantized_gelu"]

@@ -12,6 +12,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from ..base import composed_quant_linear
 from .quant import act_quant
 
 ACTIVATIONS = {
@@ -45,3 +46,6 @@ def scaled_mm(a, a_scale, b, b_scale, *, block_n, block_k, bias, activation, out
         acc += dot * a_scale[:, kb : kb + 1].float() * b_s[:, kb]
     return epilogue(acc, bias=bias, activation=activation, out_dtype=out_dtype, out_quant=out_quant,
                     out_group=out_group, ue8m0_out=ue8m0_out, eps=eps)
+
+
+quant_linear = composed_quant_linear(act_quant, scaled_mm)

@@ -21,10 +21,12 @@ IMPLS = (
     *(Impl(op, "triton", f"triton.launch:{op}", Constraints(**_BASE)) for op in _MEMORY_BOUND),
     Impl("dequant_bias", "triton", "triton.launch:dequant_bias",
          Constraints(**_BASE, formats=("bfloat16", "float16", "float32", "int32"))),
-    Impl("scaled_mm", "triton", "triton.launch:scaled_mm", Constraints(**_GEMM, formats=("int8",), int8_mma=True)),
-    Impl("scaled_mm", "triton", "triton.launch:scaled_mm", Constraints(**_GEMM, formats=("fp8_e4m3",), fp8_mma=True),
-         numerics=REDUCED_FP8_ACCUMULATION),
-    Impl("scaled_mm", "triton", "triton.launch:scaled_mm",
-         Constraints(**_GEMM, formats=("fp8_e4m3",), max_cc=(8, 9)),
-         variant="w8a16", fallback="FP8 decoded exactly to fp16, fp16 tensor-core MMA with fp32 accumulation"),
+    # quant_linear runs the GEMM's kernels (its activation quantized in their prologue): the same variants.
+    *(impl for op in ("scaled_mm", "quant_linear") for impl in (
+        Impl(op, "triton", f"triton.launch:{op}", Constraints(**_GEMM, formats=("int8",), int8_mma=True)),
+        Impl(op, "triton", f"triton.launch:{op}", Constraints(**_GEMM, formats=("fp8_e4m3",), fp8_mma=True),
+             numerics=REDUCED_FP8_ACCUMULATION),
+        Impl(op, "triton", f"triton.launch:{op}", Constraints(**_GEMM, formats=("fp8_e4m3",), max_cc=(8, 9)),
+             variant="w8a16", fallback="FP8 decoded exactly to fp16, fp16 tensor-core MMA with fp32 accumulation"),
+    )),
 )

@@ -12,6 +12,10 @@ device, the CPU interpreter included. A file holds:
   Candidates whose estimated shared memory exceeds `profile.smem_per_block` are dropped. The
   first survivor is used, or, with `QUANTCORE_TRITON_AUTOTUNE=1`, the fastest survivor measured on
   the first call of each (device, M bucket, N, K, variant).
+- `"decode"`: the GEMM at decode sizes, M <= `m_max` (kernels/decode.py): rules `{"mma", "m_max",
+  "n_max", "k_max", "config": [BLOCK_N, num_warps, num_stages], "waves", "min_kb_per_split"}`, the
+  first match applies. K is split so that about `waves` programs per SM stream the weight, each
+  taking at least `min_kb_per_split` K blocks; stages are cut until the pipeline fits shared memory.
 - `"blocks"`: how much work one program of the memory-bound kernels gets (`elems_per_program`),
   its warps (at most `num_warps`, at least `elems_per_thread` elements each) and how many programs
   per SM to keep at least (`min_waves`).
@@ -52,6 +56,19 @@ class GemmConfig:
         1 KiB, at most one stage above it."""
         return max(self.num_stages * self.k_step * (self.block_m + self.block_n) * block_k + 1024,
                    4 * self.block_m * self.block_n)
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """One decode GEMM launch: all M rows (padded to BLOCK_M >= 16) × BLOCK_N weight rows per program,
+    warps and pipeline stages, and K split `split_k` ways, `kb_per_split` K blocks each."""
+
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+    split_k: int
+    kb_per_split: int
 
 
 @dataclass(frozen=True)
@@ -118,6 +135,39 @@ def gemm_candidates(profile, M: int, N: int, K: int, *, mma: str, block_k: int,
     while smallest.num_stages > 1 and smallest.smem_bytes(block_k) > limit:
         smallest = replace(smallest, num_stages=smallest.num_stages - 1)
     return (smallest,)
+
+
+def decode_m_max(profile) -> int:
+    """The largest M the decode GEMM serves on `profile`."""
+    return _table(_arch(profile))["decode"]["m_max"]
+
+
+@functools.lru_cache(maxsize=4096)
+def decode_config(profile, M: int, N: int, K: int, *, mma: str, block_k: int, min_block_n: int) -> DecodeConfig:
+    """The decode GEMM's launch for M×N×K on `profile` (M <= `decode_m_max`). It depends on the shape,
+    the MMA kind and the output's needs only, never on where the activation comes from, so that the
+    fused quantized linear and act_quant + scaled_mm run the same arithmetic."""
+    rules = _table(_arch(profile))["decode"]["rules"]
+    rule = next(r for r in rules if r.get("mma") in (None, mma) and _within(r.get("m_max"), M)
+                and _within(r.get("n_max"), N) and _within(r.get("k_max"), K))
+    block_n, warps, stages = rule["config"]
+    block_n = max(block_n, _next_pow2(min_block_n))
+    block_m = max(16, _next_pow2(M))
+    # Per stage a weight tile and an activation tile, counted at 4 bytes an element (a float
+    # activation quantized in the prologue is staged as it comes).
+    limit = getattr(profile, "smem_per_block", 0) or 0
+    while limit and stages > 1 and stages * (block_n + 4 * block_m) * block_k + 1024 > limit:
+        stages -= 1
+    tiles, kbs = _cdiv(N, block_n), _cdiv(K, block_k)
+    wanted = rule["waves"] * (getattr(profile, "sm_count", 0) or 0)
+    split = max(1, min(round(wanted / tiles), kbs // rule["min_kb_per_split"]))
+    per = _cdiv(kbs, split)
+    return DecodeConfig(block_m, block_n, warps, stages, _cdiv(kbs, per), per)
+
+
+def unsplit(cfg: DecodeConfig) -> DecodeConfig:
+    """The same launch with K unsplit (no workspace needed)."""
+    return replace(cfg, split_k=1, kb_per_split=cfg.split_k * cfg.kb_per_split)
 
 
 _tuned: dict[tuple, GemmConfig] = {}

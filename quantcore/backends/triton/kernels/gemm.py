@@ -30,7 +30,7 @@ def _load_k_block(a_ptrs, b_ptrs, a_desc, b_desc, off_m, off_n, offs_k, kb, K,
 
 
 @triton.jit
-def _block_dot(a, b, QFMT: tl.constexpr, USE_FP8_MMA: tl.constexpr, TMA: tl.constexpr):
+def block_dot(a, b, QFMT: tl.constexpr, USE_FP8_MMA: tl.constexpr, TMA: tl.constexpr):
     """One K block's a @ b^T: int32 for INT8 (exact), fp32 for FP8."""
     if QFMT == "int8":
         return tl.dot(a, tl.trans(b), out_dtype=tl.int32)
@@ -57,6 +57,33 @@ def _scaled(part, a_s_ptrs, b_s_ptrs, kb, stride_ask, stride_bsk, valid, UNIFORM
         return part.to(tl.float32) * (a_s * b_s)[:, None]
     else:
         return part.to(tl.float32) * a_s[:, None] * b_s[None, :]
+
+
+@triton.jit
+def finish_tile(acc, offs_m, offs_n, pid_n, M, N, bias_ptr, stride_bias, out_ptr, stride_om, out_scale_ptr,
+                stride_osm, eps, BIAS: tl.constexpr, ACTIVATION: tl.constexpr, OUT: tl.constexpr,
+                OUT_GROUP: tl.constexpr, UE8M0_OUT: tl.constexpr, HW_FP8: tl.constexpr, BLOCK_M: tl.constexpr,
+                BLOCK_N: tl.constexpr):
+    """The epilogue of a [BLOCK_M, BLOCK_N] fp32 tile at rows offs_m, columns offs_n (column tile pid_n):
+    + bias, activation, then a cast to OUT or a 1×OUT_GROUP re-quantization; OUT_GROUP divides BLOCK_N."""
+    n_mask = offs_n < N
+    mask = (offs_m < M)[:, None] & n_mask[None, :]
+    if BIAS != "none":
+        acc = acc + load_f32(bias_ptr + offs_n * stride_bias, n_mask, BIAS)[None, :]
+    acc = activate(acc, ACTIVATION)
+    out_ptrs = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :]
+    if OUT == "fp8" or OUT == "int8":
+        GROUPS: tl.constexpr = BLOCK_N // OUT_GROUP
+        # Columns past N must not reach a group's amax.
+        x = tl.reshape(tl.where(mask, acc, 0.0), (BLOCK_M, GROUPS, OUT_GROUP))
+        scale = block_scale(nan_absmax(x, 2), eps, OUT, UE8M0_OUT)
+        q = quantize(x, tl.broadcast_to(scale[:, :, None], x.shape), OUT, HW_FP8)
+        tl.store(out_ptrs, tl.reshape(q, (BLOCK_M, BLOCK_N)), mask=mask)
+        groups = pid_n * GROUPS + tl.arange(0, GROUPS)
+        tl.store(out_scale_ptr + offs_m[:, None] * stride_osm + groups[None, :], scale,
+                 mask=(offs_m < M)[:, None] & (groups < tl.cdiv(N, OUT_GROUP))[None, :])
+    else:
+        store_f32_as(out_ptrs, acc, mask, OUT)
 
 
 @triton.jit
@@ -116,29 +143,14 @@ def block_scaled_mm_kernel(
         if K_STEP == 2:
             a1, b1 = _load_k_block(a_ptrs, b_ptrs, a_desc, b_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, offs_k,
                                    kb + 1, K, TMA, BLOCK_K)
-        part0 = _block_dot(a0, b0, QFMT, USE_FP8_MMA, TMA)
+        part0 = block_dot(a0, b0, QFMT, USE_FP8_MMA, TMA)
         if K_STEP == 2:
-            part1 = _block_dot(a1, b1, QFMT, USE_FP8_MMA, TMA)
+            part1 = block_dot(a1, b1, QFMT, USE_FP8_MMA, TMA)
         acc += _scaled(part0, a_s_ptrs, b_s_ptrs, kb, stride_ask, stride_bsk, True, UNIFORM_BS)
         if K_STEP == 2:
             acc += _scaled(part1, a_s_ptrs, b_s_ptrs, tl.minimum(kb + 1, num_kb - 1), stride_ask, stride_bsk,
                            kb + 1 < num_kb, UNIFORM_BS)
 
-    n_mask = offs_n < N
-    mask = (offs_m < M)[:, None] & n_mask[None, :]
-    if BIAS != "none":
-        acc = acc + load_f32(bias_ptr + offs_n * stride_bias, n_mask, BIAS)[None, :]
-    acc = activate(acc, ACTIVATION)
-    out_ptrs = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :]
-    if OUT == "fp8" or OUT == "int8":
-        GROUPS: tl.constexpr = BLOCK_N // OUT_GROUP
-        # Columns past N must not reach a group's amax.
-        x = tl.reshape(tl.where(mask, acc, 0.0), (BLOCK_M, GROUPS, OUT_GROUP))
-        scale = block_scale(nan_absmax(x, 2), eps, OUT, UE8M0_OUT)
-        q = quantize(x, tl.broadcast_to(scale[:, :, None], x.shape), OUT, HW_FP8)
-        tl.store(out_ptrs, tl.reshape(q, (BLOCK_M, BLOCK_N)), mask=mask)
-        groups = pid_n * GROUPS + tl.arange(0, GROUPS)
-        tl.store(out_scale_ptr + offs_m[:, None] * stride_osm + groups[None, :], scale,
-                 mask=(offs_m < M)[:, None] & (groups < tl.cdiv(N, OUT_GROUP))[None, :])
-    else:
-        store_f32_as(out_ptrs, acc, mask, OUT)
+    finish_tile(acc, offs_m, offs_n, pid_n, M, N, bias_ptr, stride_bias, out_ptr, stride_om, out_scale_ptr,
+                stride_osm, eps, BIAS, ACTIVATION, OUT, OUT_GROUP, UE8M0_OUT, HW_FP8, BLOCK_M, BLOCK_N)
+

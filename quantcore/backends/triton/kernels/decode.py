@@ -1,0 +1,104 @@
+"""The decode-sized block-scaled GEMM (M ≤ 64): the weight streamed by the whole GPU.
+
+At decode a GEMM reads each weight byte once and does little else, so its time is the weight's
+bytes over memory bandwidth, and the schedule's one job is to keep enough bytes in flight on every
+SM. The kernel therefore swaps the operands — `out^T = b @ a^T`, so the weight's N rows fill the
+MMA's wide side and M (1…64 rows, padded to 16) its narrow one — and splits K over a second grid
+axis: program (n tile, k split) streams BLOCK_N × (its K blocks) of the weight. Per K block the
+contract is unchanged: the dot accumulated in fp32 (FP8) or exactly in int32 (INT8), scaled by
+a_s[m, kb] · b_s[n // SCALE_BN, kb] into an fp32 accumulator.
+
+With SPLIT_K > 1 the splits meet in the same launch: each writes its fp32 partial tile to a
+workspace and counts itself in on the tile's counter; the last to arrive sums the partials in split
+order 0, 1, … (a fixed order, so results are bit-for-bit the same run to run), resets the counter
+for the next launch and runs the epilogue. A sets where the activation comes from: quantized codes
+with their scales ("fp8"/"int8"), or a float tensor ("bf16"/"fp16"/"fp32") quantized per 1×BLOCK_K
+group in the prologue with act_quant's own formulas — so that a fused quantized linear is bit for bit
+act_quant followed by this GEMM.
+"""
+
+import triton
+import triton.language as tl
+
+from .cast import load_f32
+from .fp8 import nan_absmax
+from .gemm import block_dot, finish_tile
+from .quant import block_scale, quantize
+
+
+@triton.jit
+def decode_mm_kernel(
+        a_ptr, a_scale_ptr, b_ptr, b_scale_ptr, bias_ptr, out_ptr, out_scale_ptr, ws_ptr, counter_ptr,
+        M, N, K, kb_per_split, stride_am, stride_asm, stride_ask, stride_bn, stride_bsn, stride_bsk, stride_bias,
+        stride_om, stride_osm, eps, a_eps,
+        A: tl.constexpr, QFMT: tl.constexpr, USE_FP8_MMA: tl.constexpr, UE8M0_A: tl.constexpr,
+        SCALE_BN: tl.constexpr, BIAS: tl.constexpr, ACTIVATION: tl.constexpr, OUT: tl.constexpr,
+        OUT_GROUP: tl.constexpr, UE8M0_OUT: tl.constexpr, HW_FP8: tl.constexpr, BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
+    """out [M, N] = a [M, K] @ b [N, K]^T with block scales and the fused epilogue, for M ≤ BLOCK_M.
+
+    A: "fp8"/"int8" reads codes a with a_scale [M, ceil(K/BLOCK_K)]; "bf16"/"fp16"/"fp32" reads a float
+    activation and quantizes it to QFMT per 1×BLOCK_K group (eps a_eps, UE8M0_A) in registers. Program
+    (pid_n, pid_k) covers columns pid_n·BLOCK_N… and K blocks pid_k·kb_per_split…; ws_ptr holds
+    SPLIT_K × cdiv(N, BLOCK_N) fp32 tiles of BLOCK_N × BLOCK_M and counter_ptr one int32 per column
+    tile, zero between launches (unused when SPLIT_K == 1). The rest is block_scaled_mm_kernel's.
+    """
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_k = tl.arange(0, BLOCK_K)
+    # Rows past M or N wrap back into range (unmasked loads); they are never stored.
+    rows_a = offs_m % M
+    rows_b = offs_n % N
+    a_ptrs = a_ptr + rows_a[:, None] * stride_am + offs_k[None, :]
+    b_ptrs = b_ptr + rows_b[:, None] * stride_bn + offs_k[None, :]
+    a_s_ptrs = a_scale_ptr + rows_a * stride_asm
+    UNIFORM_BS: tl.constexpr = SCALE_BN % BLOCK_N == 0
+    if UNIFORM_BS:
+        b_s_ptrs = b_scale_ptr + (pid_n * BLOCK_N // SCALE_BN) * stride_bsn
+    else:
+        b_s_ptrs = b_scale_ptr + (rows_b // SCALE_BN) * stride_bsn
+
+    kb_start = pid_k * kb_per_split
+    kb_end = tl.minimum(kb_start + kb_per_split, tl.cdiv(K, BLOCK_K))
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    for kb in range(kb_start, kb_end):
+        k_mask = offs_k[None, :] < K - kb * BLOCK_K
+        b = tl.load(b_ptrs + kb * BLOCK_K, mask=k_mask, other=0)
+        if A == "fp8" or A == "int8":
+            a = tl.load(a_ptrs + kb * BLOCK_K, mask=k_mask, other=0)
+            a_s = tl.load(a_s_ptrs + kb * stride_ask)
+        else:
+            x = load_f32(a_ptrs + kb * BLOCK_K, k_mask, A)
+            a_s = block_scale(nan_absmax(x, 1), a_eps, QFMT, UE8M0_A)
+            a = quantize(x, tl.broadcast_to(a_s[:, None], x.shape), QFMT, HW_FP8)
+        part = block_dot(b, a, QFMT, USE_FP8_MMA, False).to(tl.float32)  # [BLOCK_N, BLOCK_M]
+        # The products in block_scaled_mm_kernel's order: part · (a_s · b_s) for one scale row of b,
+        # else (part · a_s) · b_s.
+        if UNIFORM_BS:
+            acc += part * (a_s * tl.load(b_s_ptrs + kb * stride_bsk))[None, :]
+        else:
+            acc += part * a_s[None, :] * tl.load(b_s_ptrs + kb * stride_bsk)[:, None]
+
+    if SPLIT_K == 1:
+        finish_tile(tl.trans(acc), offs_m, offs_n, pid_n, M, N, bias_ptr, stride_bias, out_ptr, stride_om,
+                    out_scale_ptr, stride_osm, eps, BIAS, ACTIVATION, OUT, OUT_GROUP, UE8M0_OUT, HW_FP8, BLOCK_M,
+                    BLOCK_N)
+    else:
+        num_n = tl.cdiv(N, BLOCK_N)
+        tile = tl.arange(0, BLOCK_N)[:, None] * BLOCK_M + tl.arange(0, BLOCK_M)[None, :]
+        tl.store(ws_ptr + (pid_k * num_n + pid_n) * (BLOCK_N * BLOCK_M) + tile, acc)
+        # Every thread's partial is written before the tile counts this split in (release), and the
+        # last split reads the others' partials only after seeing all of them counted (acquire).
+        tl.debug_barrier()
+        arrived = tl.atomic_add(counter_ptr + pid_n, 1, sem="acq_rel")
+        if arrived == SPLIT_K - 1:
+            total = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+            for s in tl.static_range(SPLIT_K):
+                # .cg: read from L2, where the other SMs' partials are, never a stale L1 line.
+                total += tl.load(ws_ptr + (s * num_n + pid_n) * (BLOCK_N * BLOCK_M) + tile, cache_modifier=".cg")
+            tl.store(counter_ptr + pid_n, 0)
+            finish_tile(tl.trans(total), offs_m, offs_n, pid_n, M, N, bias_ptr, stride_bias, out_ptr, stride_om,
+                        out_scale_ptr, stride_osm, eps, BIAS, ACTIVATION, OUT, OUT_GROUP, UE8M0_OUT, HW_FP8,
+                        BLOCK_M, BLOCK_N)

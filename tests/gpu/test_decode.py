@@ -1,0 +1,146 @@
+"""Decode-sized GEMMs (M <= 64) and the one-launch quantized linear on the GPU: parity with the
+reference on DeepSeek-V3 decode shapes with tails, bit-identity of quant_linear with act_quant +
+scaled_mm, determinism of the split-K reduction, CUDA-graph replay, and the direct Triton launch.
+
+Run on a GPU machine: `python3 -m pytest -m gpu tests/gpu`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+
+import quantcore
+from quantcore import ops, registry
+from quantcore.specs.tolerances import gemm_tolerance, rel_error
+
+from test_parity import FMTS, rand, run
+
+pytestmark = pytest.mark.gpu
+
+BACKENDS = ["triton", "cupy"]
+DECODE_NK = [(2112, 7168), (7168, 2048), (24576, 1536), (4096, 7168), (7168, 16384), (32768, 512)]
+DECODE_SHAPES = [(m, n, k) for m in (1, 4, 16, 64) for n, k in DECODE_NK] + [
+    (3, 4000, 1000), (17, 200, 576), (64, 129, 7296), (2, 7168, 127)]
+
+
+def operands(m, n, k, qdtype, block=(128, 128)):
+    a, a_s = ops.act_quant(rand((m, k), seed=2), dtype=qdtype, group_size=block[1], backend="torch")
+    b, b_s = ops.weight_quant(rand((n, k), seed=3), dtype=qdtype, block_size=block, backend="torch")
+    return a, a_s, b, b_s
+
+
+def exact(backend, profile, *args) -> bool:
+    with quantcore.simulate(profile) if profile else contextlib.nullcontext():
+        return quantcore.explain("scaled_mm", *args, backend=backend).numerics == "exact"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("qdtype", list(FMTS))
+@pytest.mark.parametrize("mnk", DECODE_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_decode_shapes(backend, qdtype, mnk):
+    a, a_s, b, b_s = operands(*mnk, qdtype)
+    bias = rand((mnk[1],), seed=4)
+    for activation in (None, "silu"):
+        ref = ops.scaled_mm(a, a_s, b, b_s, bias=bias, activation=activation, out_dtype=torch.float32,
+                            backend="torch")
+        out = run(backend, None, ops.scaled_mm, a, a_s, b, b_s, bias=bias, activation=activation,
+                  out_dtype=torch.float32)
+        assert not out.isnan().any()
+        assert rel_error(out, ref) <= gemm_tolerance(FMTS[qdtype], torch.float32, exact(backend, None, a, a_s, b, b_s))
+
+
+@pytest.mark.parametrize("profile", [None, "sm80"])
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("qdtype", list(FMTS))
+@pytest.mark.parametrize("block", [(128, 128), (64, 128)])
+@pytest.mark.parametrize("m", [1, 5, 16, 64, 65, 300])
+def test_quant_linear_is_act_quant_then_scaled_mm_bit_for_bit(backend, profile, qdtype, block, m):
+    n, k = 2112, 1000
+    x = rand((m, k), seed=5)
+    _, _, w, w_s = operands(m, n, k, qdtype, block)
+    bias = rand((n,), seed=6)
+    for options in (dict(out_dtype=torch.bfloat16), dict(activation="gelu", out_dtype=torch.float32, scale_fmt="ue8m0")):
+        got = run(backend, profile, ops.quant_linear, x, w, w_s, bias, block_size=block, **options)
+        a, a_s = run(backend, profile, ops.act_quant, x, dtype=qdtype, group_size=block[1],
+                     scale_fmt=options.get("scale_fmt", "fp32"))
+        want = run(backend, profile, ops.scaled_mm, a, a_s, w, w_s, bias=bias, block_size=block,
+                   activation=options.get("activation"), out_dtype=options["out_dtype"])
+        assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("qdtype", list(FMTS))
+def test_split_k_is_deterministic(qdtype):
+    a, a_s, b, b_s = operands(4, 2112, 7168, qdtype)  # few column tiles: K is split
+    first = ops.scaled_mm(a, a_s, b, b_s, out_dtype=torch.float32, backend="triton")
+    for _ in range(20):
+        assert torch.equal(ops.scaled_mm(a, a_s, b, b_s, out_dtype=torch.float32, backend="triton"), first)
+    # Another shape in between uses the same counters: they must be back at zero.
+    c, c_s, d, d_s = operands(16, 4096, 7168, qdtype)
+    ops.scaled_mm(c, c_s, d, d_s, backend="triton")
+    assert torch.equal(ops.scaled_mm(a, a_s, b, b_s, out_dtype=torch.float32, backend="triton"), first)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_cuda_graph_replays_the_quantized_linear(backend):
+    w, w_s = ops.weight_quant(rand((4096, 7168), seed=7))
+    x = rand((1, 7168), seed=8)
+    bias = rand((4096,), seed=9)
+    with quantcore.priority(backend):
+        eager = ops.quant_linear(x, w, w_s, bias)  # warm-up: compiles, allocates the split-K workspace
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = ops.quant_linear(x, w, w_s, bias)
+        for seed in (10, 11):
+            x.copy_(rand((1, 7168), seed=seed))
+            graph.replay()
+            torch.cuda.synchronize()
+            assert torch.equal(out, ops.quant_linear(x, w, w_s, bias))
+    assert not torch.equal(out, eager)
+
+
+def test_direct_and_jit_launches_compute_the_same(monkeypatch):
+    """Every Triton op launched through the JIT (QUANTCORE_TRITON_DIRECT=0) and directly: same bits."""
+    from quantcore.backends.triton import direct
+
+    assert direct.enabled(), "the installed Triton should be one the direct launcher supports"
+    x = rand((16, 7168), seed=12)
+    w = rand((2112, 7168), seed=13)
+    results = {}
+    for mode in ("0", "1"):
+        monkeypatch.setenv(direct.DIRECT_ENV, mode)
+        registry.clear_caches()  # new plans, so new launchers
+        outs = []
+        for _ in range(3):  # the first call compiles; later ones launch directly where enabled
+            q, s = ops.act_quant(x, backend="triton")
+            wq, ws = ops.weight_quant(w, backend="triton")
+            outs = [q, s, wq, ws, ops.act_dequant(q, s, backend="triton"), ops.weight_dequant(wq, ws, backend="triton"),
+                    *ops.quantized_gelu(q, s, backend="triton"), ops.scaled_mm(q, s, wq, ws, backend="triton"),
+                    ops.quant_linear(x, wq, ws, backend="triton"),
+                    ops.dequant_bias(x, s[:, 0].contiguous(), w[0].float(), backend="triton")]
+        results[mode] = [o.view(torch.uint8) if o.dtype == torch.float8_e4m3fn else o for o in outs]
+    assert all(torch.equal(a, b) for a, b in zip(results["0"], results["1"], strict=True))
+
+
+def test_launcher_goes_direct_after_its_first_call(monkeypatch):
+    import triton
+    import triton.language as tl
+
+    from quantcore.backends.triton import direct
+
+    @triton.jit
+    def add_one(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        tl.store(y_ptr + offs, tl.load(x_ptr + offs, mask=offs < n) + 1, mask=offs < n)
+
+    x = torch.arange(1000, device="cuda", dtype=torch.float32)
+    for mode, goes_direct in (("1", True), ("0", False)):
+        monkeypatch.setenv(direct.DIRECT_ENV, mode)
+        launcher = direct.Launcher(add_one, (8,), dict(BLOCK=128, num_warps=4), x.device)
+        for _ in range(3):
+            y = torch.full_like(x, -1.0)
+            launcher(x, y, 1000)
+            assert torch.equal(y, x + 1)
+        assert launcher.direct is goes_direct
