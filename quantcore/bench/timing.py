@@ -62,7 +62,7 @@ def loop_us(fn: Callable[[], object], n: int) -> float:
     return (time.perf_counter() - t0) / n * 1e6
 
 
-def eager_time_us(fn: Callable[[], object], *, n: int = 200, warmup: int = 20, budget_s: float = 0.2) -> float:
+def eager_time_us(fn: Callable[[], object], *, n: int = 200, warmup: int = 20, budget_s: float = 0.1) -> float:
     """Eager time per call of `fn` in µs: `loop_us` of n calls after `warmup` calls, no sleep, so the
     larger of the host's and the GPU's cost per call is what is measured (what an eager decode loop pays).
 
