@@ -77,8 +77,9 @@ def test_a_failing_configuration_is_recorded_not_raised(monkeypatch):
 
     monkeypatch.setattr(quantcore.nn, "quantize_model", quantize_no_int8)
     monkeypatch.setattr(decoder, "decode_step", step_failing_at_batch_2)
-    cfg = TINY.model_copy(update={"batches": [1, 2]})
-    out = e2e.run_e2e(cfg, device="cpu")
+    saved = []
+    out = e2e.run_e2e(TINY, device="cpu", checkpoint=lambda partial: saved.append(len(partial.model + partial.stack)))
+    assert saved == list(range(1, 19))  # the partial result after every row, failed ones included
     rows = {(r.dtype, r.batch, r.mode): r for r in out.model}
     assert all(r.note == "quantize_model: RuntimeError: int8 refused for the test" and r.step_us is None
                for r in out.model + out.stack if r.dtype == "int8")

@@ -118,9 +118,10 @@ def _time_graph(step: Callable[[], object], cfg: Config) -> float:
 
 
 def _measure(rows: list[Row], base: nn.Module, batches: list[int], make_step: Callable[[nn.Module, int], tuple],
-             cfg: Config, copy_gbps: float | None, log: Callable[[str], None], label: str) -> None:
+             cfg: Config, copy_gbps: float | None, done: Callable[[Row], None]) -> None:
     """Append to `rows` every weights format × batch × mode of `base` (a bf16 module, quantized per
-    format on a deep copy). `make_step(module, batch)` returns (step, KV-cache bytes it reads)."""
+    format on a deep copy), calling `done` with each finished row. `make_step(module, batch)` returns
+    (step, KV-cache bytes it reads)."""
     graphs = torch.cuda.is_available() and next(base.parameters()).is_cuda
     for name, qdtype in DTYPES.items():
         try:
@@ -128,9 +129,10 @@ def _measure(rows: list[Row], base: nn.Module, batches: list[int], make_step: Ca
                 module = base if qdtype is None else qnn.quantize_model(copy.deepcopy(base), dtype=qdtype)
             weights = weight_bytes(module)
         except Exception as err:  # any failure is this configuration's result, never the run's end
-            rows += [Row(dtype=name, batch=b, mode=m, note=f"quantize_model: {error_note(err, 300)}")
-                     for b in batches for m in MODES]
-            log(f"{label} {name}: quantize_model failed: {error_note(err)}")
+            for batch in batches:
+                for mode in MODES:
+                    rows.append(Row(dtype=name, batch=batch, mode=mode, note=f"quantize_model: {error_note(err, 300)}"))
+                    done(rows[-1])
             continue
         for batch in batches:
             for mode in MODES:
@@ -150,8 +152,7 @@ def _measure(rows: list[Row], base: nn.Module, batches: list[int], make_step: Ca
                     if graphs:
                         torch.cuda.empty_cache()
                 _finish(row, rows, copy_gbps)
-                log(f"{label} {name} batch {batch} {mode}: "
-                    + (f"{row.step_us:.1f} µs/step" if row.step_us else row.note))
+                done(row)
         del module
 
 
@@ -175,7 +176,7 @@ def run_e2e(cfg: Config | None = None, *, device: str | torch.device | None = No
     device: the GPU by default, else the CPU (where graphs are skipped, with a note). copy_gbps: the
     memory-floor rate; measured on a GPU when None (`timing.copy_bandwidth_gbps`), no floor on the
     CPU. `log` receives a line per configuration; `checkpoint` the partial result after each."""
-    cfg = cfg or Config()
+    cfg = cfg if cfg is not None else Config()
     dev = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
     if copy_gbps is None and dev.type == "cuda":
         copy_gbps = timing.copy_bandwidth_gbps()
@@ -185,8 +186,13 @@ def run_e2e(cfg: Config | None = None, *, device: str | torch.device | None = No
         result.notes.append("CUDA graphs skipped: the device is not a CUDA GPU")
     start = time.perf_counter()
 
-    def stamped(line: str) -> None:
-        log(f"[{time.perf_counter() - start:7.1f}s] {line}")
+    def done(label: str) -> Callable[[Row], None]:
+        def report(row: Row) -> None:
+            outcome = f"{row.step_us:.1f} µs/step" if row.step_us else row.note
+            log(f"[{time.perf_counter() - start:7.1f}s] {label} {row.dtype} batch {row.batch} {row.mode}: {outcome}")
+            if checkpoint:
+                checkpoint(result)
+        return report
 
     torch.manual_seed(cfg.seed)
     with torch.no_grad():
@@ -196,10 +202,8 @@ def run_e2e(cfg: Config | None = None, *, device: str | torch.device | None = No
         state = decoder.DecodeState.new(module, batch, cfg.context)
         return (lambda: decoder.decode_step(module, state)), state.cache_bytes()
 
-    _measure(result.model, model, cfg.batches, model_step, cfg, copy_gbps, stamped, "model")
+    _measure(result.model, model, cfg.batches, model_step, cfg, copy_gbps, done("model"))
     del model
-    if checkpoint:
-        checkpoint(result)
     with torch.no_grad():
         stack = decoder.linear_stack(cfg.dim, cfg.layers, dev)
 
@@ -207,9 +211,7 @@ def run_e2e(cfg: Config | None = None, *, device: str | torch.device | None = No
         x = torch.randn(m, cfg.dim, device=dev, dtype=decoder.DTYPE)
         return (lambda: module(x)), 0
 
-    _measure(result.stack, stack, [STACK_M], stack_step, cfg, copy_gbps, stamped, "linear stack")
-    if checkpoint:
-        checkpoint(result)
+    _measure(result.stack, stack, [STACK_M], stack_step, cfg, copy_gbps, done("linear stack"))
     return result
 
 
