@@ -1,4 +1,5 @@
-"""`quantcore` command line: `quantcore report [--json] [--simulate PROFILE]`."""
+"""`quantcore` command line: `quantcore report [--json] [--simulate PROFILE]`, `quantcore bench [...]`
+(the ops beside their baselines) and `quantcore bench --e2e [...]` (decode tokens/s of a model)."""
 
 from __future__ import annotations
 
@@ -29,7 +30,22 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--no-progress", action="store_true", help="plain log lines instead of a progress bar")
     bench.add_argument("--write-priority", action="store_true",
                        help="write this GPU's measured priority table into the package's data folder")
+    e2e = bench.add_argument_group("end-to-end decode (--e2e)")
+    e2e.add_argument("--e2e", action="store_true",
+                     help="instead of the ops: decode tokens/s of a transformer in bf16, FP8 and INT8, eager and "
+                          "with CUDA graphs, and a stack of linears (on the CPU, at small sizes, graphs are skipped)")
+    e2e.add_argument("--e2e-dim", type=_positive, metavar="N", help="model width, MLP 4×N (default 4096)")
+    e2e.add_argument("--e2e-layers", type=_positive, metavar="N", help="transformer layers (default 4)")
+    e2e.add_argument("--e2e-batch", type=_positive, nargs="+", metavar="B", help="batch sizes (default 1 8)")
+    e2e.add_argument("--e2e-tokens", type=_positive, metavar="N", help="timed decode steps per configuration (default 128)")
     return parser
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text}")
+    return value
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -59,11 +75,13 @@ def _bench(args: argparse.Namespace, argv: list[str] | None) -> int:
         with open(path) as f:
             return BenchResult.model_validate_json(f.read())
 
-    def save(partial: BenchResult) -> None:
+    def save(partial) -> None:
         with open(args.json, "w") as f:
             f.write(partial.model_dump_json(indent=1))
 
     try:
+        if args.e2e or (args.from_json and _is_e2e_file(args.from_json)):
+            return _e2e(args, command, save)
         if args.from_json:
             result = load(args.from_json)
         else:
@@ -82,4 +100,36 @@ def _bench(args: argparse.Namespace, argv: list[str] | None) -> int:
     if args.write_priority:
         print(f"wrote {write_priority(result)}")
     print(summarize(result))
+    return 0
+
+
+def _is_e2e_file(path: str) -> bool:
+    """Whether a saved run is an end-to-end one (its "kind" says so; op bench files have none)."""
+    import json
+
+    with open(path) as f:
+        data = json.load(f)
+    return isinstance(data, dict) and data.get("kind") == "e2e"
+
+
+def _e2e(args: argparse.Namespace, command: str, save) -> int:
+    from .bench import e2e
+
+    unused = [flag for flag, value in (("--quick", args.quick), ("--ops", args.ops), ("--resume", args.resume),
+                                       ("--ours-only", args.ours_only), ("--plot", args.plot),
+                                       ("--write-priority", args.write_priority)) if value]
+    if unused:
+        print(f"quantcore: {', '.join(unused)}: options of the op bench, not of an end-to-end run", file=sys.stderr)
+        return 2
+    if args.from_json:
+        with open(args.from_json) as f:
+            result = e2e.E2EResult.model_validate_json(f.read())
+    else:
+        sizes = {"dim": args.e2e_dim, "layers": args.e2e_layers, "batches": args.e2e_batch, "tokens": args.e2e_tokens}
+        result = e2e.run_e2e(e2e.Config(**{k: v for k, v in sizes.items() if v is not None}), command=command,
+                             log=lambda line: print(line, file=sys.stderr, flush=True),
+                             checkpoint=save if args.json else None)
+    if args.json:
+        save(result)
+    print(e2e.render(result))
     return 0

@@ -67,3 +67,10 @@ def gemm_flops(m: int, n: int, k: int) -> float:
 def act_bytes(m: int, k: int, group: int = 128, in_bytes: int = 2) -> int:
     """Bytes moved by an activation (de)quantization: high-precision in/out, 1-byte q, fp32 scales."""
     return m * k * (in_bytes + 1) + 4 * m * math.ceil(k / group)
+
+
+def gemm_floor_bytes(m: int, n: int, k: int, *, in_bytes: int = 1, out_bytes: int = 2, block: int = 128) -> int:
+    """Least bytes a block-scaled GEMM moves: the N×K weight and the M×K activation (1-byte codes),
+    the M×N output (bf16) and the fp32 scales (1×block per activation row, block×block of the weight)."""
+    kb = math.ceil(k / block)
+    return (n * k + m * k) * in_bytes + m * n * out_bytes + 4 * (m * kb + math.ceil(n / block) * kb)

@@ -29,7 +29,8 @@ class Record(BaseModel):
     fmt: str
     shape: list[int]
     impl: str
-    us: float | None = None
+    us: float | None = None  # GPU time per call (`timing.gpu_time_us`)
+    eager_us: float | None = None  # back-to-back eager time per call (`timing.eager_time_us`); absent in older runs
     rate: float | None = None  # GB/s (memory-bound) or TFLOP/s (GEMM)
     unit: str
     fraction: float | None = None  # of the ceiling: copy bandwidth, or the vendor's dense rate
@@ -79,23 +80,30 @@ def _rand(*shape, dtype=torch.bfloat16, device="cuda"):
     return x.mul_(torch.rand(*shape[:-1], 1, device=device).add_(0.1)).to(dtype)
 
 
+def error_note(err: BaseException, limit: int = 160) -> str:
+    """An error as one line for a result's note: its type and the first line of its message."""
+    return f"{type(err).__name__}: {(str(err).splitlines() or [''])[0][:limit]}"
+
+
 def _timed(rec: dict, fn: Callable[[], object] | None, work: float, unit: str, ceiling: float | None) -> Record:
-    """Time `fn` (work in bytes or FLOPs) into a Record; errors and refusals become its note."""
+    """Time `fn` (work in bytes or FLOPs) into a Record, GPU time and eager time; errors and refusals
+    become its note."""
     if fn is None:
         return Record(**rec, unit=unit)
     try:
         us = timing.gpu_time_us(fn)
+        eager_us = timing.eager_time_us(fn)
     except (UnsupportedError, RuntimeError, ValueError) as err:
-        return Record(**rec, unit=unit, note=f"{type(err).__name__}: {str(err).splitlines()[0][:160]}")
+        return Record(**rec, unit=unit, note=error_note(err))
     rate = work / us / (1e3 if unit == "GB/s" else 1e6)
-    return Record(**rec, us=us, rate=rate, unit=unit, fraction=rate / ceiling if ceiling else None)
+    return Record(**rec, us=us, eager_us=eager_us, rate=rate, unit=unit, fraction=rate / ceiling if ceiling else None)
 
 
 def _try(make: Callable[[], Callable[[], object]]) -> tuple[Callable[[], object] | None, str]:
     try:
         return make(), ""
     except (UnsupportedError, RuntimeError, ValueError, TypeError, AttributeError) as err:
-        return None, f"{type(err).__name__}: {str(err).splitlines()[0][:160]}"
+        return None, error_note(err)
 
 
 def _contenders(op: str, args: tuple, kwargs: dict, with_baselines: bool) -> dict[str, tuple[Callable | None, str]]:

@@ -1,8 +1,10 @@
-"""The benchmark's shape sets (issue: DeepSeek-V3 GEMMs, seed 002's epilogue shapes, weight quantization)."""
+"""The benchmark's shape sets (issue: DeepSeek-V3 GEMMs, seed 002's epilogue shapes, weight quantization).
+
+The GEMM rows M = 1, 4, 16 and 64 are decode batches: the summary judges them against the memory floor."""
 
 from __future__ import annotations
 
-DEEPSEEK_M = (1, 16, 64, 128, 512, 4096, 16384)
+DEEPSEEK_M = (1, 4, 16, 64, 128, 512, 4096, 16384)
 DEEPSEEK_NK = ((2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048))
 EPILOGUE_N = (2560, 3840, 13824)
 EPILOGUE_M = (1, 16, 256, 4096, 65536)

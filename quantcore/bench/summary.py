@@ -8,7 +8,10 @@ from pathlib import Path
 
 from .. import measured
 from ..backends.base import m_bucket
+from .baselines import gemm_floor_bytes
 from .run import EXTRA_IMPLS, OURS, BenchResult
+
+DECODE_M = 64  # GEMMs of at most this many rows are judged against the memory floor and bf16
 
 
 def _fmt(x: float | None, spec: str = ".2f") -> str:
@@ -24,6 +27,15 @@ def _cases(result: BenchResult) -> dict[tuple, dict]:
 
 def _best(recs: dict, impls) -> object | None:
     return max((recs[i] for i in impls if i in recs and recs[i].rate), key=lambda r: r.rate, default=None)
+
+
+def _times(r) -> str:
+    """A record's GPU and eager time per call, "GPU / eager" in µs."""
+    return "—" if r is None or r.us is None else f"{r.us:.1f} / {_fmt(r.eager_us, '.1f')}"
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a and b else None
 
 
 def _span(values: list[float]) -> str:
@@ -62,8 +74,8 @@ def targets(result: BenchResult) -> str:
 
 
 def summarize(result: BenchResult) -> str:
-    """The targets, then the memory-bound table (GB/s, fraction of copy, vs torch.compile) and the GEMM
-    table (TFLOP/s, vs vendor)."""
+    """The targets, then the memory-bound table (GB/s, fraction of copy, vs torch.compile), the GEMM
+    table (TFLOP/s, vs vendor), both with GPU and eager times, and the decode GEMMs' table."""
     d = result.device
     out = [f"device: {d.name} ({d.arch}), {result.date}; copy ceiling {result.copy_gbps:.0f} GB/s; "
            f"versions: {', '.join(f'{k} {v}' for k, v in result.versions.items())}",
@@ -71,20 +83,23 @@ def summarize(result: BenchResult) -> str:
            "quantcore.ops host time over calling the implementation directly (µs): "
            + ", ".join(f"{k} {v:.1f}" for k, v in result.dispatch_overhead_us.items()), "", targets(result), ""]
     by_case = _cases(result)
-    out += ["| op | fmt | shape | triton GB/s | cupy GB/s | best / copy | torch.compile GB/s | best / compile | eager GB/s |",
-            "|---|---|---|---|---|---|---|---|---|"]
+    out += ["Times are µs per call, GPU / eager (back-to-back calls, host included).", "",
+            "| op | fmt | shape | triton GB/s | cupy GB/s | best / copy | torch.compile GB/s | best / compile "
+            "| torch ref. GB/s | triton µs | cupy µs | torch.compile µs |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for (op, fmt, shape), recs in by_case.items():
         if op == "scaled_mm":
             continue
-        ours = [recs[b] for b in OURS if b in recs and recs[b].rate]
-        best = max(ours, key=lambda r: r.rate, default=None)
-        comp, eager = recs.get("torch.compile"), recs.get("torch")
+        best = _best(recs, OURS)
+        comp, ref = recs.get("torch.compile"), recs.get("torch")
         ratio = best.rate / comp.rate if best and comp and comp.rate else None
         out.append(f"| {op} | {fmt} | {'x'.join(map(str, shape))} | {_fmt(recs.get('triton') and recs['triton'].rate, '.0f')} "
                    f"| {_fmt(recs.get('cupy') and recs['cupy'].rate, '.0f')} | {_fmt(best and best.fraction)} "
-                   f"| {_fmt(comp and comp.rate, '.0f')} | {_fmt(ratio)} | {_fmt(eager and eager.rate, '.0f')} |")
-    out += ["", "| fmt | M×N×K | triton TFLOP/s | cupy TFLOP/s | vendor | vendor TFLOP/s | triton / vendor | cupy / vendor | dense ceiling TFLOP/s |",
-            "|---|---|---|---|---|---|---|---|---|"]
+                   f"| {_fmt(comp and comp.rate, '.0f')} | {_fmt(ratio)} | {_fmt(ref and ref.rate, '.0f')} "
+                   f"| {_times(recs.get('triton'))} | {_times(recs.get('cupy'))} | {_times(comp)} |")
+    out += ["", "| fmt | M×N×K | triton TFLOP/s | cupy TFLOP/s | vendor | vendor TFLOP/s | triton / vendor | cupy / vendor "
+            "| dense ceiling TFLOP/s | triton µs | cupy µs | vendor µs |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for (op, fmt, shape), recs in by_case.items():
         if op != "scaled_mm":
             continue
@@ -94,10 +109,32 @@ def summarize(result: BenchResult) -> str:
         t, c = recs.get("triton"), recs.get("cupy")
         out.append(f"| {fmt} | {'x'.join(map(str, shape))} | {_fmt(t and t.rate, '.1f')} | {_fmt(c and c.rate, '.1f')} "
                    f"| {vendor_name} | {_fmt(vendor and vendor.rate, '.1f')} | {_fmt(t and t.vs_vendor)} "
-                   f"| {_fmt(c and c.vs_vendor)} | {_fmt(dense and dense.rate, '.1f')} |")
+                   f"| {_fmt(c and c.vs_vendor)} | {_fmt(dense and dense.rate, '.1f')} "
+                   f"| {_times(t)} | {_times(c)} | {_times(vendor)} |")
+    out += ["", decode_gemms(result)]
     notes = sorted({f"{r.op} {r.impl}: {r.note}" for r in result.records if r.note and r.us is None})
     if notes:
         out += ["", "not measured:"] + [f"- {n}" for n in notes[:40]]
+    return "\n".join(out)
+
+
+def decode_gemms(result: BenchResult) -> str:
+    """GEMMs of at most DECODE_M rows against the memory floor (`gemm_floor_bytes` at the run's copy
+    rate) and against torch's bf16 GEMM of the same shape, for the fastest quantcore implementation
+    (by GPU time, the cuBLAS variant included)."""
+    out = [f"Decode GEMMs (M ≤ {DECODE_M}): floor = least bytes moved / copy rate; times µs, GPU / eager.", "",
+           "| fmt | M×N×K | floor µs | fastest of quantcore | its µs | floor / GPU time | cublas-bf16 µs "
+           "| ours / bf16 GPU time | ours / bf16 eager time |",
+           "|---|---|---|---|---|---|---|---|---|"]
+    for (op, fmt, shape), recs in _cases(result).items():
+        if op != "scaled_mm" or shape[0] > DECODE_M:
+            continue
+        floor_us = gemm_floor_bytes(*shape) / result.copy_gbps / 1e3
+        ours, bf16 = _best(recs, (*OURS, *EXTRA_IMPLS["scaled_mm"])), recs.get("cublas-bf16")
+        us, eager = (ours.us, ours.eager_us) if ours else (None, None)
+        out.append(f"| {fmt} | {'x'.join(map(str, shape))} | {floor_us:.1f} | {ours.impl if ours else '—'} "
+                   f"| {_times(ours)} | {_fmt(_ratio(floor_us, us))} | {_times(bf16)} "
+                   f"| {_fmt(_ratio(us, bf16 and bf16.us))} | {_fmt(_ratio(eager, bf16 and bf16.eager_us))} |")
     return "\n".join(out)
 
 

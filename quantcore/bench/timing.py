@@ -3,7 +3,8 @@
 Before each repetition the GPU is also given about a millisecond of sleep, queued ahead of the start
 event, so that Python has dispatched the whole timed call before the GPU reaches it: the events then
 measure the kernels, not the host (without it, a 10 µs decode GEMM measured its ~100 µs of Python).
-Host cost is measured on its own (`host_overhead_us`).
+Host cost is measured on its own: `eager_time_us` (back-to-back calls, host and GPU together) and
+`host_overhead_us` (quantcore's dispatch against a direct call).
 """
 
 from __future__ import annotations
@@ -45,26 +46,44 @@ def copy_bandwidth_gbps(nbytes: int = 2**30) -> float:
     return 2 * nbytes / us / 1e3
 
 
+def _synchronize() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def loop_us(fn: Callable[[], object], n: int) -> float:
+    """Host-clock time per call of `n` back-to-back calls of `fn`, in µs, with one synchronize before
+    and one after the loop: what a Python loop of these calls costs, host and GPU together."""
+    _synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    _synchronize()
+    return (time.perf_counter() - t0) / n * 1e6
+
+
+def eager_time_us(fn: Callable[[], object], *, n: int = 200, warmup: int = 20, budget_s: float = 0.1) -> float:
+    """Eager time per call of `fn` in µs: `loop_us` of n calls after `warmup` calls, no sleep, so the
+    larger of the host's and the GPU's cost per call is what is measured (what an eager decode loop pays).
+
+    Where one call is long, fewer calls are made (at least one), keeping the loop within about
+    `budget_s`: a long call is GPU-bound, and its time per call does not need 200 samples."""
+    one = loop_us(fn, 1)  # a synchronized call: an upper bound on the cost of one in the loop
+    reps = max(1, min(n, int(budget_s * 1e6 / max(one, 1e-3))))
+    loop_us(fn, min(warmup, reps))
+    return loop_us(fn, reps)
+
+
 def host_overhead_us(call: Callable[[], object], bare: Callable[[], object], *, n: int = 2000,
                      rounds: int = 5) -> float:
     """Per-call host time of `call` minus that of `bare` (same kernel, launched directly), in µs:
     the best of `rounds` alternating measurements of each, so that a noisy moment of the host
     (a shared machine) cannot land on one side only."""
-    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
-
-    def per_call(fn):
-        sync()
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        sync()
-        return (time.perf_counter() - t0) / n * 1e6
-
     for fn in (call, bare):
         for _ in range(50):
             fn()
     best_call = best_bare = float("inf")
     for _ in range(rounds):
-        best_call = min(best_call, per_call(call))
-        best_bare = min(best_bare, per_call(bare))
+        best_call = min(best_call, loop_us(call, n))
+        best_bare = min(best_bare, loop_us(bare, n))
     return best_call - best_bare
