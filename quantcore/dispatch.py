@@ -73,7 +73,8 @@ def _key(op: str, args: tuple, options: dict[str, Any], backend: BackendChoice) 
     if options.get("check_finite"):
         raise _Uncacheable
     return (op, _choice_key(backend), registry.epoch(), capability.simulation_state(), registry.priority_state(),
-            *map(_signature, args), *[(type(v), tuple(v) if type(v) is list else v) for v in options.values()])
+            *map(_signature, args), *map(type, values := tuple(options.values())),
+            *(values if list not in map(type, values) else (tuple(v) if type(v) is list else v for v in values)))
 
 
 def _choice_key(backend: BackendChoice) -> Any:

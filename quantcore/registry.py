@@ -13,14 +13,13 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
-import os
 import threading
 import warnings
 from typing import Iterator, Sequence
 
 from pydantic import BaseModel
 
-from . import measured
+from . import capability, measured
 from .backends import BACKEND_PACKAGES
 from .backends.base import Impl, Query
 from .errors import InvalidInputError, UnsupportedError
@@ -95,7 +94,7 @@ def priority_state() -> tuple:
     """What `current_priority` reads besides the query (context and environment): part of the key
     under which `quantcore.dispatch` keeps validated plans."""
     stack = getattr(_local, "stack", None)
-    return (stack[-1] if stack else None), os.environ.get(PRIORITY_ENV)
+    return (stack[-1] if stack else None), capability.environment(PRIORITY_ENV)
 
 
 def current_priority(query: Query) -> tuple[str, ...]:

@@ -34,14 +34,15 @@ def decode_mm_kernel(
         A: tl.constexpr, QFMT: tl.constexpr, USE_FP8_MMA: tl.constexpr, UE8M0_A: tl.constexpr,
         SCALE_BN: tl.constexpr, BIAS: tl.constexpr, ACTIVATION: tl.constexpr, OUT: tl.constexpr,
         OUT_GROUP: tl.constexpr, UE8M0_OUT: tl.constexpr, HW_FP8: tl.constexpr, BLOCK_M: tl.constexpr,
-        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
+        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, STAGES: tl.constexpr):
     """out [M, N] = a [M, K] @ b [N, K]^T with block scales and the fused epilogue, for M ≤ BLOCK_M.
 
     A: "fp8"/"int8" reads codes a with a_scale [M, ceil(K/BLOCK_K)]; "bf16"/"fp16"/"fp32" reads a float
     activation and quantizes it to QFMT per 1×BLOCK_K group (eps a_eps, UE8M0_A) in registers. Program
     (pid_n, pid_k) covers columns pid_n·BLOCK_N… and K blocks pid_k·kb_per_split…; ws_ptr holds
     SPLIT_K × cdiv(N, BLOCK_N) fp32 tiles of BLOCK_N × BLOCK_M and counter_ptr one int32 per column
-    tile, zero between launches (unused when SPLIT_K == 1). The rest is block_scaled_mm_kernel's.
+    tile, zero between launches (unused when SPLIT_K == 1). STAGES: weight tiles in flight. The rest
+    is block_scaled_mm_kernel's.
     """
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -63,7 +64,9 @@ def decode_mm_kernel(
     kb_start = pid_k * kb_per_split
     kb_end = tl.minimum(kb_start + kb_per_split, tl.cdiv(K, BLOCK_K))
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    for kb in range(kb_start, kb_end):
+    # The pipelining depth is asked of the loop itself: with bounds that depend on the program (its K
+    # split), the launch's num_stages alone left the weight loads synchronous (checked in the TTGIR).
+    for kb in tl.range(kb_start, kb_end, num_stages=STAGES):
         k_mask = offs_k[None, :] < K - kb * BLOCK_K
         b = tl.load(b_ptrs + kb * BLOCK_K, mask=k_mask, other=0)
         if A == "fp8" or A == "int8":
