@@ -40,7 +40,7 @@ _MMA_E4M3, _MMA_S8, _MMA_F16 = 0, 1, 2
 _QUANT_THREADS = 256  # kQuantThreads in blockquant.cuh
 _CACHE_FLOATS = 64  # register budget per thread for values kept between the amax and quantize passes
 _MAX_GRID = 65535
-_GEMM_BK = 64  # kBK in gemm.cu
+_GEMM_BK = 64  # BK (K bytes per stage) of the gemm.cu instantiations
 
 
 _streams: dict[tuple[int, int], object] = {}
@@ -276,7 +276,7 @@ def gemm_splits(M: int, N: int, K: int, block_k: int, tile, sm_count: int) -> in
 def gemm_kernel_name(kind: int, tile: tuple[int, int, int, int], stages: int, aligned: bool) -> str:
     """The gemm.cu template instantiation for one configuration."""
     bm, bn, wm, wn = tile
-    return f"qc::gemm_kernel<{kind}, {bm}, {bn}, {wm}, {wn}, {stages}, {'true' if aligned else 'false'}>"
+    return f"qc::gemm_kernel<{kind}, {bm}, {bn}, {wm}, {wn}, {_GEMM_BK}, {stages}, {'true' if aligned else 'false'}>"
 
 
 def mma_kind(qdtype: torch.dtype, profile) -> int:
