@@ -45,9 +45,9 @@ CP_ASYNC = "cp.async.cg.shared.global"
 
 def _gemm_names(arch: int) -> tuple[str, ...]:
     """What the launcher instantiates on this architecture: each tile at the profile's stage count,
-    FP8 and INT8, cp.async and byte loaders, and the split-K epilogue."""
+    FP8 and INT8, cp.async and byte loaders."""
     profile = simulated_profile(f"sm{arch}")
-    names = ["qc::splitk_epilogue_kernel"]
+    names = []
     for qdtype in (torch.float8_e4m3fn, torch.int8):
         kind = launch.mma_kind(qdtype, profile)
         for m, aligned in ((1, True), (4096, False)):

@@ -286,15 +286,47 @@ def mma_kind(qdtype: torch.dtype, profile) -> int:
     return _MMA_E4M3 if tuple(profile.compute_capability) >= (8, 9) else _MMA_F16
 
 
+# Split-K workspace and per-tile counters per (device index, stream): launches on one stream run in
+# order, so they can share them. Counters are zeroed once, when allocated; every launch leaves them
+# zero. Buffers only grow (at least doubling), and a replaced one is kept alive: a CUDA graph
+# captured earlier still points at it. The workspace needs about one BM x BN fp32 slot per SM (at
+# most ~8.6 MB on an H100), the counters one int per tile.
+_splitk: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+_splitk_retired: list[torch.Tensor] = []
+
+
+def _grown(old: torch.Tensor | None, need: int, make) -> torch.Tensor:
+    """`old` if it holds `need` elements, else `make(n)` for n >= max(need, 2 x old's size)."""
+    if old is not None and old.numel() >= need:
+        return old
+    if old is None:
+        return make(need)
+    _splitk_retired.append(old)
+    return make(max(need, 2 * old.numel()))
+
+
+def _splitk_buffers(device: torch.device, floats: int, tiles: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(workspace of >= `floats` fp32, >= `tiles` int32 counters, all zero) for the current stream."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    key = (index, torch.cuda.current_stream(index).cuda_stream)
+    ws, counters = _splitk.get(key, (None, None))
+    ws = _grown(ws, floats, lambda n: torch.empty(n, dtype=torch.float32, device=device))
+    counters = _grown(counters, tiles, lambda n: torch.zeros(n, dtype=torch.int32, device=device))
+    _splitk[key] = (ws, counters)
+    return ws, counters
+
+
 def scaled_mm(a, a_scale, b, b_scale, *, block_n, block_k, bias, activation, out_dtype, out_quant,
               out_group, ue8m0_out, eps, profile):
-    """Block-scaled GEMM a @ b.T with the contract's epilogues.
+    """Block-scaled GEMM a @ b.T with the contract's epilogues, in one launch (split-K included).
 
     a [M, K] fp8/int8, a_scale [M, ceil(K/Bk)] fp32 (any strides), b [N, K] same dtype,
     b_scale [ceil(N/Bn), ceil(K/Bk)] fp32 (any strides), bias [N] float or None, activation
     None/"gelu"/"gelu_tanh"/"silu". Returns out [M, N] out_dtype (bf16/fp16/fp32), or with
     `out_quant` (q [M, N] out_quant, scale [M, ceil(N/out_group)] fp32). The registry guarantees
-    block_k % 32 == 0 and, when re-quantizing, out_group a power of two <= 128.
+    block_k % 32 == 0 and, when re-quantizing, out_group a power of two <= 128. When K is split,
+    the partials are summed in split order (docs/numerics.md), so results are bit-for-bit the same
+    from run to run on one device.
     """
     M, K = a.shape
     N = b.shape[0]
@@ -315,23 +347,20 @@ def scaled_mm(a, a_scale, b, b_scale, *, block_n, block_k, bias, activation, out
     kind = mma_kind(a.dtype, profile)
     kb_per_split = gemm_splits(M, N, K, block_k, tile, max(1, profile.sm_count))
     splits = max(1, math.ceil(math.ceil(K / block_k) / kb_per_split))
-    partial = torch.empty(splits, M, N, dtype=torch.float32, device=dev) if splits > 1 else None
+    grid = (math.ceil(M / bm), math.ceil(N / bn), splits)
+    ws = counters = None
+    if splits > 1:
+        tiles = grid[0] * grid[1]
+        ws, counters = _splitk_buffers(dev, tiles * splits * bm * bn, tiles)
     bias32 = bias.to(torch.float32).contiguous() if bias is not None else None
 
     fn = _function("gemm.cu", gemm_kernel_name(kind, tile, stages, aligned), profile, dev, smem)
-    epilogue = (_i32(_ACTIVATION[activation]), _i32(_OUT_KIND[out.dtype]), _i32(out_group or 1),
-                _i32(bool(ue8m0_out)), np.float32(eps))
     args = (a.data_ptr(), _i64(lda), a_scale.data_ptr(), _i64(a_scale.stride(0)), _i64(a_scale.stride(1)),
             b.data_ptr(), _i64(ldb), b_scale.data_ptr(), _i64(b_scale.stride(0)), _i64(b_scale.stride(1)),
             _ptr(bias32), out.data_ptr(), _i64(N), _ptr(out_scale),
-            _i64(out_scale.stride(0) if out_scale is not None else 0), _i64(1), _ptr(partial),
-            _i32(M), _i32(N), _i32(K), _i32(block_n), _i32(block_k), _i32(kb_per_split * block_k), *epilogue)
-    grid = (math.ceil(M / bm), math.ceil(N / bn), splits)
+            _i64(out_scale.stride(0) if out_scale is not None else 0), _i64(1), _ptr(ws), _ptr(counters),
+            _i32(M), _i32(N), _i32(K), _i32(block_n), _i32(block_k), _i32(kb_per_split * block_k),
+            _i32(_ACTIVATION[activation]), _i32(_OUT_KIND[out.dtype]), _i32(out_group or 1),
+            _i32(bool(ue8m0_out)), np.float32(eps))
     _launch(fn, grid, (wm * wn * 32,), args, dev, smem)
-    if partial is not None:
-        fin = _function("gemm.cu", "qc::splitk_epilogue_kernel", profile, dev)
-        rows = 8
-        args = (partial.data_ptr(), _i32(splits), _ptr(bias32), out.data_ptr(), _i64(N), _ptr(out_scale),
-                _i64(out_scale.stride(0) if out_scale is not None else 0), _i64(1), _i32(M), _i32(N), *epilogue)
-        _launch(fin, (math.ceil(N / 256), math.ceil(M / rows)), (32, rows), args, dev)
     return out if out_scale is None else (out, out_scale)

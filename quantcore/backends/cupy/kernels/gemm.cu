@@ -13,7 +13,12 @@
 //             or mma.m16n8k8 (sm_75).
 // Every K block's dot product lives in its own accumulator and is folded into the fp32 result with
 // its two scales at the block's end, so block_k only has to be a multiple of the 32-wide MMA step.
-
+//
+// Split-K runs in the same launch: blockIdx.z takes a contiguous range of K blocks, every (split,
+// tile) program stores its fp32 partial tile in a workspace and counts itself in a per-tile counter;
+// the program that counts last sums the partials in split order 0, 1, ... (so the result does not
+// depend on which program finished last), runs the epilogue and sets the counter back to zero for
+// the next launch. launch.py explains the tile, stage and split choices.
 #include "common.cuh"
 
 namespace qc {
@@ -290,17 +295,32 @@ __device__ __forceinline__ void finish_chunk(const Epilogue& e, int m, int n, fl
   }
 }
 
+// ---------------------------------------------------------------- split-K partials
+
+// 8 consecutive floats through L2 only (st.cg / ld.cg): partials are written by one SM and read by
+// another within the launch, so the reader must not be served by its own L1. p is 32-byte aligned.
+__device__ __forceinline__ void store_cg8(float* p, const float (&v)[8]) {
+  __stcg(reinterpret_cast<float4*>(p), make_float4(v[0], v[1], v[2], v[3]));
+  __stcg(reinterpret_cast<float4*>(p) + 1, make_float4(v[4], v[5], v[6], v[7]));
+}
+
+__device__ __forceinline__ void load_cg8(const float* p, float (&v)[8]) {
+  const float4 x = __ldcg(reinterpret_cast<const float4*>(p)), y = __ldcg(reinterpret_cast<const float4*>(p) + 1);
+  v[0] = x.x, v[1] = x.y, v[2] = x.z, v[3] = x.w, v[4] = y.x, v[5] = y.y, v[6] = y.z, v[7] = y.w;
+}
+
 // ---------------------------------------------------------------- the GEMM
 
-// blockIdx.z takes K range [z * k_split, (z + 1) * k_split) (k_split a multiple of block_k). With
-// partial == null the tile is finished in place; otherwise its raw fp32 sums go to
-// partial[z, M, N] and splitk_epilogue_kernel finishes them.
+// blockIdx.z takes K range [z * k_split, (z + 1) * k_split) (k_split a multiple of block_k). With one
+// split (gridDim.z == 1) the tile is finished in place. Otherwise ws holds a BM x BN fp32 slot per
+// (tile, split), tile-major (rows past M are never touched), and counters one int per tile
+// (gridDim.x * gridDim.y of them), all zero at launch; the launch leaves them zero again.
 template <int KIND, int BM, int BN, int WM, int WN, int BK, int STAGES, bool ALIGNED>
 __global__ void __launch_bounds__(WM * WN * 32)
 gemm_kernel(const u8* __restrict__ a, long long lda, const float* __restrict__ as, long long as_m, long long as_k,
             const u8* __restrict__ b, long long ldb, const float* __restrict__ bs, long long bs_n, long long bs_k,
             const float* __restrict__ bias, void* __restrict__ out, long long ldo, float* __restrict__ out_scale,
-            long long os_m, long long os_n, float* __restrict__ partial, int M, int N, int K, int block_n,
+            long long os_m, long long os_n, float* ws, int* counters, int M, int N, int K, int block_n,
             int block_k, int k_split, int act, int out_kind, int out_group, int ue8m0_out, float eps) {
   static_assert(KIND != kMmaE4M3 || __CUDA_ARCH__ >= 890, "FP8 tensor-core MMA needs sm_89 or newer");
   typedef Mma<KIND> MMA;
@@ -432,14 +452,14 @@ gemm_kernel(const u8* __restrict__ a, long long lda, const float* __restrict__ a
     }
   }
 
-  // Epilogue through shared memory, one warp row at a time, so that each thread finishes 8
-  // consecutive columns of a row: wide stores, and re-quantize groups on neighbouring lanes.
+  // Epilogue through shared memory, one warp row at a time, so that each thread holds 8 consecutive
+  // columns of a row: wide stores, and re-quantize groups on neighbouring lanes. The loops run once
+  // per program and are kept rolled (finish_chunk is large).
   cp_async_wait<0>();
   __syncthreads();
   float* const tile = reinterpret_cast<float*>(smem);
   constexpr int LDT = BN + 8;  // the padding spreads a warp's float2 writes over all banks
-  const Epilogue e{bias, out, ldo, out_scale, os_m, os_n, M, N, act, out_kind, out_group, ue8m0_out, eps};
-  for (int pass = 0; pass < WM; ++pass) {
+  auto stage_rows = [&](int pass) {  // warp row `pass` -> tile; callers synchronize around it
     if (wm == pass) {
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt)
@@ -450,47 +470,68 @@ gemm_kernel(const u8* __restrict__ a, long long lda, const float* __restrict__ a
             *reinterpret_cast<float2*>(tile + (mt * 16 + g + 8 * h) * LDT + wn * WTN + nt * 8 + 2 * t) =
                 make_float2(acc[mt][nt][2 * h], acc[mt][nt][2 * h + 1]);
     }
-    __syncthreads();
-#pragma unroll
-    for (int r = tid / CPR; r < WTM; r += RPI) {
-      const int m = m0 + pass * WTM + r, c = (tid % CPR) * 8;
-      float v[8];
-      load_vec(tile + r * LDT + c, v);
-      if (partial) {
-        if (m < M) store_chunk(partial + ((long long)blockIdx.z * M + m) * N, n0 + c, N, (N & 7) == 0, v);
-      } else {
-        finish_chunk(e, m, n0 + c, v);
-      }
-    }
-    __syncthreads();
-  }
-}
+  };
+  const int splits = gridDim.z, tile_id = blockIdx.y * gridDim.x + blockIdx.x, c = (tid % CPR) * 8;
+  constexpr long long SLOT = (long long)BM * BN;  // floats per (tile, split) partial
+  float* const parts = ws + (long long)tile_id * splits * SLOT;  // this tile's partials, split-major
 
-// Sums the split-K partials [splits, M, N] in split order and finishes them. Block (32, rows): lane
-// x takes columns 8 * (32 * blockIdx.x + x) .. +7 of row blockIdx.y * blockDim.y + y.
-__global__ void splitk_epilogue_kernel(const float* __restrict__ partial, int splits, const float* __restrict__ bias,
-                                       void* __restrict__ out, long long ldo, float* __restrict__ out_scale,
-                                       long long os_m, long long os_n, int M, int N, int act, int out_kind,
-                                       int out_group, int ue8m0_out, float eps) {
-  const int n = (blockIdx.x * 32 + threadIdx.x) * 8, m = blockIdx.y * blockDim.y + threadIdx.y;
-  float v[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-  if (m < M) {
-    for (int z = 0; z < splits; ++z) {
-      const float* row = partial + ((long long)z * M + m) * N;
-      if ((N & 7) == 0 && n + 8 <= N) {
-        float p[8];
-        load_vec(row + n, p);
-#pragma unroll
-        for (int j = 0; j < 8; ++j) v[j] += p[j];
-      } else {
-#pragma unroll
-        for (int j = 0; j < 8; ++j)
-          if (n + j < N) v[j] += row[n + j];
+  if (splits > 1) {
+    for (int pass = 0; pass < WM; ++pass) {
+      stage_rows(pass);
+      __syncthreads();
+#pragma unroll 1
+      for (int r = tid / CPR; r < WTM; r += RPI) {
+        const int row = pass * WTM + r;
+        if (m0 + row < M) {
+          float v[8];
+          load_vec(tile + r * LDT + c, v);
+          store_cg8(parts + blockIdx.z * SLOT + row * BN + c, v);
+        }
+      }
+      __syncthreads();
+    }
+    // Count this split in. The barrier above ordered every thread's partial before thread 0's
+    // fence, which makes them visible at GPU scope before the count; the last to count, after its
+    // own fence and the barrier below, sees every split's partial.
+    int last = 0;
+    if (tid == 0) {
+      __threadfence();
+      last = atomicAdd(counters + tile_id, 1) == splits - 1;
+      if (last) {
+        counters[tile_id] = 0;  // every split has counted: no one touches it again in this launch
+        __threadfence();
       }
     }
+    if (!__syncthreads_or(last)) return;
   }
+
+  // Finish the tile: from the registers (through shared memory), or, in the last split to count,
+  // from the sum of the partials in split order 0, 1, ..., whichever split that is.
   const Epilogue e{bias, out, ldo, out_scale, os_m, os_n, M, N, act, out_kind, out_group, ue8m0_out, eps};
-  finish_chunk(e, m, n, v);
+  for (int pass = 0; pass < WM; ++pass) {
+    if (splits == 1) {
+      stage_rows(pass);
+      __syncthreads();
+    }
+#pragma unroll 1
+    for (int r = tid / CPR; r < WTM; r += RPI) {
+      const int row = pass * WTM + r;
+      float v[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+      if (splits == 1) {
+        load_vec(tile + r * LDT + c, v);
+      } else if (m0 + row < M) {
+#pragma unroll 8  // loads of 8 splits in flight: one L2 round trip for most tiles
+        for (int z = 0; z < splits; ++z) {
+          float p[8];
+          load_cg8(parts + z * SLOT + row * BN + c, p);
+#pragma unroll
+          for (int j = 0; j < 8; ++j) v[j] = __fadd_rn(v[j], p[j]);
+        }
+      }
+      finish_chunk(e, m0 + row, n0 + c, v);
+    }
+    if (splits == 1) __syncthreads();  // the next pass rewrites the tile
+  }
 }
 
 }  // namespace qc
