@@ -5,6 +5,8 @@ m16n8k32 MMA and cp.async on sm_80+, the m8n8k16 INT8 and m16n8k8 fp16 MMAs on s
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -43,18 +45,24 @@ MMA_F16_SM75 = "mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32"
 CP_ASYNC = "cp.async.cg.shared.global"
 
 
+DECODE_BM = (16, 32, 64)  # the decode tiles, by rows
+
+
 def _gemm_names(arch: int) -> tuple[str, ...]:
-    """What the launcher instantiates on this architecture: each tile at the profile's stage count,
-    FP8 and INT8, cp.async and byte loaders, and the split-K epilogue."""
+    """What the launcher instantiates on this architecture: every tile (the decode tiles with
+    BN = 64, and BN = 128 for 128-wide re-quantize groups; the large tile) at the profile's stage
+    count, FP8 and INT8, with the cp.async loader, and the byte loader for one decode and the large
+    tile."""
     profile = simulated_profile(f"sm{arch}")
-    names = ["qc::splitk_epilogue_kernel"]
+    names = []
     for qdtype in (torch.float8_e4m3fn, torch.int8):
         kind = launch.mma_kind(qdtype, profile)
-        for m, aligned in ((1, True), (4096, False)):
-            tile = launch.gemm_tile(m)
+        for m, group, aligned in (*((m, g, True) for m in (*DECODE_BM, 4096) for g in (None, 128)),
+                                  (1, None, False), (4096, None, False)):
+            tile = launch.gemm_tile(m, group)
             stages, _ = launch.gemm_stages(tile, profile.smem_per_block)
             names.append(launch.gemm_kernel_name(kind, tile, stages, aligned))
-    return tuple(names)
+    return tuple(dict.fromkeys(names))
 
 
 EXPECTED = {
@@ -91,6 +99,38 @@ def test_memory_bound_kernels(arch, source):
     assert "ld.global.nc.v4.u32" in ptx or "ld.global.v4.u32" in ptx  # 16-byte vector loads
     assert "st.global.v4.u32" in ptx
     assert "div.rn.f32" in ptx and "div.approx" not in ptx and "div.full" not in ptx  # IEEE division only
+
+
+# Issue 11's decode targets (N, K).
+DECODE_NK = ((2112, 7168), (7168, 2048), (24576, 1536), (4096, 7168), (7168, 16384), (32768, 512))
+
+
+@pytest.mark.parametrize("M", (1, 4, 16, 64))
+def test_decode_schedule(M):
+    """The H100 decode schedule: one row tile holds all M rows (the weight is read once), >= 32 KB
+    of weight in flight per CTA with two CTAs in an SM's shared memory, and split-K over whole K
+    blocks fills the SMs without a second wave (or there are enough N tiles without it)."""
+    profile = simulated_profile("sm90")
+    sms = profile.sm_count
+    tile = launch.gemm_tile(M)
+    stages, smem = launch.gemm_stages(tile, profile.smem_per_block)
+    assert math.ceil(M / tile.bm) == 1 and tile.per_sm == 2
+    assert (stages - 1) * tile.bn * tile.bk >= 32 * 1024
+    assert 2 * (smem + 1024) <= profile.smem_per_block + 1024  # 1 KB reserved per CTA
+    for N, K in DECODE_NK:
+        kblocks = math.ceil(K / 128)
+        per_split, splits = launch.gemm_splits(M, N, K, 128, tile, sms)
+        assert (splits - 1) * per_split < kblocks <= splits * per_split
+        ctas = math.ceil(N / tile.bn) * splits
+        assert ctas >= sms
+        assert splits == 1 or ctas <= 2 * sms
+
+
+def test_requant_groups_fit_the_tile():
+    """A re-quantize group never spans two programs: 128-wide groups get a 128-wide decode tile."""
+    for M in (1, 16, 33, 64, 65):
+        for group in (1, 8, 64, 128):
+            assert launch.gemm_tile(M, group).bn >= group
 
 
 def test_fp8_mma_refused_below_sm89():

@@ -1,7 +1,8 @@
 """CuPy kernels against the torch reference on the GPU: bit-exact quantize/dequantize/epilogues, the
 GEMM within the contract's tolerances, on DeepSeek-V3 shapes with tails, on the real profile and on
 the simulated sm_80 (GEMM) and sm_75 paths. Also the kernel specifics: 16-byte vector path vs the scalar
-path, misaligned pointers and strides, M-major scales, split-K."""
+path, misaligned pointers and strides, M-major scales, the decode tiles and their single-launch
+split-K (split order, determinism, counters left at zero, CUDA graph replays)."""
 
 from __future__ import annotations
 
@@ -261,15 +262,49 @@ def _mm(a, a_s, b, b_s, fn, block=(128, 128), **epilogue):
     return fn(a, a_s, b, b_s, **kw)
 
 
+# The DeepSeek-V3 shapes and issue 11's decode targets.
+GEMM_NK = DEEPSEEK_NK + ((7168, 16384), (32768, 512))
+
+
 @pytest.mark.parametrize("prof", PROFILES)
-@pytest.mark.parametrize("M", (1, 64, 4096))
-@pytest.mark.parametrize("nk", DEEPSEEK_NK)
+@pytest.mark.parametrize("M", (1, 4, 16, 64, 4096))
+@pytest.mark.parametrize("nk", GEMM_NK)
 @pytest.mark.parametrize("qdtype", QDTYPES)
 def test_scaled_mm_deepseek(prof, M, nk, qdtype):
     N, K = nk
     a, a_s, b, b_s = _gemm_inputs(M, N, K, qdtype)
     out = _mm(a, a_s, b, b_s, lambda *x, **k: launch.scaled_mm(*x, **k, profile=_profile(prof)))
     expect = _mm(a, a_s, b, b_s, ref.scaled_mm)
+    assert not out.isnan().any()
+    assert rel_err(out, expect) <= GEMM_TOL[qdtype]
+
+
+# (N, K, (block_n, block_k)) with tails for the decode tiles: N not a multiple of the 64-wide tile, K
+# not a multiple of 128 (7056 and 1552: a 16-byte tail on the cp.async path; 5000 and 2085: byte
+# loads), K blocks of 32, 64 and 96 (several per 128-byte stage, or straddling stages), block_n !=
+# 128 (one tile's columns use several b_scale rows). On an H100 all but the last split K, into 4 to
+# 27 splits; the last has enough N tiles to run unsplit.
+DECODE_TAILS = (
+    (2000, 7056, (128, 128)),
+    (300, 5000, (96, 96)),
+    (1100, 2080, (64, 32)),
+    (4100, 7168, (128, 64)),
+    (72, 2085, (48, 128)),
+    (24100, 1552, (128, 128)),
+)
+
+
+@pytest.mark.parametrize("prof", PROFILES)
+@pytest.mark.parametrize("M", (1, 5, 20, 33, 64))
+@pytest.mark.parametrize("case", DECODE_TAILS)
+@pytest.mark.parametrize("qdtype", QDTYPES)
+def test_scaled_mm_decode_tails(prof, M, case, qdtype):
+    """Every decode tile (M = 1, 5 -> 16 rows; 20 -> 32; 33, 64 -> 64) with partial rows, columns,
+    K blocks and stages, split or not."""
+    N, K, block = case
+    a, a_s, b, b_s = _gemm_inputs(M, N, K, qdtype, block, seed=N + M)
+    out = _mm(a, a_s, b, b_s, lambda *x, **k: launch.scaled_mm(*x, **k, profile=_profile(prof)), block)
+    expect = _mm(a, a_s, b, b_s, ref.scaled_mm, block)
     assert not out.isnan().any()
     assert rel_err(out, expect) <= GEMM_TOL[qdtype]
 
@@ -283,12 +318,15 @@ EPILOGUES = (
 
 
 @pytest.mark.parametrize("prof", PROFILES)
-@pytest.mark.parametrize("mnk", ((1, 2112, 7168), (37, 300, 1000), (200, 264, 640)))
+@pytest.mark.parametrize("mnk", ((1, 2112, 7168), (16, 4096, 7168), (64, 7168, 2048), (37, 300, 1000),
+                                 (200, 264, 640)))
 @pytest.mark.parametrize("qdtype", QDTYPES)
 @pytest.mark.parametrize("epi", range(len(EPILOGUES)))
 def test_scaled_mm_epilogues(prof, mnk, qdtype, epi):
     """Bias, activations, casts and the fused re-quantize; K = 1000 is not a multiple of 16 (byte
-    loader), (200, 264, 640) uses 64 x 64 weight blocks, M = 1 goes through split-K."""
+    loader), (200, 264, 640) uses 64 x 64 weight blocks. Every M <= 64 runs a decode tile through
+    split-K (the last split to count runs the epilogue), a 128-wide re-quantize group on a 128-wide
+    decode tile."""
     M, N, K = mnk
     block = (64, 64) if K == 640 else (128, 128)
     a, a_s, b, b_s = _gemm_inputs(M, N, K, qdtype, block, seed=M)
@@ -307,3 +345,95 @@ def test_scaled_mm_epilogues(prof, mnk, qdtype, epi):
         deq = lambda q_, s_: q_.float() * s_.repeat_interleave(G, 1)[:, :N]  # noqa: E731
         assert rel_err(s, rs) <= 1e-5
         assert rel_err(deq(q, s), deq(rq, rs)) <= 2e-2
+
+
+# ---------------------------------------------------------------- single-launch split-K
+
+def _splits(M, N, K, block_k, profile):
+    """(K blocks per split, splits) of the launcher's plan for a plain (not re-quantized) output."""
+    return launch.gemm_splits(M, N, K, block_k, launch.gemm_tile(M), profile.sm_count)
+
+
+@pytest.mark.parametrize("qdtype", QDTYPES)
+@pytest.mark.parametrize("mnk", ((1, 2112, 7168), (16, 4096, 7168), (64, 300, 5000)))
+def test_scaled_mm_split_k_order(qdtype, mnk):
+    """The split GEMM is, to the bit, the fp32 sum in split order (0 + p0) + p1 + ... of the same
+    GEMM over each split's K range, each run unsplit (a profile of one SM never splits)."""
+    M, N, K = mnk
+    prof = _profile("real")
+    per_split, splits = _splits(M, N, K, 128, prof)
+    assert splits > 1
+    a, a_s, b, b_s = _gemm_inputs(M, N, K, qdtype, seed=K)
+    one_sm = prof.model_copy(update={"sm_count": 1})
+    total = torch.zeros(M, N, dtype=torch.float32, device="cuda")
+    for z in range(splits):
+        kb = slice(z * per_split, (z + 1) * per_split)
+        ks = slice(kb.start * 128, min(K, kb.stop * 128))
+        part = _mm(a[:, ks], a_s[:, kb], b[:, ks], b_s[:, kb],
+                   lambda *x, **k: launch.scaled_mm(*x, **k, profile=one_sm))
+        total = total + part
+    assert_same(_mm(a, a_s, b, b_s, lambda *x, **k: launch.scaled_mm(*x, **k, profile=prof)), total)
+
+
+@pytest.mark.parametrize("qdtype", QDTYPES)
+@pytest.mark.parametrize("mnk", ((1, 2112, 7168), (4, 7168, 2048), (16, 300, 5000), (64, 4096, 7168)))
+def test_scaled_mm_split_k_deterministic(qdtype, mnk):
+    """The same call gives the same bits every time, whichever split happens to count last."""
+    M, N, K = mnk
+    a, a_s, b, b_s = _gemm_inputs(M, N, K, qdtype, seed=M)
+    fn = lambda *x, **k: launch.scaled_mm(*x, **k, profile=_profile("real"))  # noqa: E731
+    spec = dict(bias=_randn((1, N), seed=9)[0], activation="silu", out_dtype=torch.float32)
+    first = _mm(a, a_s, b, b_s, fn, **spec)
+    for _ in range(5):
+        assert_same(_mm(a, a_s, b, b_s, fn, **spec), first)
+
+
+def _counters_zero():
+    torch.cuda.synchronize()
+    for _, counters in launch._splitk.values():
+        assert not counters.any(), "a launch left a split-K counter set"
+
+
+@pytest.mark.parametrize("qdtype", QDTYPES)
+def test_scaled_mm_split_k_back_to_back(qdtype):
+    """Calls with different tiles, tile counts and split counts back to back on one stream, with no
+    synchronize between them, all come out right and leave every counter at zero: a counter left
+    set would make a later call finish a tile before all its partials are there."""
+    prof = _profile("real")
+    shapes = ((1, 2112, 7168), (16, 300, 5000), (4, 4096, 7168), (64, 7168, 2048), (1, 2112, 7168))
+    inputs = [_gemm_inputs(M, N, K, qdtype, seed=i) for i, (M, N, K) in enumerate(shapes)]
+    expect = [_mm(*x, ref.scaled_mm) for x in inputs]
+    assert any(_splits(*mnk, 128, prof)[1] > 1 for mnk in shapes)
+    for _ in range(2):
+        outs = [_mm(*x, lambda *t, **k: launch.scaled_mm(*t, **k, profile=prof)) for x in inputs]
+        for out, ref_out in zip(outs, expect):
+            assert rel_err(out, ref_out) <= GEMM_TOL[qdtype]
+        _counters_zero()
+
+
+@pytest.mark.parametrize("qdtype", QDTYPES)
+def test_scaled_mm_split_k_cuda_graph(qdtype):
+    """A captured split-K GEMM replays right, again and again, with new inputs each time. The
+    warm-up on the capture stream compiles the kernel and allocates that stream's workspace and
+    counters, so nothing in the graph zeroes the counters: each replay relies on the previous
+    launch having left them at zero."""
+    M, N, K = 1, 2112, 7168
+    prof = _profile("real")
+    assert _splits(M, N, K, 128, prof)[1] > 1
+    fn = lambda *x, **k: launch.scaled_mm(*x, **k, profile=prof)  # noqa: E731
+    static = [t.clone() for t in _gemm_inputs(M, N, K, qdtype, seed=0)]
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        _mm(*static, fn)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        out = _mm(*static, fn)
+    for seed in range(1, 4):
+        fresh = _gemm_inputs(M, N, K, qdtype, seed=seed)
+        for dst, src in zip(static, fresh):
+            dst.copy_(src)
+        graph.replay()
+        assert_same(out, _mm(*fresh, fn))
+    _counters_zero()

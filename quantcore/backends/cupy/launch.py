@@ -24,6 +24,7 @@ of 16 bytes.
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -41,7 +42,6 @@ _MMA_E4M3, _MMA_S8, _MMA_F16 = 0, 1, 2
 _QUANT_THREADS = 256  # kQuantThreads in blockquant.cuh
 _CACHE_FLOATS = 64  # register budget per thread for values kept between the amax and quantize passes
 _MAX_GRID = 65535
-_GEMM_BK = 64  # kBK in gemm.cu
 
 
 _streams: dict[tuple[int, int], object] = {}
@@ -246,38 +246,80 @@ def dequant_bias(g, scale_a, scale_b, bias, *, out_dtype, profile):
 
 
 # ---------------------------------------------------------------- GEMM
-
-# (BM, BN, WM, WN): thread-block tile and warp grid; every warp computes a 64 x 32 tile.
-_GEMM_TILES = {"m64": (64, 128, 1, 4), "m128": (128, 128, 2, 4)}
-
-
-def gemm_tile(M: int) -> tuple[int, int, int, int]:
-    """The tile for M rows: 64-row tiles for decode-sized M (less wasted MMA work), else 128."""
-    return _GEMM_TILES["m64" if M <= 64 else "m128"]
-
-
-def gemm_stages(tile: tuple[int, int, int, int], smem_per_block: int) -> tuple[int, int]:
-    """(STAGES, dynamic shared bytes): as many 64-byte-K stages (2..4) as the profile's opt-in shared
-    memory holds; the epilogue reuses the same memory for one warp row of fp32 results."""
-    bm, bn, wm, _ = tile
-    stage = (bm + bn) * _GEMM_BK
-    stages = max(2, min(4, (smem_per_block or 48 * 1024) // stage))
-    return stages, max(stages * stage, (bm // wm) * (bn + 8) * 4)
-
-
-def gemm_splits(M: int, N: int, K: int, block_k: int, tile, sm_count: int) -> int:
-    """K blocks per split-K slice: split only when the output tiles leave SMs idle (decode shapes)."""
-    tiles = math.ceil(M / tile[0]) * math.ceil(N / tile[1])
-    kblocks = math.ceil(K / block_k)
-    if tiles >= sm_count or kblocks < 2:
-        return max(1, kblocks)
-    return math.ceil(kblocks / min(kblocks, math.ceil(sm_count / tiles)))
+#
+# Schedule. A decode-sized GEMM (M <= 64) is bound by streaming the weight, N x K bytes, at the copy
+# bandwidth (H100: ~3.0 TB/s, i.e. ~23 GB/s or ~13 bytes per cycle per SM). Counting:
+#
+# * Tile: BM = 16, 32 or 64, the smallest that holds all M rows, so that the weight is read once (one
+#   row tile); the MMA rows wasted at M = 1 cost issue slots only. BN = 64 (4 warps of 16 columns)
+#   rather than 128: twice the N tiles, so half the splits and a quarter of the partial bytes the
+#   last split of a tile reads back (splits x M x BN x 4). BN = 128 when a re-quantize group is 128
+#   columns wide (a group must sit in one program).
+# * Stages of BK = 128 bytes of K (each row request is a whole 128-byte line), 1 + 32 KB / (BN x BK)
+#   of them: 32 KB of weight in flight per CTA, two CTAs per SM in shared memory, 64 KB per SM and
+#   8 MB over an H100, well above bandwidth x loaded latency (~3 MB at ~1 us).
+# * Issue: per 2 KB of weight a warp's main loop executes about 300 instructions (read off the SASS
+#   for FP8 on sm_90, where ptxas emulates the e4m3 mma.sync with fp16 HMMA; fewer for INT8), about
+#   1.9 of the SM's 4 per cycle at 13 bytes per cycle. Hence loader and scale pointers set up once
+#   and K-block bookkeeping by counting, no divisions in the loop.
+# * Grid: 2 x SMs programs, one wave. When the N tiles are fewer, K is split into equal ranges of
+#   whole K blocks, as many as fill the wave without exceeding it (a partial second wave would leave
+#   most of the memory system idle in its tail): 224 to 264 programs on issue 11's split shapes.
+# * The partials are summed in the same launch by the last split of each tile to arrive (gemm.cu):
+#   no second kernel and no [splits, M, N] round trip.
+#
+# Larger M uses a 128 x 128 tile of 8 warps with 64-byte stages, one CTA per SM (~240 registers), and
+# the same split rule at one program per SM.
 
 
-def gemm_kernel_name(kind: int, tile: tuple[int, int, int, int], stages: int, aligned: bool) -> str:
+class GemmTile(NamedTuple):
+    """A gemm.cu configuration: BM x BN tile, WM x WN warps, BK K bytes per stage, and the CTAs per
+    SM it is sized for (stage count and split-K grid)."""
+
+    bm: int
+    bn: int
+    wm: int
+    wn: int
+    bk: int
+    per_sm: int
+
+
+_LARGE_TILE = GemmTile(128, 128, 2, 4, 64, 1)
+_WEIGHT_IN_FLIGHT = 32 * 1024  # bytes of weight each CTA keeps loading (stages ahead of the MMAs)
+
+
+def gemm_tile(M: int, out_group: int | None = None) -> GemmTile:
+    """The tile for M rows: a decode tile holding all M <= 64 rows (BN = 64, or 128 when a
+    re-quantize group `out_group` is wider than 64 columns), else the 128 x 128 tile."""
+    if M > 64:
+        return _LARGE_TILE
+    bm = 16 if M <= 16 else 32 if M <= 32 else 64
+    return GemmTile(bm, 128 if out_group and out_group > 64 else 64, 1, 4, 128, 2)
+
+
+def gemm_stages(tile: GemmTile, smem_per_block: int) -> tuple[int, int]:
+    """(STAGES, dynamic shared bytes): enough stages to keep 32 KB of weight in flight, as many as
+    fit `tile.per_sm` CTAs in the profile's shared memory (at least 2); the epilogue reuses the same
+    memory for one warp row of fp32 results."""
+    stage = (tile.bm + tile.bn) * tile.bk
+    wanted = 1 + math.ceil(_WEIGHT_IN_FLIGHT / (tile.bn * tile.bk))
+    stages = max(2, min(wanted, (smem_per_block or 48 * 1024) // tile.per_sm // stage))
+    return stages, max(stages * stage, (tile.bm // tile.wm) * (tile.bn + 8) * 4)
+
+
+def gemm_splits(M: int, N: int, K: int, block_k: int, tile: GemmTile, sm_count: int) -> tuple[int, int]:
+    """(K blocks per split, splits): split K only when the output tiles are fewer than the resident
+    programs (`tile.per_sm` per SM), into as many equal ranges of whole K blocks as fill them."""
+    tiles = math.ceil(M / tile.bm) * math.ceil(N / tile.bn)
+    kblocks = max(1, math.ceil(K / block_k))
+    per_split = math.ceil(kblocks / max(1, min(kblocks, tile.per_sm * sm_count // tiles)))
+    return per_split, math.ceil(kblocks / per_split)
+
+
+def gemm_kernel_name(kind: int, tile: GemmTile, stages: int, aligned: bool) -> str:
     """The gemm.cu template instantiation for one configuration."""
-    bm, bn, wm, wn = tile
-    return f"qc::gemm_kernel<{kind}, {bm}, {bn}, {wm}, {wn}, {stages}, {'true' if aligned else 'false'}>"
+    bm, bn, wm, wn, bk, _ = tile
+    return f"qc::gemm_kernel<{kind}, {bm}, {bn}, {wm}, {wn}, {bk}, {stages}, {'true' if aligned else 'false'}>"
 
 
 def mma_kind(qdtype: torch.dtype, profile) -> int:
@@ -287,15 +329,47 @@ def mma_kind(qdtype: torch.dtype, profile) -> int:
     return _MMA_E4M3 if tuple(profile.compute_capability) >= (8, 9) else _MMA_F16
 
 
+# Split-K workspace and per-tile counters per (device index, stream): launches on one stream run in
+# order, so they can share them. Counters are zeroed once, when allocated; every launch leaves them
+# zero. Buffers only grow (at least doubling), and a replaced one is kept alive: a CUDA graph
+# captured earlier still points at it. The workspace needs at most 2 x SMs slots of BM x BN fp32
+# (~8.6 MB on an H100), the counters one int per tile.
+_splitk: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+_splitk_retired: list[torch.Tensor] = []
+
+
+def _grown(old: torch.Tensor | None, need: int, make) -> torch.Tensor:
+    """`old` if it holds `need` elements, else `make(n)` for n >= max(need, 2 x old's size)."""
+    if old is not None and old.numel() >= need:
+        return old
+    if old is None:
+        return make(need)
+    _splitk_retired.append(old)
+    return make(max(need, 2 * old.numel()))
+
+
+def _splitk_buffers(device: torch.device, floats: int, tiles: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(workspace of >= `floats` fp32, >= `tiles` int32 counters, all zero) for the current stream."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    key = (index, torch.cuda.current_stream(index).cuda_stream)
+    ws, counters = _splitk.get(key, (None, None))
+    ws = _grown(ws, floats, lambda n: torch.empty(n, dtype=torch.float32, device=device))
+    counters = _grown(counters, tiles, lambda n: torch.zeros(n, dtype=torch.int32, device=device))
+    _splitk[key] = (ws, counters)
+    return ws, counters
+
+
 def scaled_mm(a, a_scale, b, b_scale, *, block_n, block_k, bias, activation, out_dtype, out_quant,
               out_group, ue8m0_out, eps, profile):
-    """Block-scaled GEMM a @ b.T with the contract's epilogues.
+    """Block-scaled GEMM a @ b.T with the contract's epilogues, in one launch (split-K included).
 
     a [M, K] fp8/int8, a_scale [M, ceil(K/Bk)] fp32 (any strides), b [N, K] same dtype,
     b_scale [ceil(N/Bn), ceil(K/Bk)] fp32 (any strides), bias [N] float or None, activation
     None/"gelu"/"gelu_tanh"/"silu". Returns out [M, N] out_dtype (bf16/fp16/fp32), or with
     `out_quant` (q [M, N] out_quant, scale [M, ceil(N/out_group)] fp32). The registry guarantees
-    block_k % 32 == 0 and, when re-quantizing, out_group a power of two <= 128.
+    block_k % 32 == 0 and, when re-quantizing, out_group a power of two <= 128. When K is split,
+    the partials are summed in split order (docs/numerics.md), so results are bit-for-bit the same
+    from run to run on one device.
     """
     M, K = a.shape
     N = b.shape[0]
@@ -308,33 +382,28 @@ def scaled_mm(a, a_scale, b, b_scale, *, block_n, block_k, bias, activation, out
     if M == 0 or N == 0:
         return out if out_scale is None else (out, out_scale)
 
-    tile = gemm_tile(M)
-    bm, bn, wm, wn = tile
+    tile = gemm_tile(M, out_group if out_quant is not None else None)
     stages, smem = gemm_stages(tile, profile.smem_per_block)
     lda, ldb = _row_stride(a), _row_stride(b)
     aligned = all(v % 16 == 0 for v in (K, lda, ldb, a.data_ptr(), b.data_ptr()))
     kind = mma_kind(a.dtype, profile)
-    kb_per_split = gemm_splits(M, N, K, block_k, tile, max(1, profile.sm_count))
-    splits = max(1, math.ceil(math.ceil(K / block_k) / kb_per_split))
-    partial = torch.empty(splits, M, N, dtype=torch.float32, device=dev) if splits > 1 else None
+    kb_per_split, splits = gemm_splits(M, N, K, block_k, tile, max(1, profile.sm_count))
+    grid = (math.ceil(M / tile.bm), math.ceil(N / tile.bn), splits)
+    ws = counters = None
+    if splits > 1:
+        tiles = grid[0] * grid[1]
+        ws, counters = _splitk_buffers(dev, tiles * splits * tile.bm * tile.bn, tiles)
     bias32 = bias.to(torch.float32).contiguous() if bias is not None else None
 
     fn = _function("gemm.cu", gemm_kernel_name(kind, tile, stages, aligned), profile, dev, smem)
-    epilogue = (_i32(_ACTIVATION[activation]), _i32(_OUT_KIND[out.dtype]), _i32(out_group or 1),
-                _i32(bool(ue8m0_out)), np.float32(eps))
     args = (a.data_ptr(), _i64(lda), a_scale.data_ptr(), _i64(a_scale.stride(0)), _i64(a_scale.stride(1)),
             b.data_ptr(), _i64(ldb), b_scale.data_ptr(), _i64(b_scale.stride(0)), _i64(b_scale.stride(1)),
             _ptr(bias32), out.data_ptr(), _i64(N), _ptr(out_scale),
-            _i64(out_scale.stride(0) if out_scale is not None else 0), _i64(1), _ptr(partial),
-            _i32(M), _i32(N), _i32(K), _i32(block_n), _i32(block_k), _i32(kb_per_split * block_k), *epilogue)
-    grid = (math.ceil(M / bm), math.ceil(N / bn), splits)
-    _launch(fn, grid, (wm * wn * 32,), args, dev, smem)
-    if partial is not None:
-        fin = _function("gemm.cu", "qc::splitk_epilogue_kernel", profile, dev)
-        rows = 8
-        args = (partial.data_ptr(), _i32(splits), _ptr(bias32), out.data_ptr(), _i64(N), _ptr(out_scale),
-                _i64(out_scale.stride(0) if out_scale is not None else 0), _i64(1), _i32(M), _i32(N), *epilogue)
-        _launch(fin, (math.ceil(N / 256), math.ceil(M / rows)), (32, rows), args, dev)
+            _i64(out_scale.stride(0) if out_scale is not None else 0), _i64(1), _ptr(ws), _ptr(counters),
+            _i32(M), _i32(N), _i32(K), _i32(block_n), _i32(block_k), _i32(kb_per_split * block_k),
+            _i32(_ACTIVATION[activation]), _i32(_OUT_KIND[out.dtype]), _i32(out_group or 1),
+            _i32(bool(ue8m0_out)), np.float32(eps))
+    _launch(fn, grid, (tile.wm * tile.wn * 32,), args, dev, smem)
     return out if out_scale is None else (out, out_scale)
 
 

@@ -2,9 +2,9 @@
 // bias, activation, and a cast or a 1 x out_group re-quantize (docs/backend-contract.md).
 //
 // a [M, K] and b [N, K] are 8-bit (FP8 e4m3 or INT8), both K-contiguous. A thread block computes a
-// BM x BN tile with WM x WN warps; K advances 64 bytes per pipeline stage through a STAGES-deep ring
-// of shared-memory buffers filled with cp.async (sm_80+) or plain 16-byte loads (sm_75). Warps read
-// fragments with ldmatrix and run one of three tensor-core paths, chosen by KIND:
+// BM x BN tile with WM x WN warps; K advances BK (64 or 128) bytes per pipeline stage through a
+// STAGES-deep ring of shared-memory buffers filled with cp.async (sm_80+) or plain 16-byte loads
+// (sm_75). Warps read fragments with ldmatrix and run one of three tensor-core paths, chosen by KIND:
 //   kMmaE4M3  FP8 x FP8 -> fp32, mma.m16n8k32.e4m3 (sm_89+)
 //   kMmaS8    INT8 x INT8 -> exact int32, mma.m16n8k32.s8 (sm_80+) or 4 x mma.m8n8k16.s8 (sm_75)
 //   kMmaF16   FP8 on GPUs without FP8 MMA (sm_75..sm_86): each e4m3 byte becomes an fp16 equal to
@@ -13,14 +13,18 @@
 //             or mma.m16n8k8 (sm_75).
 // Every K block's dot product lives in its own accumulator and is folded into the fp32 result with
 // its two scales at the block's end, so block_k only has to be a multiple of the 32-wide MMA step.
+//
+// Split-K runs in the same launch: blockIdx.z takes a contiguous range of K blocks, every (split,
+// tile) program stores its fp32 partial tile in a workspace and counts itself in a per-tile counter;
+// the program that counts last sums the partials in split order 0, 1, ... (so the result does not
+// depend on which program finished last), runs the epilogue and sets the counter back to zero for
+// the next launch. launch.py explains the tile, stage and split choices.
 #include "common.cuh"
 
 namespace qc {
 
 enum MmaKind { kMmaE4M3 = 0, kMmaS8 = 1, kMmaF16 = 2 };
 enum OutKind { kOutF32 = 0, kOutBF16 = 1, kOutF16 = 2, kOutFp8 = 3, kOutInt8 = 4 };
-
-constexpr int kBK = 64;  // K bytes per pipeline stage: four 16-byte chunks per row
 
 template <bool C, class A, class B> struct Select { typedef A type; };
 template <class A, class B> struct Select<false, A, B> { typedef B type; };
@@ -29,16 +33,30 @@ template <class A, class B> struct Select<false, A, B> { typedef B type; };
 
 __device__ __forceinline__ u32 smem_addr(const void* p) { return (u32)__cvta_generic_to_shared(p); }
 
-// Rows are 64 bytes; XOR-ing the chunk with row bits 1..2 puts the 8 rows an ldmatrix phase reads
-// (and the 8 chunks a cp.async phase writes) in 8 different bank groups.
-__device__ __forceinline__ int swizzle(int row, int chunk) { return row * kBK + ((chunk ^ (row >> 1)) & 3) * 16; }
+// Keeps a loop-invariant 64-bit value in a register: NVVM otherwise recomputes such values (64-bit
+// products of kernel parameters) at every use inside the main loop.
+template <class T> __device__ __forceinline__ void pin(T& v) {
+  static_assert(sizeof(T) == 8, "64-bit values");
+  asm volatile("" : "+l"(v));
+}
 
-// Copies `valid` (0..16) bytes of a 16-byte chunk and zero-fills the rest. ALIGNED: src is 16-byte
-// aligned and valid is 0 or 16; otherwise bytes are read one by one.
+// A stage holds rows of BK bytes (64 or 128). XOR-ing the 16-byte chunk index with the row's index
+// among the 128-byte bank lines (row / 2 for 64-byte rows, row for 128-byte rows) puts the 8
+// consecutive rows an ldmatrix phase reads (and the chunks a cp.async phase writes) in 8 different
+// bank groups.
+template <int BK> __device__ __forceinline__ int swizzle(int row, int chunk) {
+  static_assert(BK == 64 || BK == 128, "stages are 64 or 128 bytes of K");
+  return row * BK + ((chunk ^ (row / (128 / BK))) & (BK / 16 - 1)) * 16;
+}
+
+// Copies `valid` (0..16) bytes of a 16-byte chunk and zero-fills the rest; src is read only when
+// valid > 0. ALIGNED: src is 16-byte aligned and valid is 0 or 16; otherwise bytes are read one by one.
 template <bool ALIGNED> __device__ __forceinline__ void copy_chunk(u8* dst, const u8* src, int valid) {
   if (ALIGNED) {
 #if __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(valid));
+    // The ignore-src predicate zero-fills without reading: no address select, no size arithmetic.
+    asm volatile("{\n.reg .pred z;\nsetp.eq.u32 z, %2, 0;\ncp.async.cg.shared.global [%0], [%1], 16, z;\n}\n"
+                 ::"r"(smem_addr(dst)), "l"(src), "r"(valid));
 #else
     *reinterpret_cast<uint4*>(dst) = valid ? *reinterpret_cast<const uint4*>(src) : make_uint4(0, 0, 0, 0);
 #endif
@@ -68,18 +86,38 @@ __device__ __forceinline__ void ldmatrix_x4(u32 (&r)[4], u32 addr) {
                : "r"(addr));
 }
 
-// Loads rows [row0, row0 + ROWS) x K bytes [k0, k0 + 64) of a K-contiguous matrix into one stage;
-// rows >= nrows and bytes >= kend read as zero.
-template <int ROWS, int THREADS, bool ALIGNED>
-__device__ __forceinline__ void load_rows(u8* dst, const u8* __restrict__ src, long long ld, int row0, int nrows,
-                                          int k0, int kend) {
-#pragma unroll
-  for (int c = threadIdx.x; c < ROWS * 4; c += THREADS) {
-    const int r = c >> 2, ch = c & 3, k = k0 + ch * 16;
-    const int valid = row0 + r < nrows ? min(max(kend - k, 0), 16) : 0;
-    copy_chunk<ALIGNED>(dst + swizzle(r, ch), valid ? src + (long long)(row0 + r) * ld + k : src, valid);
+// Copies rows [row0, row0 + ROWS) x K bytes [k0, k0 + BK) of a K-contiguous matrix into a stage;
+// rows >= nrows and bytes >= kend read as zero. THREADS is a multiple of a row's CH chunks, so a
+// thread always copies the same 16-byte column of rows r0, r0 + RSTEP, ...: one source pointer and
+// one shared offset, set up once (RSTEP is a multiple of 8 rows, which the swizzle repeats after).
+template <int ROWS, int BK, int THREADS, bool ALIGNED> struct RowLoader {
+  static constexpr int CH = BK / 16, RSTEP = THREADS / CH, ITERS = (ROWS + RSTEP - 1) / RSTEP;
+  static_assert(THREADS % CH == 0 && RSTEP % 8 == 0, "a thread's rows are 8-row multiples apart");
+  const u8* src;   // row r0, K byte kch
+  long long step;  // RSTEP rows
+  int r0, rows, dst, kch;  // first row; rows of the matrix from r0 on; shared offset; K offset
+
+  __device__ __forceinline__ RowLoader(const u8* base, long long ld, int row0, int nrows) {
+    r0 = threadIdx.x / CH;
+    kch = threadIdx.x % CH * 16;
+    src = base + (long long)(row0 + r0) * ld + kch;
+    step = RSTEP * ld;
+    pin(src);
+    pin(step);
+    rows = nrows - row0 - r0;
+    dst = swizzle<BK>(r0, kch / 16);
   }
-}
+
+  __device__ __forceinline__ void load(u8* stage, int k0, int kend) const {
+    const int kvalid = min(max(kend - k0 - kch, 0), 16);
+    const u8* p = src + k0;
+#pragma unroll
+    for (int i = 0; i < ITERS; ++i, p += step) {
+      if (ROWS % RSTEP != 0 && r0 + i * RSTEP >= ROWS) break;
+      copy_chunk<ALIGNED>(stage + dst + i * RSTEP * BK, p, i * RSTEP < rows ? kvalid : 0);
+    }
+  }
+};
 
 // ---------------------------------------------------------------- tensor-core steps
 
@@ -257,17 +295,32 @@ __device__ __forceinline__ void finish_chunk(const Epilogue& e, int m, int n, fl
   }
 }
 
+// ---------------------------------------------------------------- split-K partials
+
+// 8 consecutive floats through L2 only (st.cg / ld.cg): partials are written by one SM and read by
+// another within the launch, so the reader must not be served by its own L1. p is 32-byte aligned.
+__device__ __forceinline__ void store_cg8(float* p, const float (&v)[8]) {
+  __stcg(reinterpret_cast<float4*>(p), make_float4(v[0], v[1], v[2], v[3]));
+  __stcg(reinterpret_cast<float4*>(p) + 1, make_float4(v[4], v[5], v[6], v[7]));
+}
+
+__device__ __forceinline__ void load_cg8(const float* p, float (&v)[8]) {
+  const float4 x = __ldcg(reinterpret_cast<const float4*>(p)), y = __ldcg(reinterpret_cast<const float4*>(p) + 1);
+  v[0] = x.x, v[1] = x.y, v[2] = x.z, v[3] = x.w, v[4] = y.x, v[5] = y.y, v[6] = y.z, v[7] = y.w;
+}
+
 // ---------------------------------------------------------------- the GEMM
 
-// blockIdx.z takes K range [z * k_split, (z + 1) * k_split) (k_split a multiple of block_k). With
-// partial == null the tile is finished in place; otherwise its raw fp32 sums go to
-// partial[z, M, N] and splitk_epilogue_kernel finishes them.
-template <int KIND, int BM, int BN, int WM, int WN, int STAGES, bool ALIGNED>
+// blockIdx.z takes K range [z * k_split, (z + 1) * k_split) (k_split a multiple of block_k). With one
+// split (gridDim.z == 1) the tile is finished in place. Otherwise ws holds a BM x BN fp32 slot per
+// (tile, split), tile-major (rows past M are never touched), and counters one int per tile
+// (gridDim.x * gridDim.y of them), all zero at launch; the launch leaves them zero again.
+template <int KIND, int BM, int BN, int WM, int WN, int BK, int STAGES, bool ALIGNED>
 __global__ void __launch_bounds__(WM * WN * 32)
 gemm_kernel(const u8* __restrict__ a, long long lda, const float* __restrict__ as, long long as_m, long long as_k,
             const u8* __restrict__ b, long long ldb, const float* __restrict__ bs, long long bs_n, long long bs_k,
             const float* __restrict__ bias, void* __restrict__ out, long long ldo, float* __restrict__ out_scale,
-            long long os_m, long long os_n, float* __restrict__ partial, int M, int N, int K, int block_n,
+            long long os_m, long long os_n, float* ws, int* counters, int M, int N, int K, int block_n,
             int block_k, int k_split, int act, int out_kind, int out_group, int ue8m0_out, float eps) {
   static_assert(KIND != kMmaE4M3 || __CUDA_ARCH__ >= 890, "FP8 tensor-core MMA needs sm_89 or newer");
   typedef Mma<KIND> MMA;
@@ -279,18 +332,20 @@ gemm_kernel(const u8* __restrict__ a, long long lda, const float* __restrict__ a
 
   extern __shared__ __align__(16) u8 smem[];
   u8* const sA = smem;
-  u8* const sB = smem + STAGES * BM * kBK;
+  u8* const sB = smem + STAGES * BM * BK;
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wm = warp / WN, wn = warp % WN, g = lane >> 2, t = lane & 3;
   const int m0 = blockIdx.x * BM, n0 = blockIdx.y * BN;
   const int kz0 = blockIdx.z * k_split, kz1 = min(K, kz0 + k_split);
-  const int KT = (kz1 - kz0 + kBK - 1) / kBK;
+  const int KT = (kz1 - kz0 + BK - 1) / BK;
 
+  const RowLoader<BM, BK, THREADS, ALIGNED> load_a(a, lda, m0, M);
+  const RowLoader<BN, BK, THREADS, ALIGNED> load_b(b, ldb, n0, N);
   auto load_tile = [&](int kt) {
-    const int stage = kt % STAGES, k0 = kz0 + kt * kBK;
-    load_rows<BM, THREADS, ALIGNED>(sA + stage * BM * kBK, a, lda, m0, M, k0, kz1);
-    load_rows<BN, THREADS, ALIGNED>(sB + stage * BN * kBK, b, ldb, n0, N, k0, kz1);
+    const int stage = kt % STAGES, k0 = kz0 + kt * BK;
+    load_a.load(sA + stage * BM * BK, k0, kz1);
+    load_b.load(sB + stage * BN * BK, k0, kz1);
   };
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) {
@@ -298,15 +353,25 @@ gemm_kernel(const u8* __restrict__ a, long long lda, const float* __restrict__ a
     cp_async_commit();
   }
 
-  // b_scale row of each accumulator column (-1 past N): block_n is arbitrary, so columns of one
-  // tile may use different scale rows.
-  int bcol[NT][2];
+  // Scale rows of this thread's accumulator rows and columns, at K block 0 (null past M or N).
+  // block_n is arbitrary, so columns of one tile may use different b_scale rows.
+  const float* ap[MT][2];
+  const float* bp[NT][2];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int m = m0 + wm * WTM + mt * 16 + g + 8 * h;
+      ap[mt][h] = m < M ? as + m * as_m : nullptr;
+      pin(ap[mt][h]);
+    }
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
       const int n = n0 + wn * WTN + nt * 8 + 2 * t + j;
-      bcol[nt][j] = n < N ? n / block_n : -1;
+      bp[nt][j] = n < N ? bs + n / block_n * bs_n : nullptr;
+      pin(bp[nt][j]);
     }
 
   float acc[MT][NT][4];
@@ -319,31 +384,31 @@ gemm_kernel(const u8* __restrict__ a, long long lda, const float* __restrict__ a
 #pragma unroll
       for (int i = 0; i < 4; ++i) acc[mt][nt][i] = 0.f, blk[mt][nt][i] = 0;
 
+  // Position in K blocks, kept by counting (k_split is a multiple of block_k, so kz0 starts a
+  // block): kin bytes of the current block are behind the step; ao and bo are its scale offsets.
+  int kin = 0;
+  long long ao = kz0 / block_k * as_k, bo = kz0 / block_k * bs_k;
   for (int kt = 0; kt < KT; ++kt) {
     cp_async_wait<STAGES - 2>();
     __syncthreads();  // stage kt landed for everyone; stage kt - 1 is free to refill
     if (kt + STAGES - 1 < KT) load_tile(kt + STAGES - 1);
     cp_async_commit();
-    const u8* tA = sA + (kt % STAGES) * BM * kBK;
-    const u8* tB = sB + (kt % STAGES) * BN * kBK;
+    const u8* tA = sA + (kt % STAGES) * BM * BK;
+    const u8* tB = sB + (kt % STAGES) * BN * BK;
 
 #pragma unroll
-    for (int ks = 0; ks < kBK / 32; ++ks) {
-      const int k = kz0 + kt * kBK + ks * 32;
+    for (int ks = 0; ks < BK / 32; ++ks) {
+      const int k = kz0 + kt * BK + ks * 32;
       if (k >= kz1) break;
-      if (k % block_k == 0) {  // first step of a K block: fetch its scales, used at its end
-        const int kb = k / block_k;
+      if (kin == 0) {  // first step of a K block: fetch its scales, used at its end
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const int m = m0 + wm * WTM + mt * 16 + g + 8 * h;
-            sa[mt][h] = m < M ? as[m * as_m + kb * as_k] : 0.f;
-          }
+          for (int h = 0; h < 2; ++h) sa[mt][h] = ap[mt][h] ? __ldg(ap[mt][h] + ao) : 0.f;
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-          for (int j = 0; j < 2; ++j) sb[nt][j] = bcol[nt][j] >= 0 ? bs[bcol[nt][j] * bs_n + kb * bs_k] : 0.f;
+          for (int j = 0; j < 2; ++j) sb[nt][j] = bp[nt][j] ? __ldg(bp[nt][j] + bo) : 0.f;
       }
 
       u32 af[MT][MMA::AR];
@@ -351,14 +416,14 @@ gemm_kernel(const u8* __restrict__ a, long long lda, const float* __restrict__ a
       for (int mt = 0; mt < MT; ++mt) {
         u32 raw[4];
         const int r = wm * WTM + mt * 16 + (lane & 15);
-        ldmatrix_x4(raw, smem_addr(tA + swizzle(r, ks * 2 + (lane >> 4))));
+        ldmatrix_x4(raw, smem_addr(tA + swizzle<BK>(r, ks * 2 + (lane >> 4))));
         MMA::prep_a(raw, af[mt]);
       }
 #pragma unroll
       for (int np = 0; np < NT; np += 2) {
         u32 raw[4], bf0[MMA::BR], bf1[MMA::BR];
         const int r = wn * WTN + np * 8 + (lane >> 4) * 8 + (lane & 7);
-        ldmatrix_x4(raw, smem_addr(tB + swizzle(r, ks * 2 + ((lane >> 3) & 1))));
+        ldmatrix_x4(raw, smem_addr(tB + swizzle<BK>(r, ks * 2 + ((lane >> 3) & 1))));
         MMA::prep_b(raw[0], raw[1], bf0);
         MMA::prep_b(raw[2], raw[3], bf1);
 #pragma unroll
@@ -368,7 +433,8 @@ gemm_kernel(const u8* __restrict__ a, long long lda, const float* __restrict__ a
         }
       }
 
-      if ((k + 32) % block_k == 0 || k + 32 >= kz1) {  // last step of a K block: scale it in
+      kin += 32;
+      if (kin == block_k || k + 32 >= kz1) {  // last step of a K block: scale it in
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -379,18 +445,21 @@ gemm_kernel(const u8* __restrict__ a, long long lda, const float* __restrict__ a
               acc[mt][nt][i] = __fadd_rn(acc[mt][nt][i], d);
               blk[mt][nt][i] = 0;
             }
+        kin = 0;
+        ao += as_k;
+        bo += bs_k;
       }
     }
   }
 
-  // Epilogue through shared memory, one warp row at a time, so that each thread finishes 8
-  // consecutive columns of a row: wide stores, and re-quantize groups on neighbouring lanes.
+  // Epilogue through shared memory, one warp row at a time, so that each thread holds 8 consecutive
+  // columns of a row: wide stores, and re-quantize groups on neighbouring lanes. The loops run once
+  // per program and are kept rolled (finish_chunk is large).
   cp_async_wait<0>();
   __syncthreads();
   float* const tile = reinterpret_cast<float*>(smem);
   constexpr int LDT = BN + 8;  // the padding spreads a warp's float2 writes over all banks
-  const Epilogue e{bias, out, ldo, out_scale, os_m, os_n, M, N, act, out_kind, out_group, ue8m0_out, eps};
-  for (int pass = 0; pass < WM; ++pass) {
+  auto stage_rows = [&](int pass) {  // warp row `pass` -> tile; callers synchronize around it
     if (wm == pass) {
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt)
@@ -401,47 +470,68 @@ gemm_kernel(const u8* __restrict__ a, long long lda, const float* __restrict__ a
             *reinterpret_cast<float2*>(tile + (mt * 16 + g + 8 * h) * LDT + wn * WTN + nt * 8 + 2 * t) =
                 make_float2(acc[mt][nt][2 * h], acc[mt][nt][2 * h + 1]);
     }
-    __syncthreads();
-#pragma unroll
-    for (int r = tid / CPR; r < WTM; r += RPI) {
-      const int m = m0 + pass * WTM + r, c = (tid % CPR) * 8;
-      float v[8];
-      load_vec(tile + r * LDT + c, v);
-      if (partial) {
-        if (m < M) store_chunk(partial + ((long long)blockIdx.z * M + m) * N, n0 + c, N, (N & 7) == 0, v);
-      } else {
-        finish_chunk(e, m, n0 + c, v);
-      }
-    }
-    __syncthreads();
-  }
-}
+  };
+  const int splits = gridDim.z, tile_id = blockIdx.y * gridDim.x + blockIdx.x, c = (tid % CPR) * 8;
+  constexpr long long SLOT = (long long)BM * BN;  // floats per (tile, split) partial
+  float* const parts = ws + (long long)tile_id * splits * SLOT;  // this tile's partials, split-major
 
-// Sums the split-K partials [splits, M, N] in split order and finishes them. Block (32, rows): lane
-// x takes columns 8 * (32 * blockIdx.x + x) .. +7 of row blockIdx.y * blockDim.y + y.
-__global__ void splitk_epilogue_kernel(const float* __restrict__ partial, int splits, const float* __restrict__ bias,
-                                       void* __restrict__ out, long long ldo, float* __restrict__ out_scale,
-                                       long long os_m, long long os_n, int M, int N, int act, int out_kind,
-                                       int out_group, int ue8m0_out, float eps) {
-  const int n = (blockIdx.x * 32 + threadIdx.x) * 8, m = blockIdx.y * blockDim.y + threadIdx.y;
-  float v[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-  if (m < M) {
-    for (int z = 0; z < splits; ++z) {
-      const float* row = partial + ((long long)z * M + m) * N;
-      if ((N & 7) == 0 && n + 8 <= N) {
-        float p[8];
-        load_vec(row + n, p);
-#pragma unroll
-        for (int j = 0; j < 8; ++j) v[j] += p[j];
-      } else {
-#pragma unroll
-        for (int j = 0; j < 8; ++j)
-          if (n + j < N) v[j] += row[n + j];
+  if (splits > 1) {
+    for (int pass = 0; pass < WM; ++pass) {
+      stage_rows(pass);
+      __syncthreads();
+#pragma unroll 1
+      for (int r = tid / CPR; r < WTM; r += RPI) {
+        const int row = pass * WTM + r;
+        if (m0 + row < M) {
+          float v[8];
+          load_vec(tile + r * LDT + c, v);
+          store_cg8(parts + blockIdx.z * SLOT + row * BN + c, v);
+        }
+      }
+      __syncthreads();
+    }
+    // Count this split in. The barrier above ordered every thread's partial before thread 0's
+    // fence, which makes them visible at GPU scope before the count; the last to count, after its
+    // own fence and the barrier below, sees every split's partial.
+    int last = 0;
+    if (tid == 0) {
+      __threadfence();
+      last = atomicAdd(counters + tile_id, 1) == splits - 1;
+      if (last) {
+        counters[tile_id] = 0;  // every split has counted: no one touches it again in this launch
+        __threadfence();
       }
     }
+    if (!__syncthreads_or(last)) return;
   }
+
+  // Finish the tile: from the registers (through shared memory), or, in the last split to count,
+  // from the sum of the partials in split order 0, 1, ..., whichever split that is.
   const Epilogue e{bias, out, ldo, out_scale, os_m, os_n, M, N, act, out_kind, out_group, ue8m0_out, eps};
-  finish_chunk(e, m, n, v);
+  for (int pass = 0; pass < WM; ++pass) {
+    if (splits == 1) {
+      stage_rows(pass);
+      __syncthreads();
+    }
+#pragma unroll 1
+    for (int r = tid / CPR; r < WTM; r += RPI) {
+      const int row = pass * WTM + r;
+      float v[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+      if (splits == 1) {
+        load_vec(tile + r * LDT + c, v);
+      } else if (m0 + row < M) {
+#pragma unroll 8  // loads of 8 splits in flight: one L2 round trip for most tiles
+        for (int z = 0; z < splits; ++z) {
+          float p[8];
+          load_cg8(parts + z * SLOT + row * BN + c, p);
+#pragma unroll
+          for (int j = 0; j < 8; ++j) v[j] = __fadd_rn(v[j], p[j]);
+        }
+      }
+      finish_chunk(e, m0 + row, n0 + c, v);
+    }
+    if (splits == 1) __syncthreads();  // the next pass rewrites the tile
+  }
 }
 
 }  // namespace qc
