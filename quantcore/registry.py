@@ -75,7 +75,7 @@ _local = threading.local()
 @contextlib.contextmanager
 def priority(*backends: str) -> Iterator[None]:
     """Within the block, automatic selection tries `backends` in this order (reference last)."""
-    _check_names(backends)
+    _check_names(backends, "priority")
     stack = _local.__dict__.setdefault("stack", [])
     stack.append(tuple(backends))
     try:
@@ -84,11 +84,16 @@ def priority(*backends: str) -> Iterator[None]:
         stack.pop()
 
 
-def _check_names(names: Sequence[str]) -> None:
+def _check_names(names: Sequence, argument: str = "backend") -> None:
+    """Every entry names a known backend ("triton") or one of its variants ("torch[cublas]")."""
     known = set(BACKEND_PACKAGES) | {i.backend for i in _registered}
+    not_str = [n for n in names if not isinstance(n, str)]
+    if not_str:
+        raise InvalidInputError(f"{argument}: backend names must be str, got {not_str!r}; "
+                                f"expected names among {sorted(known)}")
     bad = [n for n in names if n.partition("[")[0] not in known]
     if bad:
-        raise InvalidInputError(f"backend: unknown {bad}; expected names among {sorted(known)}")
+        raise InvalidInputError(f"{argument}: unknown {bad}; expected names among {sorted(known)}")
 
 
 def priority_state() -> tuple:
@@ -194,6 +199,9 @@ def _resolve_choice(query: Query, backend: BackendChoice) -> tuple[str | None, t
     if isinstance(backend, str):
         _check_names([backend])
         return backend, ()
+    if not isinstance(backend, (list, tuple)):
+        raise InvalidInputError(f"backend: expected None, \"auto\", a backend name or a list/tuple of names "
+                                f"(a priority order), got {backend!r} ({type(backend).__name__})")
     names = tuple(backend)
     _check_names(names)
     return None, _with_reference(names)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from quantcore import InvalidInputError, NonFiniteInputError, UnsupportedError, explain, ops
+from quantcore import InvalidInputError, NonFiniteInputError, UnsupportedError, explain, ops, priority, simulate
 
 F8, I8 = torch.float8_e4m3fn, torch.int8
 x = torch.randn(4, 256)
@@ -15,6 +15,11 @@ w = torch.randn(256, 256)
 wq = w.to(F8)
 ws = torch.ones(2, 2)
 g = torch.randn(4, 256)
+
+
+def enter(context) -> None:
+    with context:
+        pass
 
 BAD = [
     # (id, call, message fragment)
@@ -68,6 +73,16 @@ BAD = [
     ("quantized_gelu-scale", lambda: ops.quantized_gelu(q8, torch.ones(4, 1)), "scale has shape (4, 1)"),
     ("explain-unknown-op", lambda: explain("fp8_gemm", x), "unknown op 'fp8_gemm'"),
     ("unknown-backend", lambda: ops.act_quant(x, backend="cutlass"), "backend: unknown ['cutlass']"),
+    ("backend-int", lambda: ops.act_quant(x, backend=5), "backend: expected None, \"auto\", a backend name"),
+    ("backend-bytes", lambda: ops.act_quant(x, backend=b"torch"), "backend: expected None"),
+    ("backend-set", lambda: ops.act_quant(x, backend={"torch"}), "a list/tuple of names"),
+    ("backend-list-of-int", lambda: ops.act_quant(x, backend=["torch", 5]), "backend: backend names must be str"),
+    ("priority-int", lambda: enter(priority(5)), "priority: backend names must be str, got [5]"),
+    ("simulate-none", lambda: enter(simulate(None)), "simulate: the profile name must be a str"),
+    ("act_quant-check-finite-str", lambda: ops.act_quant(x, check_finite="no"),
+     "act_quant: check_finite must be True or False, got 'no'"),
+    ("weight_quant-check-finite-int", lambda: ops.weight_quant(w, check_finite=1),
+     "weight_quant: check_finite must be True or False, got 1"),
 ]
 
 

@@ -83,6 +83,13 @@ def eps(op: str, value: Any) -> float:
     return float(value)
 
 
+def flag(op: str, name: str, value: Any) -> bool:
+    """A real bool: a truthy stand-in such as "no" or 1 would silently mean True."""
+    if not isinstance(value, bool):
+        raise fail(op, f"{name} must be True or False, got {value!r} ({type(value).__name__})")
+    return value
+
+
 def scale_fmt(op: str, value: Any) -> bool:
     """True for "ue8m0" (power-of-two scales), False for "fp32"."""
     if value not in SCALE_FORMATS:

@@ -23,7 +23,7 @@ def act_quant(x, *, dtype=torch.float8_e4m3fn, group_size=DEFAULT_GROUP, scale_f
     ue8m0 = checks.scale_fmt(op, scale_fmt)
     floor = checks.eps(op, eps)
     layout = checks.choice(op, "scale_layout", scale_layout, SCALE_LAYOUTS)
-    if check_finite:
+    if checks.flag(op, "check_finite", check_finite):
         checks.finite(op, "x", x)
     lead, K = x.shape[:-1], x.shape[-1]
     x2 = checks.rows(x)
@@ -66,7 +66,7 @@ def weight_quant(w, *, dtype=torch.float8_e4m3fn, block_size=DEFAULT_BLOCK, scal
     bn, bk = checks.block_pair(op, block_size)
     ue8m0 = checks.scale_fmt(op, scale_fmt)
     floor = checks.eps(op, eps)
-    if check_finite:
+    if checks.flag(op, "check_finite", check_finite):
         checks.finite(op, "w", w)
     profile = capability.profile_for(w.device)
     return Prepared(
