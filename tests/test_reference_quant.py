@@ -88,6 +88,19 @@ def test_zero_blocks_get_the_eps_scale(qdtype):
 
 
 @pytest.mark.parametrize("qdtype", QDTYPES)
+@pytest.mark.parametrize("eps", [1e-40, 3e38])
+def test_eps_at_the_ends_of_its_range_gives_finite_scales(gen, qdtype, eps):
+    # The floor is used in fp32: a subnormal or near-overflow eps still gives a positive finite scale.
+    x = randn((3, 256), gen=gen)
+    x[0] = 0
+    q, s = ops.act_quant(x, dtype=qdtype, eps=eps, backend="torch")
+    assert bool(torch.isfinite(s).all()) and bool((s > 0).all()) and not q.float().isnan().any()
+    eq, es = oracle.act_quant(x, qdtype, 128, eps=eps)
+    assert_same_q(q, eq)
+    assert_same_scale(s, es)
+
+
+@pytest.mark.parametrize("qdtype", QDTYPES)
 def test_non_finite_blocks_are_confined(gen, qdtype):
     x = randn((4, 384), gen=gen)
     x[0, 5] = float("nan")

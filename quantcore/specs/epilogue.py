@@ -59,7 +59,7 @@ def quantized_gelu(q, scale, *, group_size=DEFAULT_GROUP, approximate="none", ou
     approx = checks.choice(op, "approximate", approximate, GELU_APPROXIMATIONS)
     out_fmt = fmt if out_dtype is None else checks.quant_format(op, "out_dtype", out_dtype, q.device)
     ue8m0 = checks.scale_fmt(op, scale_fmt)
-    floor = checks.eps(op, eps)
+    floor = checks.eps(op, eps, out_fmt.qmax)
     checks.same_device(op, q=q, scale=scale)
     lead, K = q.shape[:-1], q.shape[-1]
     checks.shape(op, "scale", scale, (*lead, math.ceil(K / group)), f"one fp32 scale per 1x{group} group of q")

@@ -51,9 +51,11 @@ def scaled_mm(a, a_scale, b, b_scale, bias=None, *, activation=None, out_dtype=t
     out_fmt = None
     group = checks.positive_int(op, "out_group_size", out_group_size)
     ue8m0_out = checks.scale_fmt(op, out_scale_fmt)
-    floor = checks.eps(op, eps)
     if out_quant is not None:
         out_fmt = checks.quant_format(op, "out_quant", out_quant, a.device)
+    # eps floors the re-quantized output's scales; without out_quant it is unused but checked all the same,
+    # against the operands' format.
+    floor = checks.eps(op, eps, (out_fmt or fmt).qmax)
     a2 = checks.rows(a)
     blocks = (bn, bk) + ((group,) if out_fmt else ())
     profile = capability.profile_for(a.device)

@@ -21,7 +21,7 @@ def act_quant(x, *, dtype=torch.float8_e4m3fn, group_size=DEFAULT_GROUP, scale_f
     fmt = checks.quant_format(op, "dtype", dtype, x.device)
     group = checks.positive_int(op, "group_size", group_size)
     ue8m0 = checks.scale_fmt(op, scale_fmt)
-    floor = checks.eps(op, eps)
+    floor = checks.eps(op, eps, fmt.qmax)
     layout = checks.choice(op, "scale_layout", scale_layout, SCALE_LAYOUTS)
     if checks.flag(op, "check_finite", check_finite):
         checks.finite(op, "x", x)
@@ -65,7 +65,7 @@ def weight_quant(w, *, dtype=torch.float8_e4m3fn, block_size=DEFAULT_BLOCK, scal
     fmt = checks.quant_format(op, "dtype", dtype, w.device)
     bn, bk = checks.block_pair(op, block_size)
     ue8m0 = checks.scale_fmt(op, scale_fmt)
-    floor = checks.eps(op, eps)
+    floor = checks.eps(op, eps, fmt.qmax)
     if checks.flag(op, "check_finite", check_finite):
         checks.finite(op, "w", w)
     profile = capability.profile_for(w.device)
