@@ -180,6 +180,44 @@ def test_round_trip_error_is_within_half_a_step(gen):
     assert ((y - x).abs() <= step / 2 + 1e-6).all()
 
 
+HUGE = 2**31  # a valid group size: padding a block to it would allocate gigabytes
+
+
+@pytest.mark.parametrize("qdtype", QDTYPES)
+def test_blocks_larger_than_the_dimension_are_the_dimension(gen, qdtype):
+    x = randn((2, 10), gen=gen)
+    q, s = ops.act_quant(x, dtype=qdtype, group_size=HUGE, backend="torch")
+    eq, es = ops.act_quant(x, dtype=qdtype, group_size=10, backend="torch")
+    assert s.shape == (2, 1)
+    assert_same_q(q, eq)
+    assert_same_scale(s, es)
+    assert torch.equal(ops.act_dequant(q, s, group_size=HUGE, backend="torch"),
+                       ops.act_dequant(q, s, group_size=10, backend="torch"))
+    g, gs = ops.quantized_gelu(q, s, group_size=HUGE, backend="torch")
+    eg, egs = ops.quantized_gelu(q, s, group_size=10, backend="torch")
+    assert_same_q(g, eg)
+    assert_same_scale(gs, egs)
+    w = randn((3, 5), gen=gen)
+    wq, ws = ops.weight_quant(w, dtype=qdtype, block_size=(HUGE, 2**40), backend="torch")
+    ewq, ews = ops.weight_quant(w, dtype=qdtype, block_size=(3, 5), backend="torch")
+    assert ws.shape == (1, 1)
+    assert_same_q(wq, ewq)
+    assert_same_scale(ws, ews)
+    assert torch.equal(ops.weight_dequant(wq, ws, block_size=(HUGE, HUGE), backend="torch"),
+                       ops.weight_dequant(wq, ws, block_size=(3, 5), backend="torch"))
+
+
+def test_gemm_blocks_larger_than_the_dimension_are_the_dimension(gen):
+    a, a_s = ops.act_quant(randn((2, 10), gen=gen), dtype=torch.int8, group_size=HUGE, backend="torch")
+    b, b_s = ops.weight_quant(randn((3, 10), gen=gen), dtype=torch.int8, block_size=(HUGE, HUGE), backend="torch")
+    for out_quant in (None, torch.int8):
+        kw = dict(out_quant=out_quant, out_dtype=torch.float32, activation="silu", backend="torch")
+        got = ops.scaled_mm(a, a_s, b, b_s, block_size=(HUGE, HUGE), out_group_size=HUGE, **kw)
+        expected = ops.scaled_mm(a, a_s, b, b_s, block_size=(3, 10), out_group_size=3, **kw)
+        for t, e in zip(got if out_quant else (got,), expected if out_quant else (expected,)):
+            assert torch.equal(t, e)
+
+
 def test_empty_rows_give_empty_outputs():
     q, s = ops.act_quant(torch.randn(0, 256))
     assert q.shape == (0, 256) and s.shape == (0, 2)

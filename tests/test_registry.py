@@ -145,6 +145,18 @@ def test_selection_is_cached():
     assert registry._select_cached.cache_info().hits == before + 1
 
 
+@pytest.mark.parametrize("label,limit", [("triton", 256), ("cupy", 2**31 - 1)])
+def test_gemm_k_blocks_beyond_what_kernels_tile_are_refused(label, limit):
+    """A K block of 2^31 would be Triton's K tile (and overflow CuPy's int argument): refused, so the
+    registry falls back to the reference, which loops over K blocks without padding."""
+    bk = 2**31
+    q = Query("scaled_mm", capability.simulated_profile("sm90"), "int8", None, (128, bk), nk=(64, 100), block_k=bk)
+    impl = next(i for i in registry.impls("scaled_mm") if i.label == label)
+    assert f"the K block must be at most {limit}, got {bk}" in impl.not_supported_reasons(q)
+    ok = Query("scaled_mm", q.profile, "int8", None, (128, 128), nk=(64, 100), block_k=128)
+    assert not any("K block" in r for r in impl.not_supported_reasons(ok))
+
+
 def test_gemm_block_constraints_are_data():
     q = Query("scaled_mm", capability.simulated_profile("sm90"), "fp8_e4m3", "int8", (128, 48, 256),
               block_k=48, out_group=256)

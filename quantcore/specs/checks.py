@@ -70,6 +70,13 @@ def positive_int(op: str, name: str, value: Any) -> int:
     return value
 
 
+def within(block: int, size: int) -> int:
+    """The block a kernel needs for a dimension of `size` >= 1: a larger block is the whole dimension,
+    with the same single scale per block row, so it must cost what the dimension costs (a kernel or the
+    reference would otherwise pad to, and allocate, the requested size)."""
+    return min(block, size)
+
+
 def block_pair(op: str, value: Any) -> tuple[int, int]:
     """A (Bn, Bk) weight block shape."""
     if not isinstance(value, (tuple, list)) or len(value) != 2:

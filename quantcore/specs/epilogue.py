@@ -68,7 +68,7 @@ def quantized_gelu(q, scale, *, group_size=DEFAULT_GROUP, approximate="none", ou
 
     return Prepared(
         Query(op, profile, fmt.name, out_fmt.name, (group,), m_bucket(q2.shape[0])),
-        dict(q=q2, scale=scale.reshape(-1, scale.shape[-1]), group_size=group, approximate=approx,
+        dict(q=q2, scale=scale.reshape(-1, scale.shape[-1]), group_size=checks.within(group, K), approximate=approx,
              out_qdtype=out_fmt.dtype, ue8m0=ue8m0, eps=floor, profile=profile),
         leading(lead), empty=q2.shape[0] == 0,
     )

@@ -65,7 +65,7 @@ def scaled_mm(a, a_scale, b, b_scale, bias=None, *, activation=None, out_dtype=t
               block_k=bk, out_group=group if out_fmt else 0,
               fused=bias is not None or act is not None or out_fmt is not None),
         dict(a=a2, a_scale=a_scale.reshape(-1, kb), b=checks.last_dim_contiguous(b), b_scale=b_scale,
-             block_n=bn, block_k=bk, bias=bias, activation=act, out_dtype=out,
+             block_n=checks.within(bn, N), block_k=bk, bias=bias, activation=act, out_dtype=out,
              out_quant=out_fmt.dtype if out_fmt else None, out_group=group, ue8m0_out=ue8m0_out, eps=floor,
              profile=profile),
         leading(lead), empty=a2.shape[0] == 0,

@@ -25,6 +25,7 @@ triton = pytest.importorskip("triton")
 import triton.language as tl  # noqa: E402
 
 from helpers import randn  # noqa: E402
+from quantcore import ops  # noqa: E402
 from quantcore.backends import torch as ref  # noqa: E402
 from quantcore.backends.triton import configs, launch  # noqa: E402
 from quantcore.backends.triton.kernels.cast import bf16_encode  # noqa: E402
@@ -281,6 +282,28 @@ def test_whole_block_tensors_take_the_unmasked_path(gen, qdtype, shape, block):
     assert_bits_equal(s, es)
     got = launch.weight_dequant(q, s, block_n=block[0], block_k=block[1], out_dtype=torch.float32, profile=SM90)
     assert_bits_equal(got, ref.weight_dequant(q, s, block_n=block[0], block_k=block[1], out_dtype=torch.float32))
+
+
+@pytest.mark.parametrize("qdtype", QDTYPES)
+def test_blocks_larger_than_the_dimension_tile_the_dimension(gen, qdtype):
+    """A 2^31 group would be padded to a 2^31-element tile; the op hands the kernel the dimension."""
+    huge = 2**31
+    x = randn((2, 10), gen=gen)
+    q, s = ops.act_quant(x, dtype=qdtype, group_size=huge, backend="triton")
+    eq, es = ref.act_quant(x, qdtype=qdtype, group_size=10, ue8m0=False, eps=1e-4, scale_m_major=False)
+    assert_codes_equal(q, eq)
+    assert_bits_equal(s, es)
+    assert_bits_equal(ops.act_dequant(q, s, group_size=huge, out_dtype=torch.float32, backend="triton"),
+                      ref.act_dequant(eq, es, group_size=10, out_dtype=torch.float32))
+    g, gs = ops.quantized_gelu(q, s, group_size=huge, backend="triton")
+    assert g.shape == q.shape and gs.shape == (2, 1)
+    w = randn((3, 5), gen=gen)
+    wq, ws = ops.weight_quant(w, dtype=qdtype, block_size=(huge, huge), backend="triton")
+    ewq, ews = ref.weight_quant(w, qdtype=qdtype, block_n=3, block_k=5, ue8m0=False, eps=1e-4)
+    assert_codes_equal(wq, ewq)
+    assert_bits_equal(ws, ews)
+    assert_bits_equal(ops.weight_dequant(wq, ws, block_size=(huge, huge), backend="triton"),
+                      ref.weight_dequant(ewq, ews, block_n=3, block_k=5, out_dtype=torch.bfloat16))
 
 
 # ---------------------------------------------------------------------------------------------

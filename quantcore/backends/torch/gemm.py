@@ -29,7 +29,9 @@ def epilogue(acc, *, bias, activation, out_dtype, out_quant, out_group, ue8m0_ou
     acc = ACTIVATIONS[activation](acc)
     if out_quant is None:
         return acc.to(out_dtype)
-    return act_quant(acc, qdtype=out_quant, group_size=out_group, ue8m0=ue8m0_out, eps=eps, scale_m_major=False)
+    # A group wider than N is one group per row: quantizing with N avoids padding to the requested width.
+    return act_quant(acc, qdtype=out_quant, group_size=min(out_group, acc.shape[1]), ue8m0=ue8m0_out, eps=eps,
+                     scale_m_major=False)
 
 
 def scaled_mm(a, a_scale, b, b_scale, *, block_n, block_k, bias, activation, out_dtype,
