@@ -208,7 +208,9 @@ def _resolve_choice(query: Query, backend: BackendChoice) -> tuple[str | None, t
 
 
 @functools.lru_cache(maxsize=4096)
-def _select_cached(query: Query, explicit: str | None, order: tuple[str, ...]) -> Impl:
+def _select_cached(query: Query, explicit: str | None, order: tuple[str, ...], epoch: int) -> Impl:
+    # `epoch` is part of the key: a selection computed while another thread (un)registers is stored
+    # after that thread's cache_clear, under the old epoch, where no later lookup finds it.
     if explicit is not None:
         matching = [i for i in impls(query.op) if explicit in (i.backend, i.label)]
         if not matching:
@@ -239,7 +241,7 @@ _warned: set[tuple[str, str, str]] = set()
 def select(query: Query, backend: BackendChoice = None) -> Impl:
     """The implementation that runs `query` (cached per query and priority)."""
     explicit, order = _resolve_choice(query, backend)
-    impl = _select_cached(query, explicit, order)
+    impl = _select_cached(query, explicit, order, _epoch)
     if impl.numerics != "exact":
         key = (query.op, impl.label, query.profile.arch)
         if key not in _warned:
@@ -269,7 +271,7 @@ def explain_query(query: Query, backend: BackendChoice = None) -> Explanation:
     """Every implementation of `query.op` with its status for this query."""
     explicit, order = _resolve_choice(query, backend)
     try:
-        chosen: Impl | None = _select_cached(query, explicit, order)
+        chosen: Impl | None = _select_cached(query, explicit, order, _epoch)
     except UnsupportedError:
         chosen = None
     candidates = []

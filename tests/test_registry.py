@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import warnings
 
 import pytest
@@ -155,6 +156,33 @@ def test_gemm_k_blocks_beyond_what_kernels_tile_are_refused(label, limit):
     assert f"the K block must be at most {limit}, got {bk}" in impl.not_supported_reasons(q)
     ok = Query("scaled_mm", q.profile, "int8", None, (128, 128), nk=(64, 100), block_k=128)
     assert not any("K block" in r for r in impl.not_supported_reasons(ok))
+
+
+def test_selection_racing_an_unregister_is_not_kept():
+    """Thread A selects an implementation while the main thread unregisters it: A's result, computed
+    from the old registry, must not be what later selections get."""
+    entered, proceed = threading.Event(), threading.Event()
+
+    class Racer(Impl):
+        def not_supported_reasons(self, query):
+            entered.set()
+            assert proceed.wait(10)
+            return []
+
+    racer = Racer("act_quant", "triton", lambda **kw: None, Constraints(devices=("cpu",)))
+    q = query("act_quant", "cpu", blocks=(128,))
+    registry.register(racer)
+    try:
+        picked = []
+        worker = threading.Thread(target=lambda: picked.append(registry.select(q, ("triton",))))
+        worker.start()
+        assert entered.wait(10)
+    finally:
+        registry.unregister(racer)
+    proceed.set()
+    worker.join(10)
+    assert picked == [racer]  # computed before the unregister took effect
+    assert registry.select(q, ("triton",)) is not racer
 
 
 def test_gemm_block_constraints_are_data():
