@@ -215,12 +215,12 @@ def _select_cached(query: Query, explicit: str | None, order: tuple[str, ...], e
         matching = [i for i in impls(query.op) if explicit in (i.backend, i.label)]
         if not matching:
             raise UnsupportedError(f"{query.op}: no implementation named {explicit!r}")
-        reasons = {}
+        reasons: dict[str, list[str]] = {}
         for impl in matching:
             why = impl.not_supported_reasons(query)
             if not why:
                 return impl
-            reasons[impl.label] = why
+            _merge(reasons, impl.label, why)
         raise UnsupportedError(
             f"{query.op}: backend {explicit!r} cannot run on {query.profile.name} ({query.profile.arch}) "
             f"for {query.fmt}; pass backend=None to choose automatically",
@@ -231,8 +231,15 @@ def _select_cached(query: Query, explicit: str | None, order: tuple[str, ...], e
         why = impl.not_supported_reasons(query)
         if not why:
             return impl
-        reasons[impl.label] = why
+        _merge(reasons, impl.label, why)
     raise UnsupportedError(f"{query.op}: no implementation can run on {query.profile.name}", reasons)
+
+
+def _merge(reasons: dict[str, list[str]], label: str, why: list[str]) -> None:
+    """Add `why` under `label`, keeping what other implementations of that label said (one label may
+    name several kernels, e.g. Triton's INT8 and FP8 GEMMs: each one's reason is part of the answer)."""
+    kept = reasons.setdefault(label, [])
+    kept.extend(r for r in why if r not in kept)
 
 
 _warned: set[tuple[str, str, str]] = set()

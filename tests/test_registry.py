@@ -158,6 +158,20 @@ def test_gemm_k_blocks_beyond_what_kernels_tile_are_refused(label, limit):
     assert not any("K block" in r for r in impl.not_supported_reasons(ok))
 
 
+def test_every_kernel_of_a_label_keeps_its_reason():
+    """Triton's INT8 and FP8 GEMMs share the label "triton": forcing an INT8 GEMM with FP8 out_quant
+    onto it must report the INT8 kernel's reason, not only the FP8 kernel's."""
+    q = Query("scaled_mm", capability.simulated_profile("sm90"), "int8", "fp8_e4m3", (128, 128, 128),
+              nk=(64, 256), block_k=128, out_group=128)
+    with pytest.raises(UnsupportedError) as err:
+        registry.select(q, backend="triton")
+    assert err.value.reasons["triton"] == ["format fp8_e4m3 not implemented (has int8)",
+                                           "format int8 not implemented (has fp8_e4m3)"]
+    assert "triton: format fp8_e4m3 not implemented (has int8)" in str(err.value)
+    explained = {c.impl: c.reasons for c in registry.explain_query(q, backend="triton").candidates}
+    assert explained["triton"] == ["format fp8_e4m3 not implemented (has int8)"]
+
+
 def test_selection_racing_an_unregister_is_not_kept():
     """Thread A selects an implementation while the main thread unregisters it: A's result, computed
     from the old registry, must not be what later selections get."""
