@@ -24,7 +24,7 @@ import pytest  # noqa: E402
 triton = pytest.importorskip("triton")
 import triton.language as tl  # noqa: E402
 
-from helpers import randn  # noqa: E402
+from helpers import outputs_of_every_op_on_grad_inputs, randn  # noqa: E402
 from quantcore import ops  # noqa: E402
 from quantcore.backends import torch as ref  # noqa: E402
 from quantcore.backends.triton import configs, launch  # noqa: E402
@@ -433,6 +433,12 @@ def test_scaled_mm_nan_block_poisons_only_its_rows(gen):
     expected = ref.scaled_mm(aq, a_s, bq, b_s, **_gemm_kw())
     assert torch.isnan(got[2]).all() and torch.equal(torch.isnan(got), torch.isnan(expected))
     assert rel_err(got, expected) <= 1e-5
+
+
+def test_outputs_never_require_grad():
+    """The same rule as the reference's (tests/test_inference_only.py): inference-only outputs."""
+    for op, tensors in outputs_of_every_op_on_grad_inputs("triton").items():
+        assert [t.requires_grad for t in tensors] == [False] * len(tensors), op
 
 
 # ---------------------------------------------------------------------------------------------

@@ -34,6 +34,7 @@ def epilogue(acc, *, bias, activation, out_dtype, out_quant, out_group, ue8m0_ou
                      scale_m_major=False)
 
 
+@torch.no_grad()
 def scaled_mm(a, a_scale, b, b_scale, *, block_n, block_k, bias, activation, out_dtype,
               out_quant, out_group, ue8m0_out, eps, profile=None):
     """a [M, K] @ b [N, K]^T with per-(1×Bk) a scales and per-(Bn×Bk) b scales; see the contract."""

@@ -54,6 +54,7 @@ def _amax_blocks(xb: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
     return xb.abs().amax(dim=dims)
 
 
+@torch.no_grad()
 def act_quant(x, *, qdtype, group_size, ue8m0, eps, scale_m_major, profile=None):
     """x [M, K] float -> (q [M, K] qdtype, scale [M, ceil(K/G)] fp32); see the backend contract."""
     M, K = x.shape
@@ -64,6 +65,7 @@ def act_quant(x, *, qdtype, group_size, ue8m0, eps, scale_m_major, profile=None)
     return q, (scale.t().contiguous().t() if scale_m_major else scale)
 
 
+@torch.no_grad()
 def act_dequant(q, scale, *, group_size, out_dtype, profile=None):
     """q [M, K], scale [M, KB] -> fp32(q) * scale cast to out_dtype, [M, K]."""
     M, K = q.shape
@@ -78,6 +80,7 @@ def _weight_blocks(t: torch.Tensor, block_n: int, block_k: int) -> torch.Tensor:
     return padded.reshape(math.ceil(N / block_n), block_n, math.ceil(K / block_k), block_k)
 
 
+@torch.no_grad()
 def weight_quant(w, *, qdtype, block_n, block_k, ue8m0, eps, profile=None):
     """w [N, K] float -> (q [N, K] qdtype, scale [ceil(N/Bn), ceil(K/Bk)] fp32)."""
     N, K = w.shape
@@ -87,6 +90,7 @@ def weight_quant(w, *, qdtype, block_n, block_k, ue8m0, eps, profile=None):
     return q.reshape(q.shape[0] * block_n, -1)[:N, :K].contiguous(), scale
 
 
+@torch.no_grad()
 def weight_dequant(q, scale, *, block_n, block_k, out_dtype, profile=None):
     """q [N, K], scale [NB, KB] -> fp32(q) * scale cast to out_dtype, [N, K]."""
     N, K = q.shape
