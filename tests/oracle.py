@@ -42,12 +42,13 @@ def decode(q: torch.Tensor) -> np.ndarray:
 
 
 def scales(amax: np.ndarray, qdtype: torch.dtype, ue8m0: bool, eps: float) -> np.ndarray:
-    """fp32 scale per block (float64 storage): max(amax, fp32(eps)) / qmax, ue8m0 = 2**ceil(log2)."""
+    """fp32 scale per block (float64 storage): max(amax, fp32(eps)) / qmax; ue8m0: the smallest normal
+    fp32 power of two >= it, 2**max(ceil(log2), -126)."""
     s = f32(np.fmax(amax, f32(eps)) / QMAX[qdtype])
     s = np.where(np.isnan(amax), np.nan, s)
     if ue8m0:
         with np.errstate(divide="ignore", invalid="ignore"):
-            s = np.where(np.isfinite(s), np.exp2(np.ceil(np.log2(s))), s)
+            s = np.where(np.isfinite(s), np.exp2(np.maximum(np.ceil(np.log2(s)), -126)), s)
     return s
 
 

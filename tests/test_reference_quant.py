@@ -100,6 +100,25 @@ def test_eps_at_the_ends_of_its_range_gives_finite_scales(gen, qdtype, eps):
     assert_same_scale(s, es)
 
 
+# (eps, ue8m0 scale of an all-zero FP8 block): eps/448 subnormal (about 2^-141.8; exactly 2^-127), exactly
+# the smallest normal 2^-126, and just above it.
+UE8M0_EDGE = [(1e-40, 2.0**-126), (7 * 2.0**-121, 2.0**-126), (7 * 2.0**-120, 2.0**-126),
+              (7 * 2.0**-120 * 1.0000001, 2.0**-125)]
+
+
+@pytest.mark.parametrize("eps,expected", UE8M0_EDGE)
+def test_ue8m0_scales_are_normal_powers_of_two_at_the_subnormal_edge(gen, eps, expected):
+    x = randn((2, 256), gen=gen)
+    x[:, :128] = 0
+    q, s = ops.act_quant(x, eps=eps, scale_fmt="ue8m0", backend="torch")
+    assert float(s[0, 0]) == float(s[1, 0]) == expected
+    eq, es = oracle.act_quant(x, torch.float8_e4m3fn, 128, ue8m0=True, eps=eps)
+    assert_same_q(q, eq)
+    assert_same_scale(s, es)
+    w = torch.zeros(3, 5)
+    assert float(ops.weight_quant(w, eps=eps, scale_fmt="ue8m0", backend="torch")[1]) == expected
+
+
 @pytest.mark.parametrize("qdtype", QDTYPES)
 def test_non_finite_blocks_are_confined(gen, qdtype):
     x = randn((4, 384), gen=gen)

@@ -239,6 +239,18 @@ def test_act_quant_nan_inf_zero_blocks(gen, qdtype, ue8m0):
     assert float(s[-1, 0]) == float(ref.quant.block_scale(torch.zeros(1), qdtype, ue8m0, 1e-4))
 
 
+@pytest.mark.parametrize("eps", [1e-40, 7 * 2.0**-121, 7 * 2.0**-120])
+def test_ue8m0_subnormal_scales_become_two_to_minus_126(gen, eps):
+    x = randn((2, 256), gen=gen)
+    x[:, 128:] = 0
+    kw = dict(qdtype=FP8, group_size=128, ue8m0=True, eps=eps, scale_m_major=False)
+    q, s = launch.act_quant(x, profile=SM90, **kw)
+    eq, es = ref.act_quant(x, **kw)
+    assert float(s[0, 1]) == 2.0**-126
+    assert_codes_equal(q, eq)
+    assert_bits_equal(s, es)
+
+
 @pytest.mark.parametrize("qdtype", QDTYPES)
 @pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16, torch.float32])
 def test_act_dequant_any_scale_strides(gen, qdtype, out_dtype):

@@ -93,6 +93,26 @@ def test_act_quant_and_dequant(backend, profile, qdtype, scale_fmt, shape):
 @pytest.mark.parametrize("profile", PROFILES)
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("qdtype", list(FMTS))
+@pytest.mark.parametrize("eps", [1e-40, 7 * 2.0**-121, 7 * 2.0**-120])
+def test_ue8m0_scales_at_the_subnormal_edge(backend, profile, qdtype, eps):
+    """eps/qmax subnormal or at 2^-126: every backend rounds the scale up to the smallest normal power
+    of two, as the reference does (docs/numerics.md); kernels must not flush the subnormal to 0."""
+    x = rand((5, 384))
+    x[:, 128:256] = 0
+    ref_q, ref_s = ops.act_quant(x, dtype=qdtype, scale_fmt="ue8m0", eps=eps, backend="torch")
+    q, s = run(backend, profile, ops.act_quant, x, dtype=qdtype, scale_fmt="ue8m0", eps=eps)
+    assert float(ref_s[0, 1]) >= 2.0**-126
+    assert same_q(q, ref_q) and same_scale(s, ref_s)
+    w = rand((200, 300), seed=1)
+    w[:128, :128] = 0
+    ref_wq, ref_ws = ops.weight_quant(w, dtype=qdtype, scale_fmt="ue8m0", eps=eps, backend="torch")
+    wq, ws = run(backend, profile, ops.weight_quant, w, dtype=qdtype, scale_fmt="ue8m0", eps=eps)
+    assert same_q(wq, ref_wq) and same_scale(ws, ref_ws)
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("qdtype", list(FMTS))
 @pytest.mark.parametrize("shape", [(2112, 7168), (24576, 1536), (129, 200), (7, 1)])
 def test_weight_quant_and_dequant(backend, profile, qdtype, shape):
     w = rand(shape, seed=1)

@@ -18,7 +18,8 @@ _MANT_MASK = 0x007FFFFF
 
 
 def round_scale_ue8m0(scale: torch.Tensor) -> torch.Tensor:
-    """Round fp32 scales up to a power of two on their bits; NaN/Inf pass through unchanged."""
+    """Round fp32 scales up to a normal power of two on their bits: 2^max(ceil(log2 s), -126), a
+    subnormal scale becoming 2^-126 (docs/numerics.md says why); NaN/Inf pass through unchanged."""
     bits = scale.view(torch.int32)
     needs_up = ((bits & _MANT_MASK) != 0) & ((bits & _EXP_MASK) != _EXP_MASK)
     rounded = (bits & ~_MANT_MASK) + (1 << 23)

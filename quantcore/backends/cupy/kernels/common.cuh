@@ -84,7 +84,8 @@ struct Int8 {
 // is the contract's NaN-aware amax (fmaxf would drop NaN).
 __device__ __forceinline__ u32 abs_bits(float x) { return __float_as_uint(x) & 0x7fffffffu; }
 
-// Round a scale up to a power of two on its bits (ue8m0); non-finite scales pass unchanged.
+// Round a scale up to a normal power of two on its bits (ue8m0): a subnormal (exponent field 0) becomes
+// 2^-126, as in the reference; non-finite scales pass unchanged.
 __device__ __forceinline__ float ue8m0_ceil(float s) {
   u32 b = __float_as_uint(s);
   if ((b & 0x7f800000u) != 0x7f800000u && (b & 0x7fffffu) != 0) b = (b & 0xff800000u) + 0x800000u;
