@@ -23,8 +23,10 @@ def _names(dtypes: Iterable[torch.dtype]) -> str:
     return ", ".join(dtype_name(d) for d in dtypes)
 
 
-def tensor(op: str, name: str, t: Any, dtypes: Iterable[torch.dtype], min_dim: int = 1) -> torch.Tensor:
-    """`t` is a tensor of one of `dtypes` with at least `min_dim` dims and no zero-sized trailing dim."""
+def tensor(op: str, name: str, t: Any, dtypes: Iterable[torch.dtype], min_dim: int = 1,
+           empty_last: bool = False) -> torch.Tensor:
+    """`t` is a tensor of one of `dtypes` with at least `min_dim` dims and, unless `empty_last` (a
+    per-row vector, empty when there are no rows), no zero-sized trailing dim."""
     dtypes = tuple(dtypes)
     if not isinstance(t, torch.Tensor):
         raise fail(op, f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -32,7 +34,7 @@ def tensor(op: str, name: str, t: Any, dtypes: Iterable[torch.dtype], min_dim: i
         raise fail(op, f"{name} has dtype {dtype_name(t.dtype)}; expected one of {_names(dtypes)}")
     if t.dim() < min_dim:
         raise fail(op, f"{name} must have at least {min_dim} dimension(s), got shape {tuple(t.shape)}")
-    if t.dim() and t.shape[-1] == 0:
+    if t.dim() and t.shape[-1] == 0 and not empty_last:
         raise fail(op, f"{name} has an empty last dimension (shape {tuple(t.shape)}); blocks need at least one element")
     if t.is_complex() or t.is_sparse:
         raise fail(op, f"{name} must be a dense real tensor")

@@ -31,7 +31,7 @@ def dequant_bias(g, scale_a, scale_b, bias=None, *, out_dtype=torch.bfloat16) ->
     lead, N = g.shape[:-1], g.shape[-1]
     g2 = checks.rows(g)
     M = g2.shape[0]
-    scale_a = checks.tensor(op, "scale_a", scale_a, (torch.float32,), min_dim=0)
+    scale_a = checks.tensor(op, "scale_a", scale_a, (torch.float32,), min_dim=0, empty_last=True)
     if tuple(scale_a.shape) not in (tuple(lead), (*lead, 1)):
         raise checks.fail(op, f"scale_a has shape {tuple(scale_a.shape)}; expected {tuple(lead)} or "
                               f"{(*lead, 1)} (one fp32 scale per row of g)")
