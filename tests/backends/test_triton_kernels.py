@@ -24,11 +24,14 @@ import pytest  # noqa: E402
 triton = pytest.importorskip("triton")
 import triton.language as tl  # noqa: E402
 
-from helpers import outputs_of_every_op_on_grad_inputs, randn  # noqa: E402
+from helpers import (  # noqa: E402
+    TAIL_EPS, activation_inputs, check_activation, judge_quantized_gelu, outputs_of_every_op_on_grad_inputs, randn,
+    tail_blocks, tail_gemm_operands)
 from quantcore import ops  # noqa: E402
 from quantcore.backends import torch as ref  # noqa: E402
 from quantcore.backends.triton import configs, launch  # noqa: E402
 from quantcore.backends.triton.kernels.cast import bf16_encode  # noqa: E402
+from quantcore.backends.triton.kernels.epilogue import activate  # noqa: E402
 from quantcore.backends.triton.kernels.fp8 import (  # noqa: E402
     fp8e4m3_decode_f16, fp8e4m3_encode, ue8m0_round_up)
 from quantcore.capability import SIMULATED, cpu_profile  # noqa: E402
@@ -125,13 +128,15 @@ def plant_specials(x, group):
 
 
 # ---------------------------------------------------------------------------------------------
-# the bit codecs, directly
+# the bit codecs and the epilogue activations, directly
 
 @triton.jit
 def _codec_kernel(src, dst, n, CODEC: tl.constexpr, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     x = tl.load(src + offs, mask=offs < n)
-    if CODEC == "fp8_encode":
+    if CODEC == "gelu" or CODEC == "gelu_tanh" or CODEC == "silu":
+        y = activate(x, CODEC)
+    elif CODEC == "fp8_encode":
         y = fp8e4m3_encode(x)
     elif CODEC == "fp8_decode":
         y = fp8e4m3_decode_f16(x)
@@ -196,8 +201,16 @@ def test_ue8m0_rounds_up_to_powers_of_two_on_bits():
     assert_bits_equal(got, ref.quant.round_scale_ue8m0(s))
 
 
+@pytest.mark.parametrize("name", ["gelu", "gelu_tanh", "silu"])
+def test_activations_match_float64_over_the_whole_range(name):
+    """The epilogue activation against the float64 oracle, the negative tail included (never −0 where
+    the exact value is a non-zero fp32 number), as the reference's in tests/test_activations.py."""
+    x = activation_inputs()
+    check_activation(_run(name, x, torch.float32), x, name)
+
+
 # ---------------------------------------------------------------------------------------------
-# activations
+# activation quantize and dequantize
 
 @pytest.mark.parametrize("qdtype", QDTYPES)
 @pytest.mark.parametrize("K", [1, 64, 127, 128, 129, 576])
@@ -333,6 +346,25 @@ def test_dequant_bias_bit_exact(gen, g_dtype, bias_dtype):
     for out_dtype in (torch.bfloat16, torch.float32):
         got = launch.dequant_bias(strided(g), sa, sb, bias, out_dtype=out_dtype, profile=SM90)
         assert_bits_equal(got, ref.dequant_bias(g, sa, sb, bias, out_dtype=out_dtype))
+
+
+@pytest.mark.parametrize("qdtype", QDTYPES)
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_quantized_gelu_on_the_negative_tail(qdtype, approximate):
+    q, s = ref.act_quant(tail_blocks(), qdtype=qdtype, group_size=128, ue8m0=False, eps=1e-4, scale_m_major=False)
+    q2, s2 = launch.quantized_gelu(q, s, group_size=128, approximate=approximate, out_qdtype=qdtype, ue8m0=False,
+                                   eps=TAIL_EPS, profile=SM90)
+    judge_quantized_gelu(q, s, q2, s2, approximate, "int8" if qdtype == I8 else "fp8_e4m3")
+
+
+@pytest.mark.parametrize("name", ["gelu", "gelu_tanh", "silu"])
+def test_scaled_mm_epilogue_activation_on_the_negative_tail(name):
+    x = activation_inputs()
+    x = x[x != 0][::29].contiguous()  # 0 + (−0) is +0: the epilogue never sees a −0
+    a, a_s, b, b_s = tail_gemm_operands(x, I8)
+    out = launch.scaled_mm(a, a_s, b, b_s, profile=SM80, **_gemm_kw(block_n=16, block_k=16, bias=x, activation=name))
+    for row in out:
+        check_activation(row, x, name)
 
 
 @pytest.mark.parametrize("qdtype", QDTYPES)

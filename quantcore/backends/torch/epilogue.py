@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
+from .activation import activate
 from .quant import act_dequant, act_quant
 
 
@@ -21,5 +21,5 @@ def dequant_bias(g, scale_a, scale_b, bias, *, out_dtype, profile=None):
 def quantized_gelu(q, scale, *, group_size, approximate, out_qdtype, ue8m0, eps, profile=None):
     """q [M, K], scale [M, KB] -> GELU of the dequantized values, re-quantized per 1×group_size."""
     x = act_dequant(q, scale, group_size=group_size, out_dtype=torch.float32)
-    y = F.gelu(x, approximate=approximate)
+    y = activate(x, "gelu_tanh" if approximate == "tanh" else "gelu")
     return act_quant(y, qdtype=out_qdtype, group_size=group_size, ue8m0=ue8m0, eps=eps, scale_m_major=False)

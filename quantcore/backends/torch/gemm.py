@@ -10,23 +10,16 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 
+from .activation import activate
 from .quant import act_quant
-
-ACTIVATIONS = {
-    None: lambda x: x,
-    "gelu": lambda x: F.gelu(x),
-    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
-    "silu": F.silu,
-}
 
 
 def epilogue(acc, *, bias, activation, out_dtype, out_quant, out_group, ue8m0_out, eps):
     """fp32 acc [M, N] -> + bias, activation, then a cast to out_dtype or a 1×out_group re-quantize."""
     if bias is not None:
         acc = acc + bias.float()
-    acc = ACTIVATIONS[activation](acc)
+    acc = activate(acc, activation)
     if out_quant is None:
         return acc.to(out_dtype)
     # A group wider than N is one group per row: quantizing with N avoids padding to the requested width.
