@@ -1,7 +1,7 @@
 """CuPy kernels against the torch reference on the GPU: bit-exact quantize/dequantize/dequant + bias,
 quantized GELU and the GEMM within the contract's tolerances, on DeepSeek-V3 shapes with tails, on the
-real profile and on the simulated sm_80 (GEMM) and sm_75 paths. Also the kernel specifics: 16-byte vector path vs the scalar
-path, misaligned pointers and strides, M-major scales, split-K."""
+real profile and on the simulated sm_80 (GEMM) and sm_75 paths. Also the kernel specifics: 16-byte
+vector path vs the scalar path, misaligned pointers and strides, M-major scales, split-K."""
 
 from __future__ import annotations
 
