@@ -93,3 +93,21 @@ def judge_quantized_gelu(q, s, q2, s2, approximate, fmt):
     full = torch.from_numpy(np.repeat(s2.double().numpy(), 128, -1)[..., :K])
     assert requant_within_one_step(torch.from_numpy(oracle.decode(q2)) * full, exact, full, fmt)
     assert not s2.isnan().any() and bool((s2 > 0).all())
+
+
+def assert_same_q(q: torch.Tensor, expected: torch.Tensor) -> None:
+    """Quantized tensors equal code for code (any NaN code counts as NaN for FP8)."""
+    assert q.dtype == expected.dtype and q.shape == expected.shape
+    if q.dtype == torch.float8_e4m3fn:
+        a, b = q.float(), expected.float()
+        assert torch.equal(a.isnan(), b.isnan())
+        assert torch.equal(a.nan_to_num(0), b.nan_to_num(0)), "fp8 codes differ"
+    else:
+        assert torch.equal(q, expected)
+
+
+def assert_same_scale(s: torch.Tensor, expected: torch.Tensor) -> None:
+    """fp32 scales equal bit for bit in value (NaN matches NaN, ±Inf matches itself)."""
+    assert s.dtype == torch.float32 and s.shape == expected.shape
+    assert torch.equal(s.isnan(), expected.isnan())
+    assert torch.equal(s.nan_to_num(0, 1, -1), expected.nan_to_num(0, 1, -1)), "scales differ"

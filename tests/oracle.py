@@ -93,7 +93,16 @@ def weight_quant(w: torch.Tensor, qdtype, bn: int, bk: int, ue8m0: bool = False,
 
 def dequant(q: torch.Tensor, scale_full: np.ndarray, out_dtype) -> torch.Tensor:
     """fp32(q) * scale (one fp32 multiply, exact in float64 then rounded) cast to out_dtype."""
-    return torch.from_numpy(f32(decode(q) * scale_full)).to(out_dtype)
+    with np.errstate(invalid="ignore"):  # 0 · Inf scale: NaN, as the contract has it
+        return torch.from_numpy(f32(decode(q) * scale_full)).to(out_dtype)
+
+
+def dequant_bias(g: torch.Tensor, sa: torch.Tensor, sb: torch.Tensor, bias=None) -> torch.Tensor:
+    """fp32(g)·sa[m]·sb[n] + fp32(bias[n]), left to right, each operation an fp32 rounding: fp32 [M, N]."""
+    out = f32(f32(f32(g.double().numpy()) * sa.double().numpy()[:, None]) * sb.double().numpy()[None, :])
+    if bias is not None:
+        out = f32(out + bias.double().numpy()[None, :])
+    return torch.from_numpy(out).float()
 
 
 _erfc = np.vectorize(math.erfc, otypes=[np.float64])

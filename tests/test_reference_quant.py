@@ -9,27 +9,10 @@ import pytest
 import torch
 
 import oracle
-from helpers import randn
+from helpers import assert_same_q, assert_same_scale, randn
 from quantcore import ops
 
 QDTYPES = [torch.float8_e4m3fn, torch.int8]
-
-
-def assert_same_q(q: torch.Tensor, expected: torch.Tensor) -> None:
-    """Quantized tensors equal code for code (any NaN code counts as NaN for FP8)."""
-    assert q.dtype == expected.dtype and q.shape == expected.shape
-    if q.dtype == torch.float8_e4m3fn:
-        a, b = q.float(), expected.float()
-        assert torch.equal(a.isnan(), b.isnan())
-        assert torch.equal(a.nan_to_num(0), b.nan_to_num(0)), "fp8 codes differ"
-    else:
-        assert torch.equal(q, expected)
-
-
-def assert_same_scale(s: torch.Tensor, expected: torch.Tensor) -> None:
-    assert s.dtype == torch.float32 and s.shape == expected.shape
-    assert torch.equal(s.isnan(), expected.isnan())
-    assert torch.equal(s.nan_to_num(0, 1, -1), expected.nan_to_num(0, 1, -1)), "scales differ"
 
 
 @pytest.mark.parametrize("qdtype", QDTYPES)

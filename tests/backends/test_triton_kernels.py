@@ -23,6 +23,10 @@ import pytest  # noqa: E402
 
 triton = pytest.importorskip("triton")
 import triton.language as tl  # noqa: E402
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+import properties  # noqa: E402
 
 from helpers import (  # noqa: E402
     TAIL_EPS, activation_inputs, check_activation, judge_quantized_gelu, outputs_of_every_op_on_grad_inputs, randn,
@@ -483,6 +487,46 @@ def test_outputs_never_require_grad():
     """The same rule as the reference's (tests/test_inference_only.py): inference-only outputs."""
     for op, tensors in outputs_of_every_op_on_grad_inputs("triton").items():
         assert [t.requires_grad for t in tensors] == [False] * len(tensors), op
+
+
+# ---------------------------------------------------------------------------------------------
+# every op against the float64 oracle, cases drawn by hypothesis (tests/properties.py): a few, the
+# interpreter being slow
+
+INTERPRETED = settings(max_examples=25, deadline=None, derandomize=True)
+
+
+@INTERPRETED
+@given(data=st.data())
+def test_act_quant_and_dequant_properties(data):
+    properties.check_act_quant_and_dequant(data, "triton")
+
+
+@INTERPRETED
+@given(data=st.data())
+def test_weight_quant_and_dequant_properties(data):
+    properties.check_weight_quant_and_dequant(data, "triton")
+
+
+@INTERPRETED
+@given(data=st.data())
+def test_scaled_mm_properties(data):
+    # The K block is the kernel's K tile, a re-quantization group fits one N tile, and the output keeps
+    # the operands' format (the constraints).
+    properties.check_scaled_mm(data, "triton", k_blocks=st.sampled_from([16, 32, 64]),
+                               out_groups=st.sampled_from([16, 32, 64, 128]), mixed_formats=False)
+
+
+@INTERPRETED
+@given(data=st.data())
+def test_dequant_bias_properties(data):
+    properties.check_dequant_bias(data, "triton")
+
+
+@INTERPRETED
+@given(data=st.data())
+def test_quantized_gelu_properties(data):
+    properties.check_quantized_gelu(data, "triton")
 
 
 # ---------------------------------------------------------------------------------------------
