@@ -151,3 +151,12 @@ def check_quantized_gelu(data, backend: str) -> None:
     exact = oracle.gelu(oracle.f32(oracle.decode(q) * full(s, x.shape, 1, group)), approximate)
     got = torch.from_numpy(oracle.decode(q2)) * scale_full
     assert requant_within_one_step(got, torch.from_numpy(exact), scale_full, FMTS[out_qdtype])
+
+
+CHECKS = {
+    "act_quant": check_act_quant_and_dequant,
+    "weight_quant": check_weight_quant_and_dequant,
+    "scaled_mm": check_scaled_mm,
+    "dequant_bias": check_dequant_bias,
+    "quantized_gelu": check_quantized_gelu,
+}

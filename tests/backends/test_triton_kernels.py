@@ -8,6 +8,7 @@ plants zero/NaN/Inf blocks on purpose.
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -493,40 +494,18 @@ def test_outputs_never_require_grad():
 # every op against the float64 oracle, cases drawn by hypothesis (tests/properties.py): a few, the
 # interpreter being slow
 
-INTERPRETED = settings(max_examples=25, deadline=None, derandomize=True)
+# The K block is the kernel's K tile, a re-quantization group fits one N tile, and the output keeps
+# the operands' format (the constraints).
+CHECKS = dict(properties.CHECKS, scaled_mm=functools.partial(
+    properties.check_scaled_mm, k_blocks=st.sampled_from([16, 32, 64]), out_groups=st.sampled_from([16, 32, 64, 128]),
+    mixed_formats=False))
 
 
-@INTERPRETED
+@pytest.mark.parametrize("op", list(CHECKS))
+@settings(max_examples=25, deadline=None, derandomize=True)
 @given(data=st.data())
-def test_act_quant_and_dequant_properties(data):
-    properties.check_act_quant_and_dequant(data, "triton")
-
-
-@INTERPRETED
-@given(data=st.data())
-def test_weight_quant_and_dequant_properties(data):
-    properties.check_weight_quant_and_dequant(data, "triton")
-
-
-@INTERPRETED
-@given(data=st.data())
-def test_scaled_mm_properties(data):
-    # The K block is the kernel's K tile, a re-quantization group fits one N tile, and the output keeps
-    # the operands' format (the constraints).
-    properties.check_scaled_mm(data, "triton", k_blocks=st.sampled_from([16, 32, 64]),
-                               out_groups=st.sampled_from([16, 32, 64, 128]), mixed_formats=False)
-
-
-@INTERPRETED
-@given(data=st.data())
-def test_dequant_bias_properties(data):
-    properties.check_dequant_bias(data, "triton")
-
-
-@INTERPRETED
-@given(data=st.data())
-def test_quantized_gelu_properties(data):
-    properties.check_quantized_gelu(data, "triton")
+def test_op_against_the_oracle(op, data):
+    CHECKS[op](data, "triton")
 
 
 # ---------------------------------------------------------------------------------------------
