@@ -3,10 +3,10 @@ evaluates them (docs/numerics.md), so that they stay accurate over the whole ran
 
 Each is x·g(x) for a gate g rising from 0 to 1: Φ(x) for GELU, sigmoid(2u(x)) for tanh-GELU,
 sigmoid(x) for SiLU. Written as 0.5·x·(1 + erf(x/√2)) or with tanh, GELU loses its digits from
-x ≈ −3 and cancels to 0 below x ≈ −5.55, where its value is small but far from 0 in fp32. So each is evaluated through
-its tail T(s) = s·g(−s), s = |x|: act(x) = x − T(s) for x ≥ 0 and −T(s) below (g(x) = 1 − g(−x)). T is
-a product whose exponentially small factor e is applied last, as √e twice, so that T leaves the
-normal range only with its own value rather than when e alone does:
+x ≈ −3 and cancels to 0 below x ≈ −5.55, where its value is small but far from 0 in fp32. So each is
+evaluated through its tail T(s) = s·g(−s), s = |x|: act(x) = x − T(s) for x ≥ 0 and −T(s) below
+(g(x) = 1 − g(−x)). T is a product whose exponentially small factor e is applied last, as √e twice,
+so that T leaves the normal range only with its own value rather than when e alone does:
 
     gelu       T(s) = ((0.5·s·erfcx(a))·h)·h          a = s/√2, h = exp(−a²/2)   (= 0.5·s·erfc(s/√2))
     gelu_tanh  T(s) = ((s / (1 + h·h))·h)·h           h = exp(−u), u = √(2/π)·(s + 0.044715·s³)

@@ -1,9 +1,10 @@
 // Numerics shared by every quantcore CUDA kernel: the exact encoders/decoders, the block-scale
 // formula, activations, and 16-byte vector memory helpers.
 //
-// Everything here follows docs/backend-contract.md bit for bit: divisions are __fdiv_rn and
-// products that the contract evaluates left to right are __fmul_rn/__fadd_rn, so that the compiler
-// cannot contract them into FMAs (compiled without fast math, so no flush-to-zero either).
+// Everything here follows docs/backend-contract.md bit for bit (the activations up to expf, which is
+// CUDA's own): divisions are __fdiv_rn and products that the contract evaluates left to right are
+// __fmul_rn/__fadd_rn, so that the compiler cannot contract them into FMAs (compiled without fast
+// math, so no flush-to-zero either).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -104,11 +105,6 @@ __device__ __forceinline__ float block_scale(u32 amax_bits, float eps, float qma
 
 enum Activation { kActNone = 0, kActGelu = 1, kActGeluTanh = 2, kActSilu = 3 };
 
-// The contract's forms (docs/numerics.md), in the reference's operation order
-// (backends/torch/activation.py): act(x) = x - T(|x|) for x >= 0 and -T(|x|) below, where the tail
-// T(s) = s * gate(-s) applies its exponentially small factor last, as its square root twice, so that
-// it stays accurate (and non-zero) in the negative tail, where 1 + erf(x / sqrt 2) cancels to 0.
-// s is capped at 128, where T is 0 in fp32 for all three (an infinite s would give inf * 0).
 // erfc(a) * exp(a^2) for a >= 0: the reference's erfcx (backends/torch/activation.py), the same
 // polynomial in q = (a - 2) / (a + 2) by Horner's rule without contraction (CUDA's erfcxf divides
 // approximately).
@@ -129,6 +125,11 @@ __device__ __forceinline__ float erfcx(float a) {
   return __fdiv_rn(__fadd_rn(1.f, p), __fadd_rn(1.f, __fmul_rn(2.f, a)));
 }
 
+// The contract's forms (docs/numerics.md), in the reference's operation order
+// (backends/torch/activation.py): act(x) = x - T(|x|) for x >= 0 and -T(|x|) below, where the tail
+// T(s) = s * gate(-s) applies its exponentially small factor last, as its square root twice, so that
+// it stays accurate (and non-zero) in the negative tail, where 1 + erf(x / sqrt 2) cancels to 0.
+// s is capped at 128, where T is 0 in fp32 for all three (an infinite s would give inf * 0).
 __device__ __forceinline__ float act_tail(float s, int act) {
   s = s > 128.f ? 128.f : s;  // NaN fails the comparison and stays NaN
   if (act == kActGelu) {  // 0.5 * s * erfc(s / sqrt 2)
