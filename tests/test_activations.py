@@ -1,5 +1,5 @@
 """The epilogue activations (GELU, tanh-GELU, SiLU) of the torch reference against the float64 oracle
-over −20 … 20, the negative tail included, directly and through the public ops."""
+from −120 to 20, the negative tail dense, directly and through the public ops."""
 
 from __future__ import annotations
 
