@@ -78,6 +78,11 @@ SIMULATED: dict[str, DeviceProfile] = {
 
 
 def _normalize_name(name: str) -> str:
+    if not isinstance(name, str):
+        raise InvalidInputError(
+            f"simulate: the profile name must be a str, one of cpu, {', '.join(SIMULATED)}; "
+            f"got {name!r} ({type(name).__name__})"
+        )
     key = name.lower().replace("_", "").replace("-", "")
     if key in SIMULATED or key == "cpu":
         return key

@@ -74,7 +74,7 @@ _local = threading.local()
 @contextlib.contextmanager
 def priority(*backends: str) -> Iterator[None]:
     """Within the block, automatic selection tries `backends` in this order (reference last)."""
-    _check_names(backends)
+    _check_names(backends, "priority")
     stack = _local.__dict__.setdefault("stack", [])
     stack.append(tuple(backends))
     try:
@@ -83,11 +83,16 @@ def priority(*backends: str) -> Iterator[None]:
         stack.pop()
 
 
-def _check_names(names: Sequence[str]) -> None:
+def _check_names(names: Sequence, argument: str = "backend") -> None:
+    """Every entry names a known backend ("triton") or one of its variants ("torch[cublas]")."""
     known = set(BACKEND_PACKAGES) | {i.backend for i in _registered}
+    not_str = [n for n in names if not isinstance(n, str)]
+    if not_str:
+        raise InvalidInputError(f"{argument}: backend names must be str, got {not_str!r}; "
+                                f"expected names among {sorted(known)}")
     bad = [n for n in names if n.partition("[")[0] not in known]
     if bad:
-        raise InvalidInputError(f"backend: unknown {bad}; expected names among {sorted(known)}")
+        raise InvalidInputError(f"{argument}: unknown {bad}; expected names among {sorted(known)}")
 
 
 def priority_state() -> tuple:
@@ -193,23 +198,28 @@ def _resolve_choice(query: Query, backend: BackendChoice) -> tuple[str | None, t
     if isinstance(backend, str):
         _check_names([backend])
         return backend, ()
+    if not isinstance(backend, (list, tuple)):
+        raise InvalidInputError(f"backend: expected None, \"auto\", a backend name or a list/tuple of names "
+                                f"(a priority order), got {backend!r} ({type(backend).__name__})")
     names = tuple(backend)
     _check_names(names)
     return None, _with_reference(names)
 
 
 @functools.lru_cache(maxsize=4096)
-def _select_cached(query: Query, explicit: str | None, order: tuple[str, ...]) -> Impl:
+def _select_cached(query: Query, explicit: str | None, order: tuple[str, ...], epoch: int) -> Impl:
+    # `epoch` is part of the key: a selection computed while another thread (un)registers is stored
+    # after that thread's cache_clear, under the old epoch, where no later lookup finds it.
     if explicit is not None:
         matching = [i for i in impls(query.op) if explicit in (i.backend, i.label)]
         if not matching:
             raise UnsupportedError(f"{query.op}: no implementation named {explicit!r}")
-        reasons = {}
+        reasons: dict[str, list[str]] = {}
         for impl in matching:
             why = impl.not_supported_reasons(query)
             if not why:
                 return impl
-            reasons[impl.label] = why
+            _merge(reasons, impl.label, why)
         raise UnsupportedError(
             f"{query.op}: backend {explicit!r} cannot run on {query.profile.name} ({query.profile.arch}) "
             f"for {query.fmt}; pass backend=None to choose automatically",
@@ -220,8 +230,15 @@ def _select_cached(query: Query, explicit: str | None, order: tuple[str, ...]) -
         why = impl.not_supported_reasons(query)
         if not why:
             return impl
-        reasons[impl.label] = why
+        _merge(reasons, impl.label, why)
     raise UnsupportedError(f"{query.op}: no implementation can run on {query.profile.name}", reasons)
+
+
+def _merge(reasons: dict[str, list[str]], label: str, why: list[str]) -> None:
+    """Add `why` under `label`, keeping what other implementations of that label said (one label may
+    name several kernels, e.g. Triton's INT8 and FP8 GEMMs: each one's reason is part of the answer)."""
+    kept = reasons.setdefault(label, [])
+    kept.extend(r for r in why if r not in kept)
 
 
 _warned: set[tuple[str, str, str]] = set()
@@ -230,7 +247,7 @@ _warned: set[tuple[str, str, str]] = set()
 def select(query: Query, backend: BackendChoice = None) -> Impl:
     """The implementation that runs `query` (cached per query and priority)."""
     explicit, order = _resolve_choice(query, backend)
-    impl = _select_cached(query, explicit, order)
+    impl = _select_cached(query, explicit, order, _epoch)
     if impl.numerics != "exact":
         key = (query.op, impl.label, query.profile.arch)
         if key not in _warned:
@@ -260,7 +277,7 @@ def explain_query(query: Query, backend: BackendChoice = None) -> Explanation:
     """Every implementation of `query.op` with its status for this query."""
     explicit, order = _resolve_choice(query, backend)
     try:
-        chosen: Impl | None = _select_cached(query, explicit, order)
+        chosen: Impl | None = _select_cached(query, explicit, order, _epoch)
     except UnsupportedError:
         chosen = None
     candidates = []

@@ -1,8 +1,15 @@
-"""Test helpers: random inputs."""
+"""Test helpers: random inputs, shared cases and their judges."""
 
 from __future__ import annotations
 
+import functools
+
+import numpy as np
 import torch
+
+import oracle
+from quantcore import ops
+from quantcore.specs.tolerances import activation_within, requant_within_one_step
 
 
 def randn(shape, dtype=torch.float32, gen=None, scale=1.0, device="cpu"):
@@ -11,3 +18,96 @@ def randn(shape, dtype=torch.float32, gen=None, scale=1.0, device="cpu"):
     if len(shape) >= 1 and x.numel():
         x = x * torch.exp(torch.randn(*shape[:-1], 1, generator=gen)) * scale
     return x.to(dtype).to(device)
+
+
+def outputs_of_every_op_on_grad_inputs(backend: str) -> dict[str, tuple]:
+    """Every op run on `backend` with each float input (values, scales, bias) requiring grad; the
+    outputs per op, as tuples. Small shapes with tails, so the Triton interpreter is quick too."""
+    gen = torch.Generator().manual_seed(7)
+    x = randn((3, 40), gen=gen).requires_grad_()
+    w = randn((24, 40), gen=gen).requires_grad_()
+    q, s = ops.act_quant(x.detach(), dtype=torch.int8, group_size=16, backend=backend)
+    wq, ws = ops.weight_quant(w.detach(), dtype=torch.int8, block_size=(16, 16), backend=backend)
+    s, ws = s.clone().requires_grad_(), ws.clone().requires_grad_()
+    bias = randn((24,), gen=gen).requires_grad_()
+    mm = dict(block_size=(16, 16), bias=bias, activation="gelu", backend=backend)
+    out = {
+        "act_quant": ops.act_quant(x, dtype=torch.int8, group_size=16, backend=backend),
+        "act_dequant": ops.act_dequant(q, s, group_size=16, backend=backend),
+        "weight_quant": ops.weight_quant(w, block_size=(16, 16), backend=backend),
+        "weight_dequant": ops.weight_dequant(wq, ws, block_size=(16, 16), backend=backend),
+        "scaled_mm": ops.scaled_mm(q, s, wq, ws, out_dtype=torch.float32, **mm),
+        "scaled_mm+requant": ops.scaled_mm(q, s, wq, ws, out_quant=torch.int8, out_group_size=16, **mm),
+        "dequant_bias": ops.dequant_bias(x[:, :24], s[:, 0], bias, bias, backend=backend),
+        "quantized_gelu": ops.quantized_gelu(q, s, group_size=16, backend=backend),
+    }
+    return {op: o if isinstance(o, tuple) else (o,) for op, o in out.items()}
+
+
+def activation_inputs() -> torch.Tensor:
+    """fp32 inputs from −20 to 20, dense where 1 + erf(·) cancels (−3 and below) and where a plain
+    erfc or exp form would underflow before the product does (about −14.4 … −14.2 and −10.8 … −10.7),
+    down to −120 (SiLU's x / (1 + exp(−x)) is −0 below −88.7), with ±0 and tiny values."""
+    return torch.cat([torch.linspace(-20, 20, 40001), torch.linspace(-15, -3, 60001), torch.linspace(-120, -20, 2001),
+                      torch.tensor([0.0, -0.0, 1e-30, -1e-30, 1e-40, -1e-40])])
+
+
+def check_activation(y: torch.Tensor, x: torch.Tensor, name: str) -> None:
+    """`y` = activation `name` of fp32 `x`, within the contract's tolerance of the float64 oracle, and
+    with the sign of zero kept for x = ±0."""
+    xd = x.double().numpy()
+    exact, condition = oracle.activation(xd, name), oracle.activation_condition(xd, name)
+    assert activation_within(y, torch.from_numpy(exact), torch.from_numpy(condition)), name
+    zeros = x == 0
+    assert torch.equal(torch.signbit(y[zeros]), torch.signbit(x[zeros])), name
+
+
+def tail_gemm_operands(x: torch.Tensor, qdtype, block: int = 16):
+    """scaled_mm operands (K = one block×block block) whose fp32 accumulator is exactly 0, in any
+    accumulation precision, so that with bias = x the epilogue's activation input is x itself (x: [N]
+    fp32; operands on x's device)."""
+    a = torch.zeros(2, block, dtype=qdtype, device=x.device)
+    b = torch.zeros(x.numel(), block, dtype=qdtype, device=x.device)
+    ones = functools.partial(torch.ones, dtype=torch.float32, device=x.device)
+    return a, ones(2, 1), b, ones(-(-x.numel() // block), 1)
+
+
+# The re-quantization floor for tail blocks: their amax lies far below the default 1e-4, which would
+# then set their scales and hide the values' errors. 1e-35 / qmax is still a normal fp32 number.
+TAIL_EPS = 1e-35
+
+
+def tail_blocks() -> torch.Tensor:
+    """[6, 256] activations whose 1×128 blocks lie in GELU's negative tail, each block's largest |GELU|
+    at its least negative value: where the scale comes from values that 1 + erf(·) gets wrong."""
+    spans = [(-3, -12), (-5, -20), (-6, -8), (-8, -14), (-12, -14.5), (-14.3, -20)]
+    return torch.stack([torch.linspace(lo, hi, 256) for lo, hi in spans])
+
+
+def judge_quantized_gelu(q, s, q2, s2, approximate, fmt):
+    """q2·s2 within one quantization step of the float64 GELU of the dequantized input (oracle);
+    CPU tensors, 1×128 groups."""
+    K = q.shape[-1]
+    x = oracle.f32(oracle.decode(q) * np.repeat(s.double().numpy(), 128, -1)[..., :K])
+    exact = torch.from_numpy(oracle.gelu(x, approximate))
+    full = torch.from_numpy(np.repeat(s2.double().numpy(), 128, -1)[..., :K])
+    assert requant_within_one_step(torch.from_numpy(oracle.decode(q2)) * full, exact, full, fmt)
+    assert not s2.isnan().any() and bool((s2 > 0).all())
+
+
+def assert_same_q(q: torch.Tensor, expected: torch.Tensor) -> None:
+    """Quantized tensors equal code for code (any NaN code counts as NaN for FP8)."""
+    assert q.dtype == expected.dtype and q.shape == expected.shape
+    if q.dtype == torch.float8_e4m3fn:
+        a, b = q.float(), expected.float()
+        assert torch.equal(a.isnan(), b.isnan())
+        assert torch.equal(a.nan_to_num(0), b.nan_to_num(0)), "fp8 codes differ"
+    else:
+        assert torch.equal(q, expected)
+
+
+def assert_same_scale(s: torch.Tensor, expected: torch.Tensor) -> None:
+    """fp32 scales equal bit for bit in value (NaN matches NaN, ±Inf matches itself)."""
+    assert s.dtype == torch.float32 and s.shape == expected.shape
+    assert torch.equal(s.isnan(), expected.isnan())
+    assert torch.equal(s.nan_to_num(0, 1, -1), expected.nan_to_num(0, 1, -1)), "scales differ"

@@ -42,12 +42,13 @@ def decode(q: torch.Tensor) -> np.ndarray:
 
 
 def scales(amax: np.ndarray, qdtype: torch.dtype, ue8m0: bool, eps: float) -> np.ndarray:
-    """fp32 scale per block (float64 storage): max(amax, fp32(eps)) / qmax, ue8m0 = 2**ceil(log2)."""
+    """fp32 scale per block (float64 storage): max(amax, fp32(eps)) / qmax; ue8m0: the smallest normal
+    fp32 power of two >= it, 2**max(ceil(log2), -126)."""
     s = f32(np.fmax(amax, f32(eps)) / QMAX[qdtype])
     s = np.where(np.isnan(amax), np.nan, s)
     if ue8m0:
         with np.errstate(divide="ignore", invalid="ignore"):
-            s = np.where(np.isfinite(s), np.exp2(np.ceil(np.log2(s))), s)
+            s = np.where(np.isfinite(s), np.exp2(np.maximum(np.ceil(np.log2(s)), -126)), s)
     return s
 
 
@@ -92,17 +93,36 @@ def weight_quant(w: torch.Tensor, qdtype, bn: int, bk: int, ue8m0: bool = False,
 
 def dequant(q: torch.Tensor, scale_full: np.ndarray, out_dtype) -> torch.Tensor:
     """fp32(q) * scale (one fp32 multiply, exact in float64 then rounded) cast to out_dtype."""
-    return torch.from_numpy(f32(decode(q) * scale_full)).to(out_dtype)
+    with np.errstate(invalid="ignore"):  # 0 · Inf scale: NaN, as the contract has it
+        return torch.from_numpy(f32(decode(q) * scale_full)).to(out_dtype)
 
 
-_erf = np.vectorize(math.erf, otypes=[np.float64])
+def dequant_bias(g: torch.Tensor, sa: torch.Tensor, sb: torch.Tensor, bias=None) -> torch.Tensor:
+    """fp32(g)·sa[m]·sb[n] + fp32(bias[n]), left to right, each operation an fp32 rounding: fp32 [M, N]."""
+    out = f32(f32(f32(g.double().numpy()) * sa.double().numpy()[:, None]) * sb.double().numpy()[None, :])
+    if bias is not None:
+        out = f32(out + bias.double().numpy()[None, :])
+    return torch.from_numpy(out).float()
+
+
+_erfc = np.vectorize(math.erfc, otypes=[np.float64])
+
+
+def _tanh_u(x: np.ndarray) -> np.ndarray:
+    return math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)
+
+
+def _sigmoid(z: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore"):  # exp(-z) -> inf for very negative z gives the right 0
+        return 1 / (1 + np.exp(-z))
 
 
 def gelu(x: np.ndarray, approximate: str = "none") -> np.ndarray:
-    """GELU in float64."""
+    """GELU in float64, accurate in the negative tail too (1 + erf or 1 + tanh would cancel there
+    even in float64, below x ≈ −8)."""
     if approximate == "tanh":
-        return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))
-    return 0.5 * x * (1 + _erf(x / math.sqrt(2)))
+        return x * _sigmoid(2 * _tanh_u(x))
+    return 0.5 * x * _erfc(-x / math.sqrt(2))
 
 
 def activation(x: np.ndarray, name: str | None) -> np.ndarray:
@@ -110,9 +130,22 @@ def activation(x: np.ndarray, name: str | None) -> np.ndarray:
     if name is None:
         return x
     if name == "silu":
-        with np.errstate(over="ignore"):  # exp(-x) -> inf for very negative x gives the right 0
-            return x / (1 + np.exp(-x))
+        return x * _sigmoid(x)
     return gelu(x, "tanh" if name == "gelu_tanh" else "none")
+
+
+def activation_condition(x: np.ndarray, name: str) -> np.ndarray:
+    """|x·f'(x) / f(x)| of the activation f = x·g(x): how much a relative change of x (its fp32
+    rounding, say) is amplified in f(x). It is 1 + x·g'(x)/g(x), which grows like x² for GELU in the
+    negative tail."""
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        if name == "gelu":
+            log_slope = np.exp(-x * x / 2) / math.sqrt(2 * math.pi) / (0.5 * _erfc(-x / math.sqrt(2)))
+        elif name == "silu":
+            log_slope = 1 - _sigmoid(x)
+        else:
+            log_slope = (1 - _sigmoid(2 * _tanh_u(x))) * 2 * math.sqrt(2 / math.pi) * (1 + 3 * 0.044715 * x ** 2)
+        return np.abs(1 + np.nan_to_num(x * log_slope, nan=0.0))
 
 
 def scaled_mm(a, a_scale, b, b_scale, bn: int, bk: int, bias=None, act=None) -> np.ndarray:

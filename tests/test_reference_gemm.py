@@ -95,6 +95,13 @@ def test_dequant_bias(gen, g_dtype, seed_layout):
     assert rel_error(out32, torch.from_numpy(expected)) <= 1e-6
 
 
+@pytest.mark.parametrize("scale_a_shape", [(0,), (0, 1)])
+def test_dequant_bias_without_rows(scale_a_shape):
+    # scale_a is [...] or [..., 1]: with no rows, both empty layouts are accepted alike.
+    out = ops.dequant_bias(torch.ones(0, 8), torch.ones(scale_a_shape), torch.ones(8), torch.ones(8))
+    assert out.shape == (0, 8) and out.dtype == torch.bfloat16
+
+
 @pytest.mark.parametrize("qdtype", list(FMTS))
 @pytest.mark.parametrize("approximate", ["none", "tanh"])
 def test_quantized_gelu(gen, qdtype, approximate):

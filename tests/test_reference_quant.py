@@ -9,27 +9,10 @@ import pytest
 import torch
 
 import oracle
-from helpers import randn
+from helpers import assert_same_q, assert_same_scale, randn
 from quantcore import ops
 
 QDTYPES = [torch.float8_e4m3fn, torch.int8]
-
-
-def assert_same_q(q: torch.Tensor, expected: torch.Tensor) -> None:
-    """Quantized tensors equal code for code (any NaN code counts as NaN for FP8)."""
-    assert q.dtype == expected.dtype and q.shape == expected.shape
-    if q.dtype == torch.float8_e4m3fn:
-        a, b = q.float(), expected.float()
-        assert torch.equal(a.isnan(), b.isnan())
-        assert torch.equal(a.nan_to_num(0), b.nan_to_num(0)), "fp8 codes differ"
-    else:
-        assert torch.equal(q, expected)
-
-
-def assert_same_scale(s: torch.Tensor, expected: torch.Tensor) -> None:
-    assert s.dtype == torch.float32 and s.shape == expected.shape
-    assert torch.equal(s.isnan(), expected.isnan())
-    assert torch.equal(s.nan_to_num(0, 1, -1), expected.nan_to_num(0, 1, -1)), "scales differ"
 
 
 @pytest.mark.parametrize("qdtype", QDTYPES)
@@ -85,6 +68,38 @@ def test_zero_blocks_get_the_eps_scale(qdtype):
     assert torch.equal(s[0], floor.expand(2)) and s[1, 0] == floor
     assert s[1, 1] == torch.tensor(5.0) / oracle.QMAX[qdtype]
     assert q.float().abs().sum() == oracle.QMAX[qdtype]
+
+
+@pytest.mark.parametrize("qdtype", QDTYPES)
+@pytest.mark.parametrize("eps", [1e-40, 3e38])
+def test_eps_at_the_ends_of_its_range_gives_finite_scales(gen, qdtype, eps):
+    # The floor is used in fp32: a subnormal or near-overflow eps still gives a positive finite scale.
+    x = randn((3, 256), gen=gen)
+    x[0] = 0
+    q, s = ops.act_quant(x, dtype=qdtype, eps=eps, backend="torch")
+    assert bool(torch.isfinite(s).all()) and bool((s > 0).all()) and not q.float().isnan().any()
+    eq, es = oracle.act_quant(x, qdtype, 128, eps=eps)
+    assert_same_q(q, eq)
+    assert_same_scale(s, es)
+
+
+# (eps, ue8m0 scale of an all-zero FP8 block): eps/448 subnormal (about 2^-141.8; exactly 2^-127), exactly
+# the smallest normal 2^-126, and just above it.
+UE8M0_EDGE = [(1e-40, 2.0**-126), (7 * 2.0**-121, 2.0**-126), (7 * 2.0**-120, 2.0**-126),
+              (7 * 2.0**-120 * 1.0000001, 2.0**-125)]
+
+
+@pytest.mark.parametrize("eps,expected", UE8M0_EDGE)
+def test_ue8m0_scales_are_normal_powers_of_two_at_the_subnormal_edge(gen, eps, expected):
+    x = randn((2, 256), gen=gen)
+    x[:, :128] = 0
+    q, s = ops.act_quant(x, eps=eps, scale_fmt="ue8m0", backend="torch")
+    assert float(s[0, 0]) == float(s[1, 0]) == expected
+    eq, es = oracle.act_quant(x, torch.float8_e4m3fn, 128, ue8m0=True, eps=eps)
+    assert_same_q(q, eq)
+    assert_same_scale(s, es)
+    w = torch.zeros(3, 5)
+    assert float(ops.weight_quant(w, eps=eps, scale_fmt="ue8m0", backend="torch")[1]) == expected
 
 
 @pytest.mark.parametrize("qdtype", QDTYPES)
@@ -165,6 +180,44 @@ def test_round_trip_error_is_within_half_a_step(gen):
     y = ops.act_dequant(q, s, out_dtype=torch.float32, backend="torch")
     step = s.repeat_interleave(128, dim=-1)
     assert ((y - x).abs() <= step / 2 + 1e-6).all()
+
+
+HUGE = 2**31  # a valid group size: padding a block to it would allocate gigabytes
+
+
+@pytest.mark.parametrize("qdtype", QDTYPES)
+def test_blocks_larger_than_the_dimension_are_the_dimension(gen, qdtype):
+    x = randn((2, 10), gen=gen)
+    q, s = ops.act_quant(x, dtype=qdtype, group_size=HUGE, backend="torch")
+    eq, es = ops.act_quant(x, dtype=qdtype, group_size=10, backend="torch")
+    assert s.shape == (2, 1)
+    assert_same_q(q, eq)
+    assert_same_scale(s, es)
+    assert torch.equal(ops.act_dequant(q, s, group_size=HUGE, backend="torch"),
+                       ops.act_dequant(q, s, group_size=10, backend="torch"))
+    g, gs = ops.quantized_gelu(q, s, group_size=HUGE, backend="torch")
+    eg, egs = ops.quantized_gelu(q, s, group_size=10, backend="torch")
+    assert_same_q(g, eg)
+    assert_same_scale(gs, egs)
+    w = randn((3, 5), gen=gen)
+    wq, ws = ops.weight_quant(w, dtype=qdtype, block_size=(HUGE, 2**40), backend="torch")
+    ewq, ews = ops.weight_quant(w, dtype=qdtype, block_size=(3, 5), backend="torch")
+    assert ws.shape == (1, 1)
+    assert_same_q(wq, ewq)
+    assert_same_scale(ws, ews)
+    assert torch.equal(ops.weight_dequant(wq, ws, block_size=(HUGE, HUGE), backend="torch"),
+                       ops.weight_dequant(wq, ws, block_size=(3, 5), backend="torch"))
+
+
+def test_gemm_blocks_larger_than_the_dimension_are_the_dimension(gen):
+    a, a_s = ops.act_quant(randn((2, 10), gen=gen), dtype=torch.int8, group_size=HUGE, backend="torch")
+    b, b_s = ops.weight_quant(randn((3, 10), gen=gen), dtype=torch.int8, block_size=(HUGE, HUGE), backend="torch")
+    for out_quant in (None, torch.int8):
+        kw = dict(out_quant=out_quant, out_dtype=torch.float32, activation="silu", backend="torch")
+        got = ops.scaled_mm(a, a_s, b, b_s, block_size=(HUGE, HUGE), out_group_size=HUGE, **kw)
+        expected = ops.scaled_mm(a, a_s, b, b_s, block_size=(3, 10), out_group_size=3, **kw)
+        for t, e in zip(got if out_quant else (got,), expected if out_quant else (expected,)):
+            assert torch.equal(t, e)
 
 
 def test_empty_rows_give_empty_outputs():

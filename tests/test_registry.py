@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import warnings
 
 import pytest
@@ -143,6 +144,59 @@ def test_selection_is_cached():
     before = registry._select_cached.cache_info().hits
     registry.select(q)
     assert registry._select_cached.cache_info().hits == before + 1
+
+
+@pytest.mark.parametrize("label,limit", [("triton", 256), ("cupy", 2**31 - 1)])
+def test_gemm_k_blocks_beyond_what_kernels_tile_are_refused(label, limit):
+    """A K block of 2^31 would be Triton's K tile (and overflow CuPy's int argument): refused, so the
+    registry falls back to the reference, which loops over K blocks without padding."""
+    bk = 2**31
+    q = Query("scaled_mm", capability.simulated_profile("sm90"), "int8", None, (128, bk), nk=(64, 100), block_k=bk)
+    impl = next(i for i in registry.impls("scaled_mm") if i.label == label)
+    assert f"the K block must be at most {limit}, got {bk}" in impl.not_supported_reasons(q)
+    ok = Query("scaled_mm", q.profile, "int8", None, (128, 128), nk=(64, 100), block_k=128)
+    assert not any("K block" in r for r in impl.not_supported_reasons(ok))
+
+
+def test_every_kernel_of_a_label_keeps_its_reason():
+    """Triton's INT8 and FP8 GEMMs share the label "triton": forcing an INT8 GEMM with FP8 out_quant
+    onto it must report the INT8 kernel's reason, not only the FP8 kernel's."""
+    q = Query("scaled_mm", capability.simulated_profile("sm90"), "int8", "fp8_e4m3", (128, 128, 128),
+              nk=(64, 256), block_k=128, out_group=128)
+    with pytest.raises(UnsupportedError) as err:
+        registry.select(q, backend="triton")
+    assert err.value.reasons["triton"] == ["format fp8_e4m3 not implemented (has int8)",
+                                           "format int8 not implemented (has fp8_e4m3)"]
+    assert "triton: format fp8_e4m3 not implemented (has int8)" in str(err.value)
+    explained = {c.impl: c.reasons for c in registry.explain_query(q, backend="triton").candidates}
+    assert explained["triton"] == ["format fp8_e4m3 not implemented (has int8)"]
+
+
+def test_selection_racing_an_unregister_is_not_kept():
+    """Thread A selects an implementation while the main thread unregisters it: A's result, computed
+    from the old registry, must not be what later selections get."""
+    entered, proceed = threading.Event(), threading.Event()
+
+    class Racer(Impl):
+        def not_supported_reasons(self, query):
+            entered.set()
+            assert proceed.wait(10)
+            return []
+
+    racer = Racer("act_quant", "triton", lambda **kw: None, Constraints(devices=("cpu",)))
+    q = query("act_quant", "cpu", blocks=(128,))
+    registry.register(racer)
+    try:
+        picked = []
+        worker = threading.Thread(target=lambda: picked.append(registry.select(q, ("triton",))))
+        worker.start()
+        assert entered.wait(10)
+    finally:
+        registry.unregister(racer)
+    proceed.set()
+    worker.join(10)
+    assert picked == [racer]  # computed before the unregister took effect
+    assert registry.select(q, ("triton",)) is not racer
 
 
 def test_gemm_block_constraints_are_data():

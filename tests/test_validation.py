@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from quantcore import InvalidInputError, NonFiniteInputError, UnsupportedError, explain, ops
+from quantcore import InvalidInputError, NonFiniteInputError, UnsupportedError, explain, ops, priority, simulate
 
 F8, I8 = torch.float8_e4m3fn, torch.int8
 x = torch.randn(4, 256)
@@ -15,6 +15,11 @@ w = torch.randn(256, 256)
 wq = w.to(F8)
 ws = torch.ones(2, 2)
 g = torch.randn(4, 256)
+
+
+def enter(context) -> None:
+    with context:
+        pass
 
 BAD = [
     # (id, call, message fragment)
@@ -31,6 +36,13 @@ BAD = [
     ("act_quant-scale-fmt", lambda: ops.act_quant(x, scale_fmt="e8m0"), "scale_fmt must be one of"),
     ("act_quant-eps-zero", lambda: ops.act_quant(x, eps=0.0), "eps must be a finite number > 0"),
     ("act_quant-eps-nan", lambda: ops.act_quant(x, eps=float("nan")), "eps must be a finite number"),
+    ("act_quant-eps-underflows", lambda: ops.act_quant(x, eps=1e-50), "gives a scale eps/qmax of 0.0 (qmax 448)"),
+    ("act_quant-eps-overflows", lambda: ops.act_quant(x, eps=1e300), "is inf in fp32"),
+    ("act_quant-eps-int8-range", lambda: ops.act_quant(x, dtype=I8, eps=1e-44), "use an eps above 8.9e-44"),
+    ("weight_quant-eps", lambda: ops.weight_quant(w, eps=1e-50), "weight_quant: eps=1e-50 is 0.0 in fp32"),
+    ("quantized_gelu-eps", lambda: ops.quantized_gelu(q8, s2, out_dtype=I8, eps=1e300), "(qmax 127)"),
+    ("scaled_mm-eps-requant", lambda: ops.scaled_mm(q8, s2, wq, ws, out_quant=I8, eps=1e-44), "(qmax 127)"),
+    ("scaled_mm-eps-unused", lambda: ops.scaled_mm(q8, s2, wq, ws, eps=1e300), "scaled_mm: eps=1e+300 is inf"),
     ("act_quant-layout", lambda: ops.act_quant(x, scale_layout="col"), "scale_layout must be one of"),
     ("act_dequant-float-q", lambda: ops.act_dequant(x, s2), "q has dtype float32"),
     ("act_dequant-scale-dtype", lambda: ops.act_dequant(q8, s2.half()), "scale has dtype float16"),
@@ -68,6 +80,16 @@ BAD = [
     ("quantized_gelu-scale", lambda: ops.quantized_gelu(q8, torch.ones(4, 1)), "scale has shape (4, 1)"),
     ("explain-unknown-op", lambda: explain("fp8_gemm", x), "unknown op 'fp8_gemm'"),
     ("unknown-backend", lambda: ops.act_quant(x, backend="cutlass"), "backend: unknown ['cutlass']"),
+    ("backend-int", lambda: ops.act_quant(x, backend=5), "backend: expected None, \"auto\", a backend name"),
+    ("backend-bytes", lambda: ops.act_quant(x, backend=b"torch"), "backend: expected None"),
+    ("backend-set", lambda: ops.act_quant(x, backend={"torch"}), "a list/tuple of names"),
+    ("backend-list-of-int", lambda: ops.act_quant(x, backend=["torch", 5]), "backend: backend names must be str"),
+    ("priority-int", lambda: enter(priority(5)), "priority: backend names must be str, got [5]"),
+    ("simulate-none", lambda: enter(simulate(None)), "simulate: the profile name must be a str"),
+    ("act_quant-check-finite-str", lambda: ops.act_quant(x, check_finite="no"),
+     "act_quant: check_finite must be True or False, got 'no'"),
+    ("weight_quant-check-finite-int", lambda: ops.weight_quant(w, check_finite=1),
+     "weight_quant: check_finite must be True or False, got 1"),
 ]
 
 

@@ -29,8 +29,10 @@ class Query:
     """What selection looks at: the op, the effective device profile and the static features of a call.
 
     `fmt` is the quantized format read or written ("fp8_e4m3"/"int8"); `out_fmt` a quantized output
-    format where the op re-quantizes; `blocks` every block/group size the call uses; `m_bucket` the
-    rows rounded up to a power of two (measured priorities differ by M); `nk` the GEMM's (N, K).
+    format where the op re-quantizes; `blocks` every block/group size of the call as the caller gave it
+    (the scale layout; kernels receive blocks larger than a quantize op's dimension clamped to it);
+    `m_bucket` the rows rounded up to a power of two (measured priorities differ by M); `nk` the
+    GEMM's (N, K).
     """
 
     op: str
@@ -62,6 +64,7 @@ class Constraints:
     nk_multiple: tuple[int, int] | None = None  # (N, K) must be multiples of these (vendor kernels' alignment)
     block_k_multiple: int | None = None  # the GEMM's K block must be a multiple of this (its K tile)
     block_k_pow2: bool = False  # ... and a power of two (a K tile spans whole K blocks)
+    block_k_max: int | None = None  # ... and at most this (the K tile, or an int32 kernel argument)
     out_group_max: int | None = None  # re-quantization groups: powers of two up to this (one output tile)
 
     def reasons(self, q: Query) -> list[str]:
@@ -99,6 +102,8 @@ class Constraints:
         if bk and self.block_k_multiple and (bk % self.block_k_multiple or (self.block_k_pow2 and bk & (bk - 1))):
             kind = "a power of two >= " if self.block_k_pow2 else "a multiple of "
             out.append(f"the K block must be {kind}{self.block_k_multiple}, got {bk}")
+        if bk and self.block_k_max and bk > self.block_k_max:
+            out.append(f"the K block must be at most {self.block_k_max}, got {bk}")
         g = q.out_group
         if self.out_group_max and g and (g > self.out_group_max or g & (g - 1)):
             out.append(f"re-quantization groups must be powers of two <= {self.out_group_max}, got {g}")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from typing import Any, Iterable
 
+import numpy as np
 import torch
 
 from .. import capability
@@ -22,8 +23,10 @@ def _names(dtypes: Iterable[torch.dtype]) -> str:
     return ", ".join(dtype_name(d) for d in dtypes)
 
 
-def tensor(op: str, name: str, t: Any, dtypes: Iterable[torch.dtype], min_dim: int = 1) -> torch.Tensor:
-    """`t` is a tensor of one of `dtypes` with at least `min_dim` dims and no zero-sized trailing dim."""
+def tensor(op: str, name: str, t: Any, dtypes: Iterable[torch.dtype], min_dim: int = 1,
+           empty_last: bool = False) -> torch.Tensor:
+    """`t` is a tensor of one of `dtypes` with at least `min_dim` dims and, unless `empty_last` (a
+    per-row vector, empty when there are no rows), no zero-sized trailing dim."""
     dtypes = tuple(dtypes)
     if not isinstance(t, torch.Tensor):
         raise fail(op, f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -31,7 +34,7 @@ def tensor(op: str, name: str, t: Any, dtypes: Iterable[torch.dtype], min_dim: i
         raise fail(op, f"{name} has dtype {dtype_name(t.dtype)}; expected one of {_names(dtypes)}")
     if t.dim() < min_dim:
         raise fail(op, f"{name} must have at least {min_dim} dimension(s), got shape {tuple(t.shape)}")
-    if t.dim() and t.shape[-1] == 0:
+    if t.dim() and t.shape[-1] == 0 and not empty_last:
         raise fail(op, f"{name} has an empty last dimension (shape {tuple(t.shape)}); blocks need at least one element")
     if t.is_complex() or t.is_sparse:
         raise fail(op, f"{name} must be a dense real tensor")
@@ -69,6 +72,13 @@ def positive_int(op: str, name: str, value: Any) -> int:
     return value
 
 
+def within(block: int, size: int) -> int:
+    """The block a kernel needs for a dimension of `size` >= 1: a larger block is the whole dimension,
+    with the same single scale per block row, so it must cost what the dimension costs (a kernel or the
+    reference would otherwise pad to, and allocate, the requested size)."""
+    return min(block, size)
+
+
 def block_pair(op: str, value: Any) -> tuple[int, int]:
     """A (Bn, Bk) weight block shape."""
     if not isinstance(value, (tuple, list)) or len(value) != 2:
@@ -76,11 +86,30 @@ def block_pair(op: str, value: Any) -> tuple[int, int]:
     return positive_int(op, "block_size[0]", value[0]), positive_int(op, "block_size[1]", value[1])
 
 
-def eps(op: str, value: Any) -> float:
-    """The amax floor: a finite float > 0."""
+_FP32_MAX = float(np.finfo(np.float32).max)
+
+
+def eps(op: str, value: Any, qmax: float) -> float:
+    """The amax floor: a finite number > 0 whose fp32 value over `qmax` is a positive, finite fp32 scale
+    (kernels use eps in fp32, so a Python-float check alone lets 1e-50 give scale 0 and 1e300 scale Inf)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
         raise fail(op, f"eps must be a finite number > 0, got {value!r}")
+    with np.errstate(over="ignore", under="ignore"):
+        floor = np.float32(value)
+        scale = floor / np.float32(qmax)
+    if not (np.isfinite(scale) and scale > 0):
+        # The quotient rounds to 0 at or below qmax * 2^-150 (half the smallest fp32 subnormal).
+        raise fail(op, f"eps={value!r} is {float(floor)!r} in fp32 and gives a scale eps/qmax of {float(scale)!r} "
+                       f"(qmax {qmax:g}); use an eps above {qmax * 2.0 ** -150:.3g} and at most {_FP32_MAX:.7g} so "
+                       "that the fp32 scale is positive and finite")
     return float(value)
+
+
+def flag(op: str, name: str, value: Any) -> bool:
+    """A real bool: a truthy stand-in such as "no" or 1 would silently mean True."""
+    if not isinstance(value, bool):
+        raise fail(op, f"{name} must be True or False, got {value!r} ({type(value).__name__})")
+    return value
 
 
 def scale_fmt(op: str, value: Any) -> bool:

@@ -31,7 +31,7 @@ def dequant_bias(g, scale_a, scale_b, bias=None, *, out_dtype=torch.bfloat16) ->
     lead, N = g.shape[:-1], g.shape[-1]
     g2 = checks.rows(g)
     M = g2.shape[0]
-    scale_a = checks.tensor(op, "scale_a", scale_a, (torch.float32,), min_dim=0)
+    scale_a = checks.tensor(op, "scale_a", scale_a, (torch.float32,), min_dim=0, empty_last=True)
     if tuple(scale_a.shape) not in (tuple(lead), (*lead, 1)):
         raise checks.fail(op, f"scale_a has shape {tuple(scale_a.shape)}; expected {tuple(lead)} or "
                               f"{(*lead, 1)} (one fp32 scale per row of g)")
@@ -59,7 +59,7 @@ def quantized_gelu(q, scale, *, group_size=DEFAULT_GROUP, approximate="none", ou
     approx = checks.choice(op, "approximate", approximate, GELU_APPROXIMATIONS)
     out_fmt = fmt if out_dtype is None else checks.quant_format(op, "out_dtype", out_dtype, q.device)
     ue8m0 = checks.scale_fmt(op, scale_fmt)
-    floor = checks.eps(op, eps)
+    floor = checks.eps(op, eps, out_fmt.qmax)
     checks.same_device(op, q=q, scale=scale)
     lead, K = q.shape[:-1], q.shape[-1]
     checks.shape(op, "scale", scale, (*lead, math.ceil(K / group)), f"one fp32 scale per 1x{group} group of q")
@@ -68,7 +68,7 @@ def quantized_gelu(q, scale, *, group_size=DEFAULT_GROUP, approximate="none", ou
 
     return Prepared(
         Query(op, profile, fmt.name, out_fmt.name, (group,), m_bucket(q2.shape[0])),
-        dict(q=q2, scale=scale.reshape(-1, scale.shape[-1]), group_size=group, approximate=approx,
+        dict(q=q2, scale=scale.reshape(-1, scale.shape[-1]), group_size=checks.within(group, K), approximate=approx,
              out_qdtype=out_fmt.dtype, ue8m0=ue8m0, eps=floor, profile=profile),
         leading(lead), empty=q2.shape[0] == 0,
     )

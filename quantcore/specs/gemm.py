@@ -45,9 +45,11 @@ def scaled_mm(a, a_scale, b, b_scale, bias=None, *, activation=None, out_dtype=t
     out_fmt = None
     group = checks.positive_int(op, "out_group_size", out_group_size)
     ue8m0_out = checks.scale_fmt(op, out_scale_fmt)
-    floor = checks.eps(op, eps)
     if out_quant is not None:
         out_fmt = checks.quant_format(op, "out_quant", out_quant, a.device)
+    # eps floors the re-quantized output's scales; without out_quant it is unused but checked all the same,
+    # against the operands' format.
+    floor = checks.eps(op, eps, (out_fmt or fmt).qmax)
     a2 = checks.rows(a)
     blocks = (bn, bk) + ((group,) if out_fmt else ())
     profile = capability.profile_for(a.device)
@@ -57,7 +59,7 @@ def scaled_mm(a, a_scale, b, b_scale, bias=None, *, activation=None, out_dtype=t
               block_k=bk, out_group=group if out_fmt else 0,
               fused=bias is not None or act is not None or out_fmt is not None),
         dict(a=a2, a_scale=a_scale.reshape(-1, kb), b=checks.last_dim_contiguous(b), b_scale=b_scale,
-             block_n=bn, block_k=bk, bias=bias, activation=act, out_dtype=out,
+             block_n=checks.within(bn, N), block_k=bk, bias=bias, activation=act, out_dtype=out,
              out_quant=out_fmt.dtype if out_fmt else None, out_group=group, ue8m0_out=ue8m0_out, eps=floor,
              profile=profile),
         leading(lead), empty=a2.shape[0] == 0,
@@ -92,17 +94,18 @@ def quant_linear(x, w, w_scale, bias=None, *, activation=None, out_dtype=torch.b
     act = checks.choice(op, "activation", activation, ACTIVATIONS)
     out = checks.out_float(op, "out_dtype", out_dtype)
     ue8m0 = checks.scale_fmt(op, scale_fmt)
-    floor = checks.eps(op, eps)
+    fmt = format_of_dtype(w.dtype)
+    floor = checks.eps(op, eps, fmt.qmax)
     lead, K = x.shape[:-1], x.shape[-1]
     w_scale, bias = _weight(op, w, w_scale, bias, K, bn, bk, ("w", "w_scale"))
     checks.same_device(op, x=x, w=w, w_scale=w_scale, bias=bias)
     x2 = checks.rows(x)
-    fmt = format_of_dtype(w.dtype)
     profile = capability.profile_for(x.device)
     return Prepared(
         Query(op, profile, fmt.name, None, (bn, bk), m_bucket(x2.shape[0]), (w.shape[0], K), block_k=bk,
               fused=bias is not None or act is not None),
-        dict(x=x2, w=checks.last_dim_contiguous(w), w_scale=w_scale, block_n=bn, block_k=bk, bias=bias,
+        dict(x=x2, w=checks.last_dim_contiguous(w), w_scale=w_scale, block_n=checks.within(bn, w.shape[0]), block_k=bk,
+             bias=bias,
              activation=act, out_dtype=out, ue8m0=ue8m0, eps=floor, profile=profile),
         leading(lead), empty=x2.shape[0] == 0,
     )

@@ -21,9 +21,9 @@ def act_quant(x, *, dtype=torch.float8_e4m3fn, group_size=DEFAULT_GROUP, scale_f
     fmt = checks.quant_format(op, "dtype", dtype, x.device)
     group = checks.positive_int(op, "group_size", group_size)
     ue8m0 = checks.scale_fmt(op, scale_fmt)
-    floor = checks.eps(op, eps)
+    floor = checks.eps(op, eps, fmt.qmax)
     layout = checks.choice(op, "scale_layout", scale_layout, SCALE_LAYOUTS)
-    if check_finite:
+    if checks.flag(op, "check_finite", check_finite):
         checks.finite(op, "x", x)
     lead, K = x.shape[:-1], x.shape[-1]
     x2 = checks.rows(x)
@@ -31,7 +31,7 @@ def act_quant(x, *, dtype=torch.float8_e4m3fn, group_size=DEFAULT_GROUP, scale_f
     profile = capability.profile_for(x.device)
     return Prepared(
         Query(op, profile, fmt.name, blocks=(group,), m_bucket=m_bucket(x2.shape[0])),
-        dict(x=x2, qdtype=fmt.dtype, group_size=group, ue8m0=ue8m0, eps=floor,
+        dict(x=x2, qdtype=fmt.dtype, group_size=checks.within(group, K), ue8m0=ue8m0, eps=floor,
              scale_m_major=layout == "m_major", profile=profile),
         leading(lead), empty=x2.shape[0] == 0,
     )
@@ -52,7 +52,8 @@ def act_dequant(q, scale, *, group_size=DEFAULT_GROUP, out_dtype=torch.bfloat16)
     profile = capability.profile_for(q.device)
     return Prepared(
         Query(op, profile, fmt.name, blocks=(group,), m_bucket=m_bucket(q2.shape[0])),
-        dict(q=q2, scale=scale.reshape(-1, scale.shape[-1]), group_size=group, out_dtype=out, profile=profile),
+        dict(q=q2, scale=scale.reshape(-1, scale.shape[-1]), group_size=checks.within(group, K), out_dtype=out,
+             profile=profile),
         leading(lead), empty=q2.shape[0] == 0,
     )
 
@@ -65,14 +66,15 @@ def weight_quant(w, *, dtype=torch.float8_e4m3fn, block_size=DEFAULT_BLOCK, scal
     fmt = checks.quant_format(op, "dtype", dtype, w.device)
     bn, bk = checks.block_pair(op, block_size)
     ue8m0 = checks.scale_fmt(op, scale_fmt)
-    floor = checks.eps(op, eps)
-    if check_finite:
+    floor = checks.eps(op, eps, fmt.qmax)
+    if checks.flag(op, "check_finite", check_finite):
         checks.finite(op, "w", w)
     profile = capability.profile_for(w.device)
+    N, K = w.shape
     return Prepared(
         Query(op, profile, fmt.name, blocks=(bn, bk)),
-        dict(w=checks.last_dim_contiguous(w), qdtype=fmt.dtype, block_n=bn, block_k=bk, ue8m0=ue8m0, eps=floor,
-             profile=profile),
+        dict(w=checks.last_dim_contiguous(w), qdtype=fmt.dtype, block_n=checks.within(bn, N),
+             block_k=checks.within(bk, K), ue8m0=ue8m0, eps=floor, profile=profile),
         keep,
     )
 
@@ -92,6 +94,7 @@ def weight_dequant(q, scale, *, block_size=DEFAULT_BLOCK, out_dtype=torch.bfloat
     profile = capability.profile_for(q.device)
     return Prepared(
         Query(op, profile, fmt.name, blocks=(bn, bk)),
-        dict(q=checks.last_dim_contiguous(q), scale=scale, block_n=bn, block_k=bk, out_dtype=out, profile=profile),
+        dict(q=checks.last_dim_contiguous(q), scale=scale, block_n=checks.within(bn, N), block_k=checks.within(bk, K),
+             out_dtype=out, profile=profile),
         keep,
     )

@@ -17,6 +17,12 @@ LOW_PRECISION_OUT = {torch.bfloat16: 1e-2, torch.float16: 1e-2}
 # wgmma: Triton and cuBLAS) declare it in their `numerics`; measured 1.1-1.3e-4 on the H100.
 REDUCED_ACCUMULATION_FP32_OUT = 3e-4
 REQUANT_SCALE_RTOL = 1e-5  # a re-quantized block's scale follows its amax, itself an fp32-rounded GEMM value
+# Elementwise activations in fp32: ulps of the exact value, counting the input's rounding amplified by
+# the function's condition number. Measured on the CPU: up to ~5 for the reference and the Triton
+# interpreter alike.
+ACTIVATION_ULPS = 16
+_FP32_ULP = 2.0**-24
+_SMALLEST_SUBNORMAL = 2.0**-149
 
 
 def gemm_tolerance(fmt: str, out_dtype: torch.dtype, exact_accumulation: bool = True) -> float:
@@ -31,6 +37,17 @@ def rel_error(out: torch.Tensor, expected: torch.Tensor) -> float:
     """‖out − expected‖_F / max(‖expected‖_F, tiny), computed in float64."""
     out, expected = out.double(), expected.double()
     return float((out - expected).norm() / expected.norm().clamp_min(1e-300))
+
+
+def activation_within(out: torch.Tensor, exact: torch.Tensor, condition: torch.Tensor) -> bool:
+    """Every fp32 activation value is within ACTIVATION_ULPS ulps·(1 + condition) of the exact value
+    (`condition` = |x·f'(x)/f(x)|, so that the input's own fp32 rounding counts as amplified: GELU's
+    grows like x² in the negative tail), plus one subnormal step below the normal range; and none is
+    zero where the exact value is at least the smallest fp32 subnormal (no −0 for a negative value)."""
+    out, exact, condition = out.double(), exact.double(), condition.double()
+    bound = ACTIVATION_ULPS * _FP32_ULP * (1 + condition) * exact.abs() + _SMALLEST_SUBNORMAL
+    nonzero = (out != 0) | (exact.abs() < _SMALLEST_SUBNORMAL)
+    return bool(((out - exact).abs() <= bound).all() and nonzero.all())
 
 
 def requant_within_one_step(deq: torch.Tensor, exact: torch.Tensor, scale: torch.Tensor, fmt: str) -> bool:

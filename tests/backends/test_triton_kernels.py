@@ -8,6 +8,7 @@ plants zero/NaN/Inf blocks on purpose.
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -23,11 +24,19 @@ import pytest  # noqa: E402
 
 triton = pytest.importorskip("triton")
 import triton.language as tl  # noqa: E402
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
 
-from helpers import randn  # noqa: E402
+import properties  # noqa: E402
+
+from helpers import (  # noqa: E402
+    TAIL_EPS, activation_inputs, check_activation, judge_quantized_gelu, outputs_of_every_op_on_grad_inputs, randn,
+    tail_blocks, tail_gemm_operands)
+from quantcore import ops  # noqa: E402
 from quantcore.backends import torch as ref  # noqa: E402
 from quantcore.backends.triton import configs, launch  # noqa: E402
 from quantcore.backends.triton.kernels.cast import bf16_encode  # noqa: E402
+from quantcore.backends.triton.kernels.epilogue import activate  # noqa: E402
 from quantcore.backends.triton.kernels.fp8 import (  # noqa: E402
     fp8e4m3_decode_f16, fp8e4m3_encode, ue8m0_round_up)
 from quantcore.capability import SIMULATED, cpu_profile  # noqa: E402
@@ -124,13 +133,15 @@ def plant_specials(x, group):
 
 
 # ---------------------------------------------------------------------------------------------
-# the bit codecs, directly
+# the bit codecs and the epilogue activations, directly
 
 @triton.jit
 def _codec_kernel(src, dst, n, CODEC: tl.constexpr, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     x = tl.load(src + offs, mask=offs < n)
-    if CODEC == "fp8_encode":
+    if CODEC == "gelu" or CODEC == "gelu_tanh" or CODEC == "silu":
+        y = activate(x, CODEC)
+    elif CODEC == "fp8_encode":
         y = fp8e4m3_encode(x)
     elif CODEC == "fp8_decode":
         y = fp8e4m3_decode_f16(x)
@@ -195,8 +206,16 @@ def test_ue8m0_rounds_up_to_powers_of_two_on_bits():
     assert_bits_equal(got, ref.quant.round_scale_ue8m0(s))
 
 
+@pytest.mark.parametrize("name", ["gelu", "gelu_tanh", "silu"])
+def test_activations_match_float64_over_the_whole_range(name):
+    """The epilogue activation against the float64 oracle, the negative tail included (never −0 where
+    the exact value is a non-zero fp32 number), as the reference's in tests/test_activations.py."""
+    x = activation_inputs()
+    check_activation(_run(name, x, torch.float32), x, name)
+
+
 # ---------------------------------------------------------------------------------------------
-# activations
+# activation quantize and dequantize
 
 @pytest.mark.parametrize("qdtype", QDTYPES)
 @pytest.mark.parametrize("K", [1, 64, 127, 128, 129, 576])
@@ -236,6 +255,18 @@ def test_act_quant_nan_inf_zero_blocks(gen, qdtype, ue8m0):
     assert torch.isnan(s[0, 0]) and torch.isinf(s[1, 1]) and torch.isinf(s[2, 0])
     assert torch.isfinite(s[0, 1:]).all() and torch.isfinite(s[1, 0])  # other blocks unaffected
     assert float(s[-1, 0]) == float(ref.quant.block_scale(torch.zeros(1), qdtype, ue8m0, 1e-4))
+
+
+@pytest.mark.parametrize("eps", [1e-40, 7 * 2.0**-121, 7 * 2.0**-120])
+def test_ue8m0_subnormal_scales_become_two_to_minus_126(gen, eps):
+    x = randn((2, 256), gen=gen)
+    x[:, 128:] = 0
+    kw = dict(qdtype=FP8, group_size=128, ue8m0=True, eps=eps, scale_m_major=False)
+    q, s = launch.act_quant(x, profile=SM90, **kw)
+    eq, es = ref.act_quant(x, **kw)
+    assert float(s[0, 1]) == 2.0**-126
+    assert_codes_equal(q, eq)
+    assert_bits_equal(s, es)
 
 
 @pytest.mark.parametrize("qdtype", QDTYPES)
@@ -283,6 +314,28 @@ def test_whole_block_tensors_take_the_unmasked_path(gen, qdtype, shape, block):
     assert_bits_equal(got, ref.weight_dequant(q, s, block_n=block[0], block_k=block[1], out_dtype=torch.float32))
 
 
+@pytest.mark.parametrize("qdtype", QDTYPES)
+def test_blocks_larger_than_the_dimension_tile_the_dimension(gen, qdtype):
+    """A 2^31 group would be padded to a 2^31-element tile; the op hands the kernel the dimension."""
+    huge = 2**31
+    x = randn((2, 10), gen=gen)
+    q, s = ops.act_quant(x, dtype=qdtype, group_size=huge, backend="triton")
+    eq, es = ref.act_quant(x, qdtype=qdtype, group_size=10, ue8m0=False, eps=1e-4, scale_m_major=False)
+    assert_codes_equal(q, eq)
+    assert_bits_equal(s, es)
+    assert_bits_equal(ops.act_dequant(q, s, group_size=huge, out_dtype=torch.float32, backend="triton"),
+                      ref.act_dequant(eq, es, group_size=10, out_dtype=torch.float32))
+    g, gs = ops.quantized_gelu(q, s, group_size=huge, backend="triton")
+    assert g.shape == q.shape and gs.shape == (2, 1)
+    w = randn((3, 5), gen=gen)
+    wq, ws = ops.weight_quant(w, dtype=qdtype, block_size=(huge, huge), backend="triton")
+    ewq, ews = ref.weight_quant(w, qdtype=qdtype, block_n=3, block_k=5, ue8m0=False, eps=1e-4)
+    assert_codes_equal(wq, ewq)
+    assert_bits_equal(ws, ews)
+    assert_bits_equal(ops.weight_dequant(wq, ws, block_size=(huge, huge), backend="triton"),
+                      ref.weight_dequant(ewq, ews, block_n=3, block_k=5, out_dtype=torch.bfloat16))
+
+
 # ---------------------------------------------------------------------------------------------
 # epilogues
 
@@ -298,6 +351,25 @@ def test_dequant_bias_bit_exact(gen, g_dtype, bias_dtype):
     for out_dtype in (torch.bfloat16, torch.float32):
         got = launch.dequant_bias(strided(g), sa, sb, bias, out_dtype=out_dtype, profile=SM90)
         assert_bits_equal(got, ref.dequant_bias(g, sa, sb, bias, out_dtype=out_dtype))
+
+
+@pytest.mark.parametrize("qdtype", QDTYPES)
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_quantized_gelu_on_the_negative_tail(qdtype, approximate):
+    q, s = ref.act_quant(tail_blocks(), qdtype=qdtype, group_size=128, ue8m0=False, eps=1e-4, scale_m_major=False)
+    q2, s2 = launch.quantized_gelu(q, s, group_size=128, approximate=approximate, out_qdtype=qdtype, ue8m0=False,
+                                   eps=TAIL_EPS, profile=SM90)
+    judge_quantized_gelu(q, s, q2, s2, approximate, "int8" if qdtype == I8 else "fp8_e4m3")
+
+
+@pytest.mark.parametrize("name", ["gelu", "gelu_tanh", "silu"])
+def test_scaled_mm_epilogue_activation_on_the_negative_tail(name):
+    x = activation_inputs()
+    x = x[x != 0][::29].contiguous()  # 0 + (−0) is +0: the epilogue never sees a −0
+    a, a_s, b, b_s = tail_gemm_operands(x, I8)
+    out = launch.scaled_mm(a, a_s, b, b_s, profile=SM80, **_gemm_kw(block_n=16, block_k=16, bias=x, activation=name))
+    for row in out:
+        check_activation(row, x, name)
 
 
 @pytest.mark.parametrize("qdtype", QDTYPES)
@@ -461,6 +533,29 @@ def test_direct_launches_need_a_known_triton_and_a_gpu():
     assert not direct.version_supported("3.2.0") and not direct.version_supported("4.0.0")
     assert not direct.version_supported("nightly")
     assert not direct.enabled()  # the interpreter runs every launch through the JIT
+
+def test_outputs_never_require_grad():
+    """The same rule as the reference's (tests/test_inference_only.py): inference-only outputs."""
+    for op, tensors in outputs_of_every_op_on_grad_inputs("triton").items():
+        assert [t.requires_grad for t in tensors] == [False] * len(tensors), op
+
+
+# ---------------------------------------------------------------------------------------------
+# every op against the float64 oracle, cases drawn by hypothesis (tests/properties.py): a few, the
+# interpreter being slow
+
+# The K block is the kernel's K tile, a re-quantization group fits one N tile, and the output keeps
+# the operands' format (the constraints).
+CHECKS = dict(properties.CHECKS, scaled_mm=functools.partial(
+    properties.check_scaled_mm, k_blocks=st.sampled_from([16, 32, 64]), out_groups=st.sampled_from([16, 32, 64, 128]),
+    mixed_formats=False))
+
+
+@pytest.mark.parametrize("op", list(CHECKS))
+@settings(max_examples=25, deadline=None, derandomize=True)
+@given(data=st.data())
+def test_op_against_the_oracle(op, data):
+    CHECKS[op](data, "triton")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,8 +1,8 @@
-"""CuPy kernels against the torch reference on the GPU: bit-exact quantize/dequantize/epilogues, the
-GEMM within the contract's tolerances, on DeepSeek-V3 shapes with tails, on the real profile and on
-the simulated sm_80 (GEMM) and sm_75 paths. Also the kernel specifics: 16-byte vector path vs the scalar
-path, misaligned pointers and strides, M-major scales, the decode tiles and their single-launch
-split-K (split order, determinism, counters left at zero, CUDA graph replays)."""
+"""CuPy kernels against the torch reference on the GPU: bit-exact quantize/dequantize/dequant + bias,
+quantized GELU and the GEMM within the contract's tolerances, on DeepSeek-V3 shapes with tails, on the
+real profile and on the simulated sm_80 (GEMM) and sm_75 paths. Also the kernel specifics: 16-byte
+vector path vs the scalar path, misaligned pointers and strides, M-major scales, the decode tiles and
+their single-launch split-K (split order, determinism, counters left at zero, CUDA graph replays)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import functools
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 pytestmark = pytest.mark.gpu
 
@@ -21,6 +20,8 @@ pytest.importorskip("cupy")
 from quantcore import capability  # noqa: E402
 from quantcore.backends import torch as ref  # noqa: E402
 from quantcore.backends.cupy import launch  # noqa: E402
+from quantcore.backends.torch.activation import activate  # noqa: E402
+from quantcore.specs.tolerances import REQUANT_SCALE_RTOL  # noqa: E402
 
 FP8, I8 = torch.float8_e4m3fn, torch.int8
 QDTYPES = (FP8, I8)
@@ -236,13 +237,15 @@ def test_quantized_gelu(prof, shape, qdtype, out_qdtype, approximate):
     for ue8m0 in (False, True):
         kw = dict(group_size=128, approximate=approximate, out_qdtype=out_qdtype, ue8m0=ue8m0, eps=1e-4)
         q2, s2 = launch.quantized_gelu(q, s, **kw, profile=_profile(prof))
-        # The reference's steps with the GELU on the GPU (torch's CUDA GELU, which the kernel matches
-        # to the bit) and the re-quantize on the CPU (IEEE division, see _on_cpu).
-        y = F.gelu(ref.act_dequant(q, s, group_size=128, out_dtype=torch.float32), approximate=approximate)
+        # The reference's steps with the GELU on the GPU (the contract's form, the kernel's operations in
+        # the same order; torch's exp need not match CUDA's expf to the bit) and the re-quantize on the CPU.
+        x = ref.act_dequant(q, s, group_size=128, out_dtype=torch.float32)
+        y = activate(x, "gelu_tanh" if approximate == "tanh" else "gelu")
         rq2, rs2 = _on_cpu(ref.act_quant, y, qdtype=out_qdtype, group_size=128, ue8m0=ue8m0, eps=1e-4,
                            scale_m_major=False)
-        assert_same(q2, rq2)
-        assert_same(s2, rs2)
+        assert torch.allclose(s2, rs2, rtol=REQUANT_SCALE_RTOL, atol=0)
+        mismatch = (q2.float() != rq2.float()).float().mean().item()
+        assert mismatch <= 1e-3, f"{mismatch:.2%} of codes differ from the reference's"
 
 
 # ---------------------------------------------------------------- GEMM

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import quantcore
+from helpers import TAIL_EPS, activation_inputs, check_activation, judge_quantized_gelu, tail_blocks, tail_gemm_operands
 from quantcore import UnsupportedError, ops
 from quantcore.specs.tolerances import REQUANT_SCALE_RTOL, gemm_tolerance, rel_error, requant_within_one_step
 
@@ -88,6 +89,26 @@ def test_act_quant_and_dequant(backend, profile, qdtype, scale_fmt, shape):
         ref = ops.act_dequant(ref_q, ref_s, out_dtype=out_dtype, backend="torch")
         y = run(backend, profile, ops.act_dequant, ref_q, ref_s, out_dtype=out_dtype)
         assert torch.equal(y.nan_to_num(7), ref.nan_to_num(7))
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("qdtype", list(FMTS))
+@pytest.mark.parametrize("eps", [1e-40, 7 * 2.0**-121, 7 * 2.0**-120])
+def test_ue8m0_scales_at_the_subnormal_edge(backend, profile, qdtype, eps):
+    """eps/qmax subnormal or at 2^-126: every backend rounds the scale up to the smallest normal power
+    of two, as the reference does (docs/numerics.md); kernels must not flush the subnormal to 0."""
+    x = rand((5, 384))
+    x[:, 128:256] = 0
+    ref_q, ref_s = ops.act_quant(x, dtype=qdtype, scale_fmt="ue8m0", eps=eps, backend="torch")
+    q, s = run(backend, profile, ops.act_quant, x, dtype=qdtype, scale_fmt="ue8m0", eps=eps)
+    assert float(ref_s[0, 1]) >= 2.0**-126
+    assert same_q(q, ref_q) and same_scale(s, ref_s)
+    w = rand((200, 300), seed=1)
+    w[:128, :128] = 0
+    ref_wq, ref_ws = ops.weight_quant(w, dtype=qdtype, scale_fmt="ue8m0", eps=eps, backend="torch")
+    wq, ws = run(backend, profile, ops.weight_quant, w, dtype=qdtype, scale_fmt="ue8m0", eps=eps)
+    assert same_q(wq, ref_wq) and same_scale(ws, ref_ws)
 
 
 @pytest.mark.parametrize("profile", PROFILES)
@@ -187,6 +208,44 @@ def test_quantized_gelu(backend, profile, qdtype, approximate, shape):
     assert requant_within_one_step(q2.float() * full, exact, full, FMTS[qdtype])
     mismatch = (q2.float() != ref_q.float()).float().mean().item()
     assert mismatch <= 1e-3, f"{mismatch:.2%} of values differ from the reference"
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("qdtype", list(FMTS))
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_quantized_gelu_negative_tail(backend, profile, qdtype, approximate):
+    """Blocks spanning −3 … −12 and on down to −20, where 1 + erf(·) cancels in fp32: judged as
+    test_quantized_gelu, the exact values from the float64 oracle, with a small eps so that each
+    block's own amax sets its scale."""
+    q, s = ops.act_quant(tail_blocks().repeat(8, 1).cuda(), dtype=qdtype, backend="torch")
+    ref_q, ref_s = ops.quantized_gelu(q, s, approximate=approximate, eps=TAIL_EPS, backend="torch")
+    q2, s2 = run(backend, profile, ops.quantized_gelu, q, s, approximate=approximate, eps=TAIL_EPS)
+    assert torch.allclose(s2, ref_s, rtol=REQUANT_SCALE_RTOL, atol=0)
+    judge_quantized_gelu(q.cpu(), s.cpu(), q2.cpu(), s2.cpu(), approximate, FMTS[qdtype])
+    mismatch = (q2.float() != ref_q.float()).float().mean().item()
+    assert mismatch <= 1e-3, f"{mismatch:.2%} of values differ from the reference"
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+@pytest.mark.parametrize("backend", GEMM_BACKENDS)
+@pytest.mark.parametrize("qdtype", list(FMTS))
+@pytest.mark.parametrize("activation", ["gelu", "gelu_tanh", "silu"])
+def test_scaled_mm_activation_negative_tail(backend, profile, qdtype, activation):
+    """The epilogue's activation from −20 to 20, dense in the negative tail: the accumulator is exactly
+    0 in any precision and bias = x, so the activation's input is x itself. Every value (reference's
+    and backend's) within the contract's activation tolerance of the float64 oracle, none −0 where
+    the exact value is a non-zero fp32 number."""
+    x = activation_inputs()
+    x = x[x != 0][::3]
+    x = x[: x.numel() // 16 * 16].contiguous().cuda()  # N a multiple of 16 for cuBLAS
+    operands = tail_gemm_operands(x, qdtype, block=128)
+    kw = dict(bias=x, activation=activation, out_dtype=torch.float32)
+    ref = ops.scaled_mm(*operands, **kw, backend="torch")
+    out = run(backend, profile, ops.scaled_mm, *operands, **kw)
+    assert not out.isnan().any()
+    for row in (*ref.cpu(), *out.cpu()):
+        check_activation(row, x.cpu(), activation)
 
 
 @pytest.mark.parametrize("scale_fmt", ["fp32", "ue8m0"])

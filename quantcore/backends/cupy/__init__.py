@@ -13,7 +13,8 @@ from ..base import Constraints, Impl
 
 _MEMORY_BOUND = ("act_quant", "act_dequant", "weight_quant", "weight_dequant", "quantized_gelu")
 _BASE = dict(min_cc=(7, 5), requires=("cupy",))
-_GEMM = dict(_BASE, block_k_multiple=32, out_group_max=128)  # 32: the MMA's K step; 128: one tile's N
+# 32: the MMA's K step; 2^31 - 1: the kernel takes the K block as an int; 128: one tile's N.
+_GEMM = dict(_BASE, block_k_multiple=32, block_k_max=2**31 - 1, out_group_max=128)
 
 IMPLS = (
     *(Impl(op, "cupy", f"cupy.launch:{op}", Constraints(**_BASE)) for op in _MEMORY_BOUND),

@@ -42,6 +42,7 @@ def blockwise_fp8_mm(a, a_scale, b, b_scale, out_dtype):
     return out[:M]
 
 
+@torch.no_grad()
 def scaled_mm(a, a_scale, b, b_scale, *, block_n, block_k, bias, activation, out_dtype, out_quant, out_group,
               ue8m0_out, eps, profile=None):
     """The backend contract's scaled_mm on cuBLAS (FP8, 128×128 blocks, N a multiple of 16, K of 128)."""

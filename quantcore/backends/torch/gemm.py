@@ -10,29 +10,25 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 
 from ..base import composed_quant_linear
+from .activation import activate
 from .quant import act_quant
-
-ACTIVATIONS = {
-    None: lambda x: x,
-    "gelu": lambda x: F.gelu(x),
-    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
-    "silu": F.silu,
-}
 
 
 def epilogue(acc, *, bias, activation, out_dtype, out_quant, out_group, ue8m0_out, eps):
     """fp32 acc [M, N] -> + bias, activation, then a cast to out_dtype or a 1×out_group re-quantize."""
     if bias is not None:
         acc = acc + bias.float()
-    acc = ACTIVATIONS[activation](acc)
+    acc = activate(acc, activation)
     if out_quant is None:
         return acc.to(out_dtype)
-    return act_quant(acc, qdtype=out_quant, group_size=out_group, ue8m0=ue8m0_out, eps=eps, scale_m_major=False)
+    # A group wider than N is one group per row: quantizing with N avoids padding to the requested width.
+    return act_quant(acc, qdtype=out_quant, group_size=min(out_group, acc.shape[1]), ue8m0=ue8m0_out, eps=eps,
+                     scale_m_major=False)
 
 
+@torch.no_grad()
 def scaled_mm(a, a_scale, b, b_scale, *, block_n, block_k, bias, activation, out_dtype,
               out_quant, out_group, ue8m0_out, eps, profile=None):
     """a [M, K] @ b [N, K]^T with per-(1×Bk) a scales and per-(Bn×Bk) b scales; see the contract."""

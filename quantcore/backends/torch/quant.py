@@ -18,7 +18,8 @@ _MANT_MASK = 0x007FFFFF
 
 
 def round_scale_ue8m0(scale: torch.Tensor) -> torch.Tensor:
-    """Round fp32 scales up to a power of two on their bits; NaN/Inf pass through unchanged."""
+    """Round fp32 scales up to a normal power of two on their bits: 2^max(ceil(log2 s), -126), a
+    subnormal scale becoming 2^-126 (docs/numerics.md says why); NaN/Inf pass through unchanged."""
     bits = scale.view(torch.int32)
     needs_up = ((bits & _MANT_MASK) != 0) & ((bits & _EXP_MASK) != _EXP_MASK)
     rounded = (bits & ~_MANT_MASK) + (1 << 23)
@@ -54,6 +55,7 @@ def _amax_blocks(xb: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
     return xb.abs().amax(dim=dims)
 
 
+@torch.no_grad()
 def act_quant(x, *, qdtype, group_size, ue8m0, eps, scale_m_major, profile=None):
     """x [M, K] float -> (q [M, K] qdtype, scale [M, ceil(K/G)] fp32); see the backend contract."""
     M, K = x.shape
@@ -64,6 +66,7 @@ def act_quant(x, *, qdtype, group_size, ue8m0, eps, scale_m_major, profile=None)
     return q, (scale.t().contiguous().t() if scale_m_major else scale)
 
 
+@torch.no_grad()
 def act_dequant(q, scale, *, group_size, out_dtype, profile=None):
     """q [M, K], scale [M, KB] -> fp32(q) * scale cast to out_dtype, [M, K]."""
     M, K = q.shape
@@ -78,6 +81,7 @@ def _weight_blocks(t: torch.Tensor, block_n: int, block_k: int) -> torch.Tensor:
     return padded.reshape(math.ceil(N / block_n), block_n, math.ceil(K / block_k), block_k)
 
 
+@torch.no_grad()
 def weight_quant(w, *, qdtype, block_n, block_k, ue8m0, eps, profile=None):
     """w [N, K] float -> (q [N, K] qdtype, scale [ceil(N/Bn), ceil(K/Bk)] fp32)."""
     N, K = w.shape
@@ -87,6 +91,7 @@ def weight_quant(w, *, qdtype, block_n, block_k, ue8m0, eps, profile=None):
     return q.reshape(q.shape[0] * block_n, -1)[:N, :K].contiguous(), scale
 
 
+@torch.no_grad()
 def weight_dequant(q, scale, *, block_n, block_k, out_dtype, profile=None):
     """q [N, K], scale [NB, KB] -> fp32(q) * scale cast to out_dtype, [N, K]."""
     N, K = q.shape

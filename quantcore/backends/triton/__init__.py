@@ -12,8 +12,9 @@ from ..base import REDUCED_FP8_ACCUMULATION, Constraints, Impl
 
 _MEMORY_BOUND = ("act_quant", "act_dequant", "weight_quant", "weight_dequant", "quantized_gelu")
 _BASE = dict(min_cc=(8, 0), requires=("triton",), interpreter=True)
-# The K block is the GEMM's K tile (a power of two for tl.arange); a re-quantize group fits one N tile.
-_GEMM = dict(_BASE, block_k_multiple=16, block_k_pow2=True, out_group_max=256)
+# The K block is the GEMM's K tile (a power of two for tl.arange; up to 256, whose 128x256-byte A and B
+# tiles fit one pipeline stage in every sm_80+ GPU's shared memory); a re-quantize group fits one N tile.
+_GEMM = dict(_BASE, block_k_multiple=16, block_k_pow2=True, block_k_max=256, out_group_max=256)
 # FP8 tl.dot on Hopper accumulates at reduced precision (base.REDUCED_FP8_ACCUMULATION); promoting to
 # fp32 every 32 products (max_num_imprecise_acc=32) measured 4.5e-5 and 26% slower, so not taken.
 

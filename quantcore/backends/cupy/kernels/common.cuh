@@ -1,9 +1,10 @@
 // Numerics shared by every quantcore CUDA kernel: the exact encoders/decoders, the block-scale
 // formula, activations, and 16-byte vector memory helpers.
 //
-// Everything here follows docs/backend-contract.md bit for bit: divisions are __fdiv_rn and
-// products that the contract evaluates left to right are __fmul_rn/__fadd_rn, so that the compiler
-// cannot contract them into FMAs (compiled without fast math, so no flush-to-zero either).
+// Everything here follows docs/backend-contract.md bit for bit (the activations up to expf, which is
+// CUDA's own): divisions are __fdiv_rn and products that the contract evaluates left to right are
+// __fmul_rn/__fadd_rn, so that the compiler cannot contract them into FMAs (compiled without fast
+// math, so no flush-to-zero either).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -84,7 +85,8 @@ struct Int8 {
 // is the contract's NaN-aware amax (fmaxf would drop NaN).
 __device__ __forceinline__ u32 abs_bits(float x) { return __float_as_uint(x) & 0x7fffffffu; }
 
-// Round a scale up to a power of two on its bits (ue8m0); non-finite scales pass unchanged.
+// Round a scale up to a normal power of two on its bits (ue8m0): a subnormal (exponent field 0) becomes
+// 2^-126, as in the reference; non-finite scales pass unchanged.
 __device__ __forceinline__ float ue8m0_ceil(float s) {
   u32 b = __float_as_uint(s);
   if ((b & 0x7f800000u) != 0x7f800000u && (b & 0x7fffffu) != 0) b = (b & 0xff800000u) + 0x800000u;
@@ -103,28 +105,50 @@ __device__ __forceinline__ float block_scale(u32 amax_bits, float eps, float qma
 
 enum Activation { kActNone = 0, kActGelu = 1, kActGeluTanh = 2, kActSilu = 3 };
 
-// Written in the operation order of PyTorch's CUDA kernels (GeluCUDAKernelImpl, silu), with the
-// same contraction, so that results agree to the bit with F.gelu / F.silu on the GPU.
-__device__ __forceinline__ float gelu_erf(float x) {
-  return __fmul_rn(__fmul_rn(x, 0.5f), __fadd_rn(1.f, erff(__fmul_rn(x, 0.70710678118654752440f))));
+// erfc(a) * exp(a^2) for a >= 0: the reference's erfcx (backends/torch/activation.py), the same
+// polynomial in q = (a - 2) / (a + 2) by Horner's rule without contraction (CUDA's erfcxf divides
+// approximately).
+__device__ __forceinline__ float erfcx(float a) {
+  const float q = __fdiv_rn(__fadd_rn(a, -2.f), __fadd_rn(a, 2.f));
+  float p = 6.351467163767666e-05f;
+  p = __fadd_rn(__fmul_rn(p, q), 0.00016087623953353614f);
+  p = __fadd_rn(__fmul_rn(p, q), -0.0003582834324333817f);
+  p = __fadd_rn(__fmul_rn(p, q), -0.0013958703493699431f);
+  p = __fadd_rn(__fmul_rn(p, q), 0.0012177372118458152f);
+  p = __fadd_rn(__fmul_rn(p, q), 0.00868928711861372f);
+  p = __fadd_rn(__fmul_rn(p, q), -0.008019089698791504f);
+  p = __fadd_rn(__fmul_rn(p, q), -0.054211996495723724f);
+  p = __fadd_rn(__fmul_rn(p, q), 0.16404947638511658f);
+  p = __fadd_rn(__fmul_rn(p, q), -0.1660310924053192f);
+  p = __fadd_rn(__fmul_rn(p, q), -0.09276376664638519f);
+  p = __fadd_rn(__fmul_rn(p, q), 0.27697840332984924f);
+  return __fdiv_rn(__fadd_rn(1.f, p), __fadd_rn(1.f, __fmul_rn(2.f, a)));
 }
 
-__device__ __forceinline__ float gelu_tanh(float x) {
-  const float beta = 0.79788456080286535588f;  // sqrt(2 / pi)
-  const float cube = __fmul_rn(__fmul_rn(x, x), x);
-  const float inner = __fmul_rn(beta, __fmaf_rn(0.044715f, cube, x));
-  return __fmul_rn(__fmul_rn(0.5f, x), __fadd_rn(1.f, tanhf(inner)));
+// The contract's forms (docs/numerics.md), in the reference's operation order
+// (backends/torch/activation.py): act(x) = x - T(|x|) for x >= 0 and -T(|x|) below, where the tail
+// T(s) = s * gate(-s) applies its exponentially small factor last, as its square root twice, so that
+// it stays accurate (and non-zero) in the negative tail, where 1 + erf(x / sqrt 2) cancels to 0.
+// s is capped at 128, where T is 0 in fp32 for all three (an infinite s would give inf * 0).
+__device__ __forceinline__ float act_tail(float s, int act) {
+  s = s > 128.f ? 128.f : s;  // NaN fails the comparison and stays NaN
+  if (act == kActGelu) {  // 0.5 * s * erfc(s / sqrt 2)
+    const float a = __fmul_rn(s, 0.70710678118654752440f);
+    const float h = expf(-__fmul_rn(0.5f, __fmul_rn(a, a)));
+    return __fmul_rn(__fmul_rn(__fmul_rn(__fmul_rn(0.5f, s), erfcx(a)), h), h);
+  }
+  // s * sigmoid(-2u): tanh-GELU's u = sqrt(2 / pi) * (s + 0.044715 s^3); SiLU's 2u = s.
+  const float u = act == kActSilu ? __fmul_rn(0.5f, s)
+                                  : __fmul_rn(0.79788456080286535588f,
+                                              __fadd_rn(s, __fmul_rn(0.044715f, __fmul_rn(__fmul_rn(s, s), s))));
+  const float h = expf(-u);
+  return __fmul_rn(__fmul_rn(__fdiv_rn(s, __fadd_rn(1.f, __fmul_rn(h, h))), h), h);
 }
-
-__device__ __forceinline__ float silu(float x) { return __fdiv_rn(x, __fadd_rn(1.f, expf(-x))); }
 
 __device__ __forceinline__ float activate(float x, int act) {
-  switch (act) {
-    case kActGelu: return gelu_erf(x);
-    case kActGeluTanh: return gelu_tanh(x);
-    case kActSilu: return silu(x);
-    default: return x;
-  }
+  if (act == kActNone) return x;
+  const float t = act_tail(fabsf(x), act);
+  return x >= 0.f ? __fsub_rn(x, t) : -t;
 }
 
 // ---------------------------------------------------------------- vector memory

@@ -20,7 +20,7 @@ template <class Q, bool TANH> struct GeluSource {
 #pragma unroll
     for (int j = 0; j < VEC; ++j) {
       const float x = __fmul_rn(Q::decode(e[j]), s);
-      v[j] = TANH ? gelu_tanh(x) : gelu_erf(x);
+      v[j] = activate(x, TANH ? kActGeluTanh : kActGelu);
     }
   }
 };

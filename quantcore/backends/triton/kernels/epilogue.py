@@ -11,25 +11,52 @@ from .cast import load_f32, store_f32_as
 
 
 @triton.jit
-def activate(x, ACTIVATION: tl.constexpr):
-    """Apply ACTIVATION ("none", "gelu", "gelu_tanh", "silu") to an fp32 tensor, in fp32.
+def _erfcx(a):
+    """erfc(a)·exp(a²) for fp32 a >= 0: the reference's `erfcx` (backends/torch/activation.py), with its
+    polynomial's coefficients spelled out (Triton has no erfc/erfcx that the CPU interpreter runs)."""
+    q = tl.div_rn(a - 2.0, a + 2.0)
+    p = 6.351467163767666e-05 * q + 0.00016087623953353614
+    p = p * q - 0.0003582834324333817
+    p = p * q - 0.0013958703493699431
+    p = p * q + 0.0012177372118458152
+    p = p * q + 0.00868928711861372
+    p = p * q - 0.008019089698791504
+    p = p * q - 0.054211996495723724
+    p = p * q + 0.16404947638511658
+    p = p * q - 0.1660310924053192
+    p = p * q - 0.09276376664638519
+    p = p * q + 0.27697840332984924
+    return tl.div_rn(1.0 + p, 1.0 + 2.0 * a)
 
-    The formulas and operation order are torch's (`F.gelu`, `F.silu`), so results track the
-    reference to an ulp or two of erf/exp.
-    """
+
+@triton.jit
+def _tail(s, ACTIVATION: tl.constexpr):
+    """T(s) = s·gate(−s) for s = |x|, its exponentially small factor applied last as √ twice (the
+    reference's `backends/torch/activation.py` says why); s capped at 128, where T is 0 in fp32."""
+    s = tl.where(s > 128.0, 128.0, s)  # NaN fails the comparison and stays NaN
     if ACTIVATION == "gelu":
-        return x * 0.5 * (1.0 + tl.math.erf(x * 0.7071067811865476))
-    elif ACTIVATION == "gelu_tanh":
-        inner = 0.7978845608028654 * (x + 0.044715 * (x * x * x))
-        # tanh(y) = 1 - 2 / (exp(2y) + 1): exp saturates to Inf/0 at the ends, giving ±1 exactly;
-        # Triton's interpreter has no tanh.
-        e = tl.exp(2.0 * inner) + 1.0
-        tanh = 1.0 - tl.div_rn(tl.full(e.shape, 2.0, tl.float32), e)
-        return 0.5 * x * (1.0 + tanh)
-    elif ACTIVATION == "silu":
-        return tl.div_rn(x, 1.0 + tl.exp(-x))
+        a = s * 0.7071067811865476
+        h = tl.exp(-0.5 * (a * a))
+        return 0.5 * s * _erfcx(a) * h * h
     else:
+        if ACTIVATION == "gelu_tanh":
+            u = 0.7978845608028654 * (s + 0.044715 * (s * s * s))
+        else:
+            u = 0.5 * s
+        h = tl.exp(-u)
+        return tl.div_rn(s, 1.0 + h * h) * h * h
+
+
+@triton.jit
+def activate(x, ACTIVATION: tl.constexpr):
+    """Apply ACTIVATION ("none", "gelu", "gelu_tanh", "silu") to an fp32 tensor, in fp32, in the
+    contract's form (docs/numerics.md): x − T(|x|) for x >= 0, −T(|x|) below, accurate in the
+    negative tail where 1 + erf(·) would cancel."""
+    if ACTIVATION == "none":
         return x
+    else:
+        t = _tail(tl.abs(x), ACTIVATION)
+        return tl.where(x >= 0, x - t, -t)
 
 
 @triton.jit

@@ -83,7 +83,8 @@ def nan_absmax(x, axis: tl.constexpr):
 
 @triton.jit
 def ue8m0_round_up(s):
-    """Round positive fp32 scales up to a power of two on their bits; NaN and Inf pass through."""
+    """Round positive fp32 scales up to a normal power of two on their bits (a subnormal becomes
+    2^-126, as in the reference's `round_scale_ue8m0`); NaN and Inf pass through."""
     bits = s.to(tl.int32, bitcast=True)
     exp = bits & 0x7F800000
     up = tl.where((bits & 0x7FFFFF) != 0, exp + 0x800000, exp)
