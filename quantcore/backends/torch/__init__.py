@@ -18,10 +18,11 @@ IMPLS = (
     *(Impl(op, "torch", f"torch:{op}", _ANYWHERE) for op in OPS),
     Impl("dequant_bias", "torch", "torch:dequant_bias",
          Constraints(devices=("cpu", "cuda"), formats=("bfloat16", "float16", "float32", "int32"))),
-    # cuBLAS's block-wise FP8 GEMM: torch enables it on sm_90 only, for 128x128 blocks, 16-aligned N, whole K blocks.
+    # cuBLAS's block-wise FP8 GEMM: torch enables it on sm_90 only, for 128x128 blocks, 16-aligned N, K in
+    # groups of four K blocks (torch.cublas).
     Impl("scaled_mm", "torch", "torch.cublas:scaled_mm",
          Constraints(min_cc=(9, 0), max_cc=(10, 0), formats=("fp8_e4m3",), fp8_mma=True, block_sizes=(128,),
-                     nk_multiple=(16, 128)),
+                     nk_multiple=(16, 512)),
          variant="cublas", numerics=REDUCED_FP8_ACCUMULATION),
 )
 

@@ -1,8 +1,10 @@
 """FP8 block-scaled GEMM through cuBLAS, as torch exposes it on sm_90 (1×128 activation scales,
 128×128 weight scales), with quantcore's epilogue applied in fp32 afterwards.
 
-cuBLAS reads activation scales M-major and wants the K-block count padded to a multiple of 4; rows
-are padded to a multiple of 4. It is registered as the torch backend's `cublas` variant and chosen
+cuBLAS reads activation scales M-major, with rows padded to a multiple of 4; torch checks the
+scales' K-block count against K itself (no padding: an activation scale padded from 1 to 4 K blocks
+was refused on the H100, "scale_a must have shape 4 x 1"), so the variant takes K in whole groups of
+four K blocks, where that count needs none. It is registered as the torch backend's `cublas` variant and chosen
 where the measured priorities say it is fastest.
 """
 
@@ -23,17 +25,12 @@ def _pad_rows(t: torch.Tensor, multiple: int, value: float = 0.0) -> torch.Tenso
     return F.pad(t, (0, 0, 0, pad), value=value)
 
 
-def _pad_cols(t: torch.Tensor, multiple: int) -> torch.Tensor:
-    pad = -t.shape[-1] % multiple
-    return F.pad(t, (0, pad), value=1.0) if pad else t
-
-
 def blockwise_fp8_mm(a, a_scale, b, b_scale, out_dtype):
     """cuBLAS a [M, K] @ b [N, K]^T with block-wise scales; returns [M, N] out_dtype."""
     M = a.shape[0]
     a_p = _pad_rows(a, 4)
-    a_s = _pad_cols(_pad_rows(a_scale.float(), 4, 1.0), 4).t().contiguous().t()
-    b_s = _pad_cols(b_scale.float(), 4).t()
+    a_s = _pad_rows(a_scale.float(), 4, 1.0).t().contiguous().t()
+    b_s = b_scale.float().t()
     if hasattr(F, "scaled_mm"):
         out = F.scaled_mm(a_p, b.t(), a_s, F.ScalingType.BlockWise1x128, b_s, F.ScalingType.BlockWise128x128,
                           output_dtype=out_dtype)
