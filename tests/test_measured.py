@@ -54,6 +54,6 @@ def test_cublas_variant_constraints_are_data():
     assert cublas.not_supported_reasons(ok) == []
     tail = Query("scaled_mm", H100, "fp8_e4m3", blocks=(128, 128), m_bucket=1, nk=(2112, 7000))
     assert cublas.not_supported_reasons(tail) == ["N must be a multiple of 16 and K of 512, got (N, K) = (2112, 7000)"]
-    sm80 = Query("scaled_mm", simulated_profile("sm80"), "int8", blocks=(128, 128), nk=(128, 128))
+    sm80 = Query("scaled_mm", simulated_profile("sm80"), "int8", blocks=(128, 128), nk=(128, 512))
     assert cublas.not_supported_reasons(sm80) == ["needs compute capability >= 9.0, device is 8.0",
                                                   "format int8 not implemented (has fp8_e4m3)"]
