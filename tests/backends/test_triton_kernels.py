@@ -604,3 +604,21 @@ def test_block_tiling_covers_the_tensor():
         t = configs.block_tiling(R, C, br, bc, SM90)
         assert t.grid[0] * t.rb * br >= R and t.grid[1] * t.cb * bc >= C
         assert t.br_pad >= br and t.bc_pad >= bc and t.num_warps in (1, 2, 4, 8, 16, 32)
+
+
+def test_every_op_runs_again_from_its_kept_plan(gen):
+    """The dispatcher keeps each prepared launch's per-call stage and calls it with the contract's
+    tensor names: a second call of every op, from the kept plan, computes what the first did."""
+    from quantcore import ops
+
+    x, w = randn((3, 300), gen=gen), randn((70, 300), gen=gen)
+    runs = []
+    for _ in range(2):
+        q, s = ops.act_quant(x, backend="triton")
+        wq, ws = ops.weight_quant(w, backend="triton")
+        runs.append([q.view(torch.uint8), s, wq.view(torch.uint8), ws, ops.act_dequant(q, s, backend="triton"),
+                     ops.weight_dequant(wq, ws, backend="triton"),
+                     *ops.quantized_gelu(q, s, out_dtype=I8, backend="triton"),
+                     ops.scaled_mm(q, s, wq, ws, backend="triton"), ops.quant_linear(x, wq, ws, backend="triton"),
+                     ops.dequant_bias(x, s[:, 0].contiguous(), w[0].contiguous(), backend="triton")])
+    assert all(torch.equal(a, b) for a, b in zip(*runs, strict=True))

@@ -55,13 +55,14 @@ def _nothing(*_tensors) -> None:
     """The launch of an empty tensor."""
 
 
-def _blocks_quantizer(src, src_scale, q, scale, *, block, ue8m0, eps, activation, profile):
-    """A function (src, src_scale, q, scale) that quantizes src per block[0]×block[1] into q and scale
-    (dequantizing it first with src_scale when src is itself quantized, src_scale None otherwise),
-    applying `activation` in between, for tensors laid out as these."""
+def _blocks_quantizer(src, src_scale, outputs, *, block, ue8m0, eps, activation, profile):
+    """A function (src, src_scale) -> outputs() (fresh q and scale) holding src quantized per
+    block[0]×block[1] (dequantized first with src_scale when src is itself quantized, src_scale None
+    otherwise), `activation` applied in between, for tensors laid out as these."""
+    q, scale = outputs()
     R, C = src.shape
     if src.numel() == 0:
-        return _nothing
+        return lambda src, src_scale: outputs()
     t = configs.block_tiling(R, C, block[0], block[1], profile)
     ss = src if src_scale is None else src_scale
     launch = Launcher(block_quant_kernel, t.grid, dict(
@@ -70,8 +71,10 @@ def _blocks_quantizer(src, src_scale, q, scale, *, block, ue8m0, eps, activation
         num_warps=t.num_warps), src.device)
     scalars = (R, C, src.stride(0), ss.stride(0), ss.stride(-1), q.stride(0), scale.stride(0), scale.stride(1), eps)
 
-    def run(src, src_scale, q, scale):
+    def run(src, src_scale):
+        q, scale = outputs()
         launch(src, src if src_scale is None else src_scale, q, scale, *scalars)
+        return q, scale
     return run
 
 
@@ -110,14 +113,9 @@ def act_quant(x, *, qdtype, group_size, ue8m0, eps, scale_m_major, profile):
             scale = torch.empty((M, kb), dtype=torch.float32, device=device)
         return torch.empty((M, K), dtype=qdtype, device=device), scale
 
-    quantize = _blocks_quantizer(x, None, *outputs(), block=(1, group_size), ue8m0=ue8m0, eps=eps,
+    quantize = _blocks_quantizer(x, None, outputs, block=(1, group_size), ue8m0=ue8m0, eps=eps,
                                  activation="none", profile=profile)
-
-    def run(x):
-        q, scale = outputs()
-        quantize(x, None, q, scale)
-        return q, scale
-    return run
+    return lambda x: quantize(x, None)
 
 
 @prepared
@@ -142,14 +140,9 @@ def weight_quant(w, *, qdtype, block_n, block_k, ue8m0, eps, profile):
         return (torch.empty((N, K), dtype=qdtype, device=device),
                 torch.empty((triton.cdiv(N, block_n), triton.cdiv(K, block_k)), dtype=torch.float32, device=device))
 
-    quantize = _blocks_quantizer(w, None, *outputs(), block=(block_n, block_k), ue8m0=ue8m0, eps=eps,
+    quantize = _blocks_quantizer(w, None, outputs, block=(block_n, block_k), ue8m0=ue8m0, eps=eps,
                                  activation="none", profile=profile)
-
-    def run(w):
-        q, scale = outputs()
-        quantize(w, None, q, scale)
-        return q, scale
-    return run
+    return lambda w: quantize(w, None)
 
 
 @prepared
@@ -174,14 +167,9 @@ def quantized_gelu(q, scale, *, group_size, approximate, out_qdtype, ue8m0, eps,
         return (torch.empty((M, K), dtype=out_qdtype, device=device),
                 torch.empty((M, triton.cdiv(K, group_size)), dtype=torch.float32, device=device))
 
-    quantize = _blocks_quantizer(q, scale, *outputs(), block=(1, group_size), ue8m0=ue8m0, eps=eps,
+    quantize = _blocks_quantizer(q, scale, outputs, block=(1, group_size), ue8m0=ue8m0, eps=eps,
                                  activation="gelu_tanh" if approximate == "tanh" else "gelu", profile=profile)
-
-    def run(q, scale):
-        q2, scale2 = outputs()
-        quantize(q, scale, q2, scale2)
-        return q2, scale2
-    return run
+    return lambda q, scale: quantize(q, scale)
 
 
 @prepared

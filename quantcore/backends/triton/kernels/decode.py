@@ -22,7 +22,7 @@ import triton.language as tl
 
 from .cast import load_f32
 from .fp8 import nan_absmax
-from .gemm import block_dot, finish_tile
+from .gemm import block_dot, finish_tile, tile_pointers
 from .quant import block_scale, quantize
 
 
@@ -49,17 +49,10 @@ def decode_mm_kernel(
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = tl.arange(0, BLOCK_M)
     offs_k = tl.arange(0, BLOCK_K)
-    # Rows past M or N wrap back into range (unmasked loads); they are never stored.
-    rows_a = offs_m % M
-    rows_b = offs_n % N
-    a_ptrs = a_ptr + rows_a[:, None] * stride_am + offs_k[None, :]
-    b_ptrs = b_ptr + rows_b[:, None] * stride_bn + offs_k[None, :]
-    a_s_ptrs = a_scale_ptr + rows_a * stride_asm
+    a_ptrs, b_ptrs, a_s_ptrs, b_s_ptrs = tile_pointers(
+        a_ptr, b_ptr, a_scale_ptr, b_scale_ptr, offs_m, offs_n, offs_k, pid_n, M, N, stride_am, stride_bn,
+        stride_asm, stride_bsn, SCALE_BN, BLOCK_N)
     UNIFORM_BS: tl.constexpr = SCALE_BN % BLOCK_N == 0
-    if UNIFORM_BS:
-        b_s_ptrs = b_scale_ptr + (pid_n * BLOCK_N // SCALE_BN) * stride_bsn
-    else:
-        b_s_ptrs = b_scale_ptr + (rows_b // SCALE_BN) * stride_bsn
 
     kb_start = pid_k * kb_per_split
     kb_end = tl.minimum(kb_start + kb_per_split, tl.cdiv(K, BLOCK_K))

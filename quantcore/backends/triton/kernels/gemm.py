@@ -60,6 +60,26 @@ def _scaled(part, a_s_ptrs, b_s_ptrs, kb, stride_ask, stride_bsk, valid, UNIFORM
 
 
 @triton.jit
+def tile_pointers(a_ptr, b_ptr, a_scale_ptr, b_scale_ptr, offs_m, offs_n, offs_k, pid_n, M, N, stride_am,
+                  stride_bn, stride_asm, stride_bsn, SCALE_BN: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Pointers to K block 0 of a program's A rows offs_m and B rows offs_n (columns offs_k), to their
+    rows of a_scale, and to b_scale: one scalar when the tile lies inside one scale row of b
+    (SCALE_BN % BLOCK_N == 0: the scale then folds into the per-row a scale, one FMA per accumulator
+    element), else one per row."""
+    # Wrapping the tail rows back into range keeps the loads unmasked along M and N; those rows are
+    # never stored.
+    rows_a = offs_m % M
+    rows_b = offs_n % N
+    a_ptrs = a_ptr + rows_a[:, None] * stride_am + offs_k[None, :]
+    b_ptrs = b_ptr + rows_b[:, None] * stride_bn + offs_k[None, :]
+    if SCALE_BN % BLOCK_N == 0:
+        b_s_ptrs = b_scale_ptr + (pid_n * BLOCK_N // SCALE_BN) * stride_bsn
+    else:
+        b_s_ptrs = b_scale_ptr + (rows_b // SCALE_BN) * stride_bsn
+    return a_ptrs, b_ptrs, a_scale_ptr + rows_a * stride_asm, b_s_ptrs
+
+
+@triton.jit
 def finish_tile(acc, offs_m, offs_n, pid_n, M, N, bias_ptr, stride_bias, out_ptr, stride_om, out_scale_ptr,
                 stride_osm, eps, BIAS: tl.constexpr, ACTIVATION: tl.constexpr, OUT: tl.constexpr,
                 OUT_GROUP: tl.constexpr, UE8M0_OUT: tl.constexpr, HW_FP8: tl.constexpr, BLOCK_M: tl.constexpr,
@@ -120,20 +140,10 @@ def block_scaled_mm_kernel(
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
-    # Wrapping the tail rows/cols back into range keeps the pointer loads unmasked along M and N;
-    # those rows and columns are never stored.
-    rows_a = offs_m % M
-    rows_b = offs_n % N
-    a_ptrs = a_ptr + rows_a[:, None] * stride_am + offs_k[None, :]
-    b_ptrs = b_ptr + rows_b[:, None] * stride_bn + offs_k[None, :]
-    a_s_ptrs = a_scale_ptr + rows_a * stride_asm
-    # When the tile lies inside one scale row of b, one scalar scale per K block folds into the
-    # per-row a scale, leaving one FMA per accumulator element.
+    a_ptrs, b_ptrs, a_s_ptrs, b_s_ptrs = tile_pointers(
+        a_ptr, b_ptr, a_scale_ptr, b_scale_ptr, offs_m, offs_n, offs_k, pid_n, M, N, stride_am, stride_bn,
+        stride_asm, stride_bsn, SCALE_BN, BLOCK_N)
     UNIFORM_BS: tl.constexpr = SCALE_BN % BLOCK_N == 0
-    if UNIFORM_BS:
-        b_s_ptrs = b_scale_ptr + (pid_n * BLOCK_N // SCALE_BN) * stride_bsn
-    else:
-        b_s_ptrs = b_scale_ptr + (rows_b // SCALE_BN) * stride_bsn
 
     num_kb = tl.cdiv(K, BLOCK_K)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
