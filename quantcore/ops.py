@@ -4,7 +4,8 @@ signature (`dispatch.py`), so repeated calls with same-shaped inputs skip straig
 
 `backend=None` (or "auto") chooses automatically; a name ("triton", "cupy", "torch") forces that
 backend and raises `UnsupportedError` with its reasons when it cannot run; a sequence of names sets
-the priority for this call. Scales are dequantization multipliers: x ≈ q * scale.
+the priority for this call. Scales are dequantization multipliers: x ≈ q * scale. The ops are
+inference-only: their outputs never require grad, whatever the backend and the inputs.
 """
 
 from __future__ import annotations
