@@ -72,9 +72,12 @@ def _key(op: str, args: tuple, options: dict[str, Any], backend: BackendChoice) 
     # Each op passes the same option names in the same order, so their values alone identify them.
     if options.get("check_finite"):
         raise _Uncacheable
+    values = tuple(options.values())
+    types = tuple(map(type, values))
+    if list in types:  # block_size=[128, 128] (the custom ops' schema passes lists): hashable as a tuple
+        values = tuple(tuple(v) if type(v) is list else v for v in values)
     return (op, _choice_key(backend), registry.epoch(), capability.simulation_state(), registry.priority_state(),
-            *map(_signature, args), *map(type, values := tuple(options.values())),
-            *(values if list not in map(type, values) else (tuple(v) if type(v) is list else v for v in values)))
+            *map(_signature, args), *types, *values)
 
 
 def _choice_key(backend: BackendChoice) -> Any:
