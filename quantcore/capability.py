@@ -10,11 +10,11 @@ describes) honours simulation even on a machine without a GPU.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 import importlib.metadata
 import importlib.util
 import os
-import threading
 from typing import Iterator
 
 import torch
@@ -107,13 +107,13 @@ def environment(name: str) -> str | None:
     return None if value is None else os.fsdecode(value)
 
 
-_local = threading.local()
+# A context variable, not a thread-local: each thread and each asyncio task sees its own `simulate` blocks.
+_simulating: contextvars.ContextVar[str | None] = contextvars.ContextVar("quantcore_simulate", default=None)
 
 
 def simulation_state() -> tuple:
     """The raw inputs of `active_simulation` (context, environment), cheap enough for a cache key."""
-    stack = getattr(_local, "stack", None)
-    return (stack[-1] if stack else None), environment(SIMULATE_ENV)
+    return _simulating.get(), environment(SIMULATE_ENV)
 
 
 def active_simulation() -> str | None:
@@ -129,12 +129,11 @@ def active_simulation() -> str | None:
 def simulate(name: str) -> Iterator[DeviceProfile]:
     """Within the block, CUDA devices behave as the profile `name` for selection and kernel paths."""
     key = _normalize_name(name)
-    stack = _local.__dict__.setdefault("stack", [])
-    stack.append(key)
+    token = _simulating.set(key)
     try:
         yield simulated_profile(key)
     finally:
-        stack.pop()
+        _simulating.reset(token)
 
 
 def triton_interpreter() -> bool:

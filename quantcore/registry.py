@@ -11,9 +11,9 @@ place it, so automatic selection never dead-ends. An explicit `backend="triton"`
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 import importlib
-import threading
 import warnings
 from typing import Iterator, Sequence
 
@@ -68,19 +68,19 @@ class Explanation(BaseModel):
         return "\n".join([head, *rows])
 
 
-_local = threading.local()
+# A context variable, not a thread-local: each thread and each asyncio task sees its own `priority` blocks.
+_priority: contextvars.ContextVar[tuple[str, ...] | None] = contextvars.ContextVar("quantcore_priority", default=None)
 
 
 @contextlib.contextmanager
 def priority(*backends: str) -> Iterator[None]:
     """Within the block, automatic selection tries `backends` in this order (reference last)."""
     _check_names(backends, "priority")
-    stack = _local.__dict__.setdefault("stack", [])
-    stack.append(tuple(backends))
+    token = _priority.set(tuple(backends))
     try:
         yield
     finally:
-        stack.pop()
+        _priority.reset(token)
 
 
 def _check_names(names: Sequence, argument: str = "backend") -> None:
@@ -98,8 +98,7 @@ def _check_names(names: Sequence, argument: str = "backend") -> None:
 def priority_state() -> tuple:
     """What `current_priority` reads besides the query (context and environment): part of the key
     under which `quantcore.dispatch` keeps validated plans."""
-    stack = getattr(_local, "stack", None)
-    return (stack[-1] if stack else None), capability.environment(PRIORITY_ENV)
+    return _priority.get(), capability.environment(PRIORITY_ENV)
 
 
 def current_priority(query: Query) -> tuple[str, ...]:

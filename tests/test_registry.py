@@ -206,3 +206,27 @@ def test_gemm_block_constraints_are_data():
     assert cupy.not_supported_reasons(q)[-2:] == [
         "the K block must be a multiple of 32, got 48",
         "re-quantization groups must be powers of two <= 128, got 256"]
+
+
+def test_contexts_belong_to_their_asyncio_task():
+    """priority() and simulate() are context variables: concurrent tasks each see their own block."""
+    import asyncio
+
+    async def inside(name, ready, go):
+        with quantcore.priority(name), quantcore.simulate("sm80"):
+            ready.set()
+            await go.wait()
+            return registry.priority_state()[0], capability.simulation_state()[0]
+
+    async def main():
+        ready_a, ready_b, go = asyncio.Event(), asyncio.Event(), asyncio.Event()
+        tasks = [asyncio.create_task(inside("cupy", ready_a, go)), asyncio.create_task(inside("triton", ready_b, go))]
+        await ready_a.wait()
+        await ready_b.wait()
+        outside = registry.priority_state()[0], capability.simulation_state()[0]
+        go.set()
+        return outside, await asyncio.gather(*tasks)
+
+    outside, (a, b) = asyncio.run(main())
+    assert outside == (None, None)
+    assert a == (("cupy",), "sm80") and b == (("triton",), "sm80")
