@@ -51,7 +51,7 @@ def enabled() -> bool:
 _KERNEL_VIEW = {torch.bfloat16: torch.int16, torch.float8_e4m3fn: torch.uint8}
 
 
-def kernel_view(t: Any) -> Any:
+def _kernel_view(t: Any) -> Any:
     """A tensor as the JIT should type it (bf16 as int16 bits, FP8 as uint8 bits; same memory), else `t`."""
     if isinstance(t, torch.Tensor) and t.dtype in _KERNEL_VIEW:
         return t.view(_KERNEL_VIEW[t.dtype])
@@ -77,7 +77,7 @@ class Launcher:
             self._run(*self.grid, torch._C._cuda_getCurrentRawStream(self.device), self._function, self._packed,
                       None, None, None, *args, *self._tail)
             return
-        compiled = self.fn[self.grid](*map(kernel_view, args), **self.constants)
+        compiled = self.fn[self.grid](*map(_kernel_view, args), **self.constants)
         if enabled():
             self._bind(compiled, len(args))
 
