@@ -19,7 +19,7 @@ from typing import Iterator, Sequence
 
 from pydantic import BaseModel
 
-from . import capability, measured
+from . import capability, measured, opdef
 from .backends import BACKEND_PACKAGES
 from .backends.base import Impl, Query
 from .errors import InvalidInputError, UnsupportedError
@@ -159,9 +159,14 @@ def clear_caches() -> None:
 
 
 def register(impl: Impl) -> None:
-    """Add an implementation from outside quantcore's backends (tried before built-ins of its backend name)."""
+    """Add an implementation from outside quantcore's backends (tried before built-ins of its backend name).
+    Raises `InvalidInputError` when its launch function does not take the op's launch arguments."""
     if not isinstance(impl, Impl):
         raise InvalidInputError(f"register: expected a quantcore Impl, got {type(impl).__name__}")
+    # Described-by-name launch functions are built-ins, checked by the tests: resolving them here
+    # would import Triton or CuPy.
+    if callable(impl.launch):
+        opdef.check_launch(impl.op, impl.label, impl.launch, dict(impl.options))
     _registered.insert(0, impl)
     _invalidate()
 
