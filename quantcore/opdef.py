@@ -83,7 +83,8 @@ def _generate(op: OpDef) -> Callable[..., Any]:
         source.append(p.name if p.default is p.empty else f"{p.name}=_defaults[{p.name!r}]")
     options = ", ".join(f"{n!r}: {n}" for n in params if n not in op.tensors and n != BACKEND_ARG)
     tensors = "".join(f"{t}, " for t in op.tensors)
-    namespace = {"_call": call, "_defaults": {n: p.default for n, p in params.items()}}
+    # The stub's module globals too, so that `typing.get_type_hints` resolves the copied annotations.
+    namespace = {**op.stub.__globals__, "_call": call, "_defaults": {n: p.default for n, p in params.items()}}
     exec(f"def {op.name}({', '.join(source)}):\n"
          f"    return _call({op.name!r}, ({tensors}), {{{options}}}, {BACKEND_ARG})\n", namespace)
     fn = namespace[op.name]
