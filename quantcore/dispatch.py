@@ -26,7 +26,7 @@ from typing import Any, Callable, NamedTuple
 
 import torch
 
-from . import capability, registry, specs
+from . import capability, opdef, registry
 from .registry import BackendChoice
 
 _MAX_PLANS = 4096
@@ -49,7 +49,7 @@ _plans: dict[tuple, _Plan] = {}
 
 
 def call(op: str, args: tuple, options: dict[str, Any], backend: BackendChoice) -> Any:
-    """Run `op` (a `specs.SPECS` name) on positional `args` and keyword `options`."""
+    """Run `op` (a defined op's name, `quantcore.opdef`) on positional `args` and keyword `options`."""
     try:
         key = _key(op, args, options, backend)
         plan = _plans.get(key)
@@ -101,7 +101,7 @@ def _signature(t: torch.Tensor | None) -> tuple | None:
 
 def _prepare(op: str, args: tuple, options: dict[str, Any], backend: BackendChoice) -> _Plan:
     """The full path: validate (raising on bad input), select, and describe how to rebind."""
-    prepared = specs.SPECS[op](*args, **options)
+    prepared = opdef.get(op).spec(*args, **options)
     impl = registry.select(prepared.query, backend)
     if prepared.empty:  # no rows: every backend would return the same empty tensors
         impl = registry.reference(op)

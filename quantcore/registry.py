@@ -19,9 +19,9 @@ from typing import Iterator, Sequence
 
 from pydantic import BaseModel
 
-from . import capability, measured
+from . import capability, measured, opdef
 from .backends import BACKEND_PACKAGES
-from .backends.base import Impl, Query
+from .backends.base import Impl, Query, reset_backends
 from .errors import InvalidInputError, UnsupportedError
 
 REFERENCE = "torch"
@@ -158,10 +158,22 @@ def clear_caches() -> None:
     _warned.clear()
 
 
+def reset() -> None:
+    """`clear_caches()`, and the backends' own caches of derived launch choices (the Triton backend's
+    tuned GEMM configurations and tile choices, for one): a fresh start without a fresh process."""
+    clear_caches()
+    reset_backends()
+
+
 def register(impl: Impl) -> None:
-    """Add an implementation from outside quantcore's backends (tried before built-ins of its backend name)."""
+    """Add an implementation from outside quantcore's backends (tried before built-ins of its backend name).
+    Raises `InvalidInputError` when its launch function does not take the op's launch arguments."""
     if not isinstance(impl, Impl):
         raise InvalidInputError(f"register: expected a quantcore Impl, got {type(impl).__name__}")
+    # Described-by-name launch functions are built-ins, checked by the tests: resolving them here
+    # would import Triton or CuPy.
+    if callable(impl.launch):
+        opdef.check_launch(impl.op, impl.label, impl.launch, dict(impl.options))
     _registered.insert(0, impl)
     _invalidate()
 
@@ -175,6 +187,15 @@ def unregister(impl: Impl) -> None:
 def impls(op: str) -> tuple[Impl, ...]:
     """Every implementation of `op`: registered ones first, then the built-ins in registration order."""
     return tuple(i for i in _registered if i.op == op) + _all_impls().get(op, ())
+
+
+def compared(op: str) -> tuple[str, ...]:
+    """What is compared with the reference for `op` (parity tests, bench, measured priorities): every
+    other backend with an implementation of it, and each variant of the reference on its own
+    ("torch[cublas]")."""
+    found = impls(op)
+    others = dict.fromkeys(i.backend for i in found if i.backend != REFERENCE)
+    return (*others, *(i.label for i in found if i.backend == REFERENCE and i.variant))
 
 
 def reference(op: str) -> Impl:

@@ -8,23 +8,13 @@ import platform
 
 from pydantic import BaseModel
 
-from . import capability, measured, registry
+from . import capability, measured, opdef, registry
 from .backends.base import Query
-from .formats import DEFAULT_BLOCK, DEFAULT_GROUP, FORMATS
+from .opdefs import BUILTIN
 
-# The input formats each op is reported for (dequant_bias reads the GEMM's output dtype).
-REPORTED_FORMATS: dict[str, tuple[str, ...]] = {
-    "act_quant": tuple(f.name for f in FORMATS),
-    "act_dequant": tuple(f.name for f in FORMATS),
-    "weight_quant": tuple(f.name for f in FORMATS),
-    "weight_dequant": tuple(f.name for f in FORMATS),
-    "scaled_mm": tuple(f.name for f in FORMATS),
-    "quant_linear": tuple(f.name for f in FORMATS),
-    "dequant_bias": ("bfloat16", "float16", "float32", "int32"),
-    "quantized_gelu": tuple(f.name for f in FORMATS),
-}
-_BLOCKS = {"weight_quant": DEFAULT_BLOCK, "weight_dequant": DEFAULT_BLOCK, "scaled_mm": DEFAULT_BLOCK,
-           "quant_linear": DEFAULT_BLOCK}
+# The input formats each built-in op is reported for (`OpDef.formats`; dequant_bias reads the GEMM's
+# output dtype). `build` reports every defined op, those added with `opdef.register_op` too.
+REPORTED_FORMATS: dict[str, tuple[str, ...]] = {op.name: op.formats for op in BUILTIN}
 
 
 class Row(BaseModel):
@@ -55,11 +45,10 @@ def build(simulate: str | None = None) -> Report:
             return build()
     profile = capability.report_profile()
     rows = []
-    for op, fmts in REPORTED_FORMATS.items():
-        blocks = _BLOCKS.get(op, (DEFAULT_GROUP,)) if op != "dequant_bias" else ()
-        for fmt in fmts:
-            explanation = registry.explain_query(Query(op, profile, fmt, blocks=blocks))
-            rows += [Row(op=op, impl=c.impl, dtype=fmt, status=c.status, numerics=c.numerics,
+    for op in opdef.all_ops():
+        for fmt in op.formats:
+            explanation = registry.explain_query(Query(op.name, profile, fmt, blocks=op.report_blocks))
+            rows += [Row(op=op.name, impl=c.impl, dtype=fmt, status=c.status, numerics=c.numerics,
                          reason="; ".join(c.reasons)) for c in explanation.candidates]
     return Report(device=profile, python=platform.python_version(),
                   priority=list(registry.DEFAULT_PRIORITY.get(profile.kind, (registry.REFERENCE,))),

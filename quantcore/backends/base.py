@@ -147,6 +147,22 @@ def composed_quant_linear(act_quant: Callable[..., Any], scaled_mm: Callable[...
     return quant_linear
 
 
+_resets: list[Callable[[], None]] = []
+
+
+def on_reset(clear: Callable[[], None]) -> Callable[[], None]:
+    """Have `registry.reset()` call `clear`: a backend's own caches (tuned or derived launch choices)
+    register this way when their module is imported, so the registry never imports a backend for it."""
+    _resets.append(clear)
+    return clear
+
+
+def reset_backends() -> None:
+    """Clear every cache registered with `on_reset`."""
+    for clear in _resets:
+        clear()
+
+
 @functools.lru_cache(maxsize=None)
 def _resolve(launch: str) -> Callable[..., Any]:
     module, _, name = launch.partition(":")

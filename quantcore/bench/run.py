@@ -11,14 +11,11 @@ from typing import Callable
 import torch
 from pydantic import BaseModel, Field, model_validator
 
-from .. import capability, ops, registry, specs
+from .. import capability, opdef, ops, registry
 from ..backends.base import Constraints, Impl
 from ..errors import InvalidInputError, UnsupportedError
 from . import baselines, shapes, timing
 
-BACKENDS = ("triton", "cupy", "torch")
-OURS = ("triton", "cupy")  # what measured priorities rank (with EXTRA_IMPLS); "torch" is the reference
-EXTRA_IMPLS = {"scaled_mm": ("torch[cublas]",)}  # variants measured on their own, for measured priorities
 REFERENCE_GEMM_FLOPS = 1e12  # the reference GEMM computes in float64: beyond this it only wastes the run
 
 
@@ -113,13 +110,14 @@ def _contenders(op: str, args: tuple, kwargs: dict, with_baselines: bool) -> dic
     The GEMM reference is not compiled: it loops over K blocks in float64, so torch.compile unrolls
     and recompiles it per K, and the vendor kernels are the GEMM's baselines."""
     out = {}
-    for backend in (BACKENDS if with_baselines else OURS) + EXTRA_IMPLS.get(op, ()):
+    ours = registry.compared(op)  # what measured priorities rank: all but the reference's plain path
+    for backend in (*ours, registry.REFERENCE) if with_baselines else ours:
         def make(backend=backend):
             getattr(ops, op)(*args, backend=backend, **kwargs)  # compiles, and raises where it cannot run
             return lambda: getattr(ops, op)(*args, backend=backend, **kwargs)
         out[backend] = _try(make)
     if op != "scaled_mm" and with_baselines:
-        prepared = specs.SPECS[op](*args, **kwargs)
+        prepared = opdef.get(op).spec(*args, **kwargs)
         compiled = baselines.compiled_reference(op)
         out["torch.compile"] = _try(lambda: (compiled(**prepared.kwargs), lambda: compiled(**prepared.kwargs))[1])
     return out
@@ -203,7 +201,7 @@ def _dispatch_overhead(device: str = "cuda") -> dict[str, float]:
         probe = Impl(op, "overhead-probe", lambda **kwargs: result, Constraints(devices=(torch.device(device).type,)))
         registry.register(probe)
         try:
-            kwargs = specs.SPECS[op](*args).kwargs
+            kwargs = opdef.get(op).spec(*args).kwargs
             out[op] = timing.host_overhead_us(lambda: getattr(ops, op)(*args, backend="overhead-probe"),
                                               lambda: probe(**kwargs))
         finally:

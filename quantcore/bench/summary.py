@@ -6,10 +6,10 @@ from collections import defaultdict
 from importlib import resources
 from pathlib import Path
 
-from .. import measured
+from .. import measured, registry
 from ..backends.base import m_bucket
 from .baselines import gemm_floor_bytes
-from .run import EXTRA_IMPLS, OURS, BenchResult
+from .run import BenchResult
 
 DECODE_M = 64  # GEMMs of at most this many rows are judged against the memory floor and bf16
 
@@ -55,9 +55,9 @@ def targets(result: BenchResult) -> str:
             mem[(op, fmt)].append((shape, recs))
     for (op, fmt), cases in mem.items():
         largest = max(cases, key=lambda c: c[0][0] * c[0][1])
-        best = _best(largest[1], OURS)
+        best = _best(largest[1], registry.compared(op))
         ratios = [(b.rate / c.rate, shape) for shape, recs in cases
-                  if (b := _best(recs, OURS)) and (c := recs.get("torch.compile")) and c.rate]
+                  if (b := _best(recs, registry.compared(op))) and (c := recs.get("torch.compile")) and c.rate]
         least = min(ratios, default=None)
         out.append(f"| {op} | {fmt} | {_fmt(best and best.fraction)} ({'x'.join(map(str, largest[0]))}) | "
                    + (f"{least[0]:.2f} ({'x'.join(map(str, least[1]))}) |" if least else "— |"))
@@ -65,7 +65,7 @@ def targets(result: BenchResult) -> str:
     gemm = defaultdict(lambda: ([], []))
     for (op, fmt, shape), recs in by_case.items():
         if op == "scaled_mm":
-            ours = _best(recs, (*OURS, *EXTRA_IMPLS["scaled_mm"]))
+            ours = _best(recs, registry.compared(op))
             gemm[(fmt, shape[0])][0].extend([recs["triton"].vs_vendor] if recs.get("triton") and recs["triton"].vs_vendor else [])
             gemm[(fmt, shape[0])][1].extend([ours.vs_vendor] if ours and ours.vs_vendor else [])
     for (fmt, m), (tri, best) in sorted(gemm.items()):
@@ -90,7 +90,7 @@ def summarize(result: BenchResult) -> str:
     for (op, fmt, shape), recs in by_case.items():
         if op == "scaled_mm":
             continue
-        best = _best(recs, OURS)
+        best = _best(recs, registry.compared(op))
         comp, ref = recs.get("torch.compile"), recs.get("torch")
         ratio = best.rate / comp.rate if best and comp and comp.rate else None
         out.append(f"| {op} | {fmt} | {'x'.join(map(str, shape))} | {_fmt(recs.get('triton') and recs['triton'].rate, '.0f')} "
@@ -130,7 +130,7 @@ def decode_gemms(result: BenchResult) -> str:
         if op != "scaled_mm" or shape[0] > DECODE_M:
             continue
         floor_us = gemm_floor_bytes(*shape) / result.copy_gbps / 1e3
-        ours, bf16 = _best(recs, (*OURS, *EXTRA_IMPLS["scaled_mm"])), recs.get("cublas-bf16")
+        ours, bf16 = _best(recs, registry.compared(op)), recs.get("cublas-bf16")
         us, eager = (ours.us, ours.eager_us) if ours else (None, None)
         out.append(f"| {fmt} | {'x'.join(map(str, shape))} | {floor_us:.1f} | {ours.impl if ours else '—'} "
                    f"| {_times(ours)} | {_fmt(_ratio(floor_us, us))} | {_times(bf16)} "
@@ -140,9 +140,8 @@ def decode_gemms(result: BenchResult) -> str:
 
 def write_priority(result: BenchResult) -> Path:
     """Turn a run into the measured priority table of this GPU model, inside the installed package."""
-    ours = set(OURS) | {i for v in EXTRA_IMPLS.values() for i in v}
     weights = ("weight_quant", "weight_dequant")  # no M: one bucket
-    table = measured.build([r for r in result.records if r.impl in ours],
+    table = measured.build([r for r in result.records if r.impl in registry.compared(r.op)],
                            lambda r: 0 if r.op in weights else m_bucket(r.shape[0]))
     root = Path(str(resources.files("quantcore").joinpath(measured.DATA)))
     return measured.write(result.device.name, table, f"{result.command} on {result.date}", root)

@@ -14,14 +14,12 @@ import torch
 
 import quantcore
 from helpers import TAIL_EPS, activation_inputs, check_activation, judge_quantized_gelu, tail_blocks, tail_gemm_operands
-from quantcore import UnsupportedError, ops
+from quantcore import UnsupportedError, ops, registry
 from quantcore.specs.tolerances import REQUANT_SCALE_RTOL, gemm_tolerance, rel_error, requant_within_one_step
 
 pytestmark = pytest.mark.gpu
 
 FMTS = {torch.float8_e4m3fn: "fp8_e4m3", torch.int8: "int8"}
-BACKENDS = ["triton", "cupy"]
-GEMM_BACKENDS = BACKENDS + ["torch[cublas]"]  # cuBLAS's block-wise FP8, a torch variant
 PROFILES = [None, "sm80", "sm75"]  # None: the real device
 DEEPSEEK_NK = [(2112, 7168), (7168, 2048), (24576, 1536), (4096, 7168)]
 # Tails: tiny M and odd K on the pointer path; on Hopper's TMA path (M > 512) a K tail of 16 and an odd
@@ -74,7 +72,7 @@ def same_scale(a, b):
 
 
 @pytest.mark.parametrize("profile", PROFILES)
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", registry.compared("act_quant"))
 @pytest.mark.parametrize("scale_fmt", ["fp32", "ue8m0"])
 @pytest.mark.parametrize("qdtype", list(FMTS))
 @pytest.mark.parametrize("shape", QUANT_SHAPES)
@@ -92,7 +90,7 @@ def test_act_quant_and_dequant(backend, profile, qdtype, scale_fmt, shape):
 
 
 @pytest.mark.parametrize("profile", PROFILES)
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", registry.compared("act_quant"))
 @pytest.mark.parametrize("qdtype", list(FMTS))
 @pytest.mark.parametrize("eps", [1e-40, 7 * 2.0**-121, 7 * 2.0**-120])
 def test_ue8m0_scales_at_the_subnormal_edge(backend, profile, qdtype, eps):
@@ -112,7 +110,7 @@ def test_ue8m0_scales_at_the_subnormal_edge(backend, profile, qdtype, eps):
 
 
 @pytest.mark.parametrize("profile", PROFILES)
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", registry.compared("weight_quant"))
 @pytest.mark.parametrize("qdtype", list(FMTS))
 @pytest.mark.parametrize("shape", [(2112, 7168), (24576, 1536), (129, 200), (7, 1)])
 def test_weight_quant_and_dequant(backend, profile, qdtype, shape):
@@ -133,7 +131,7 @@ def gemm_case(m, n, k, qdtype):
 
 
 @pytest.mark.parametrize("profile", PROFILES)
-@pytest.mark.parametrize("backend", GEMM_BACKENDS)
+@pytest.mark.parametrize("backend", registry.compared("scaled_mm"))
 @pytest.mark.parametrize("qdtype", list(FMTS))
 @pytest.mark.parametrize("mnk", GEMM_SHAPES, ids=lambda s: "x".join(map(str, s)))
 def test_scaled_mm_deepseek_shapes(backend, profile, qdtype, mnk):
@@ -148,7 +146,7 @@ def test_scaled_mm_deepseek_shapes(backend, profile, qdtype, mnk):
 
 
 @pytest.mark.parametrize("profile", PROFILES)
-@pytest.mark.parametrize("backend", GEMM_BACKENDS)
+@pytest.mark.parametrize("backend", registry.compared("scaled_mm"))
 @pytest.mark.parametrize("qdtype", list(FMTS))
 @pytest.mark.parametrize("activation", [None, "gelu", "gelu_tanh", "silu"])
 @pytest.mark.parametrize("mnk", [(64, 2112, 7168), (7, 129, 200)], ids=lambda s: "x".join(map(str, s)))
@@ -179,7 +177,7 @@ def test_scaled_mm_epilogues(backend, profile, qdtype, activation, mnk):
 
 
 @pytest.mark.parametrize("profile", PROFILES)
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", registry.compared("dequant_bias"))
 @pytest.mark.parametrize("g_dtype", [torch.bfloat16, torch.float16, torch.float32, torch.int32])
 @pytest.mark.parametrize("mn", [(4096, 13824), (1, 2560), (33, 3840), (5, 129)])
 def test_dequant_bias(backend, profile, g_dtype, mn):
@@ -193,7 +191,7 @@ def test_dequant_bias(backend, profile, g_dtype, mn):
 
 
 @pytest.mark.parametrize("profile", PROFILES)
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", registry.compared("quantized_gelu"))
 @pytest.mark.parametrize("qdtype", list(FMTS))
 @pytest.mark.parametrize("approximate", ["none", "tanh"])
 @pytest.mark.parametrize("shape", [(4096, 2048), (7, 129), (64, 7168)])
@@ -211,7 +209,7 @@ def test_quantized_gelu(backend, profile, qdtype, approximate, shape):
 
 
 @pytest.mark.parametrize("profile", PROFILES)
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", registry.compared("quantized_gelu"))
 @pytest.mark.parametrize("qdtype", list(FMTS))
 @pytest.mark.parametrize("approximate", ["none", "tanh"])
 def test_quantized_gelu_negative_tail(backend, profile, qdtype, approximate):
@@ -228,7 +226,7 @@ def test_quantized_gelu_negative_tail(backend, profile, qdtype, approximate):
 
 
 @pytest.mark.parametrize("profile", PROFILES)
-@pytest.mark.parametrize("backend", GEMM_BACKENDS)
+@pytest.mark.parametrize("backend", registry.compared("scaled_mm"))
 @pytest.mark.parametrize("qdtype", list(FMTS))
 @pytest.mark.parametrize("activation", ["gelu", "gelu_tanh", "silu"])
 def test_scaled_mm_activation_negative_tail(backend, profile, qdtype, activation):

@@ -32,6 +32,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
+from ..base import on_reset
+
 AUTOTUNE_ENV = "QUANTCORE_TRITON_AUTOTUNE"
 _DIR = Path(__file__).with_name("configs")
 
@@ -228,3 +230,12 @@ def tile_2d(M: int, N: int, profile) -> tuple[int, int, int]:
 def _warps(tile_elems: int, params: dict) -> int:
     # At least `elems_per_thread` elements per thread keeps several vector loads in flight each.
     return max(1, min(params["num_warps"], tile_elems // (32 * params["elems_per_thread"])))
+
+
+@on_reset
+def _forget() -> None:
+    """Forget the tuned GEMM configurations and the derived tile choices (`registry.reset()`): after a
+    change of tables, environment or a simulated profile, they are derived afresh."""
+    _tuned.clear()
+    for cached in (_table, gemm_candidates, decode_config, block_tiling, tile_2d):
+        cached.cache_clear()

@@ -1,0 +1,75 @@
+"""Every implementation's launch function takes what the dispatcher passes it: the op's launch
+arguments (its spec's `Prepared.kwargs`) and the implementation's fixed options. Registered callables
+are checked by `registry.register`; the built-ins, described as "module:function", here."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+import torch
+
+from quantcore import InvalidInputError, opdef, ops, registry
+from quantcore.backends import BACKEND_PACKAGES
+from quantcore.backends.base import Constraints, Impl
+
+BUILTIN_IMPLS = [impl for package in BACKEND_PACKAGES
+                 for impl in importlib.import_module(f"quantcore.backends.{package}").IMPLS]
+
+
+@pytest.mark.parametrize("impl", BUILTIN_IMPLS, ids=lambda i: f"{i.op}-{i.label}-{i.launch}")
+def test_builtin_launch_signatures(impl):
+    module = impl.launch.partition(":")[0]
+    pytest.importorskip(f"quantcore.backends.{module}")  # CuPy or Triton may be missing here
+    opdef.check_launch(impl.op, impl.label, impl.function(), dict(impl.options))
+
+
+def _calls():
+    x = torch.randn(3, 2, 200)
+    q, s = ops.act_quant(x)
+    w, ws = ops.weight_quant(torch.randn(130, 200))
+    g = torch.randn(3, 130)
+    return {
+        "act_quant": ((x,), {}), "act_dequant": ((q, s), {}), "weight_quant": ((torch.randn(130, 200),), {}),
+        "weight_dequant": ((w, ws), {}), "scaled_mm": ((q, s, w, ws), {"out_quant": torch.int8}),
+        "quant_linear": ((x, w, ws), {}), "dequant_bias": ((g, torch.rand(3), torch.rand(130)), {}),
+        "quantized_gelu": ((q, s), {}),
+    }
+
+
+def test_launch_args_are_what_the_specs_prepare():
+    calls = _calls()
+    assert set(calls) == {op.name for op in opdef.all_ops()}
+    for op in opdef.all_ops():
+        args, kwargs = calls[op.name]
+        assert tuple(op.spec(*args, **kwargs).kwargs) == op.launch_args, op.name
+
+
+def _launch(x, *, qdtype, group_size, ue8m0, eps, profile, layout):
+    return None
+
+
+@pytest.mark.parametrize("launch,words", [
+    (_launch, ["does not take ['scale_m_major']", "requires ['layout']"]),
+    (type("Prepared", (), {"prepare": staticmethod(_launch), "__call__": lambda self: None})(),
+     ["does not take ['scale_m_major']"]),
+])
+def test_register_refuses_a_launch_function_of_another_signature(launch, words):
+    with pytest.raises(InvalidInputError) as err:
+        registry.register(Impl("act_quant", "toy", launch, Constraints(devices=("cpu",))))
+    assert "toy of act_quant" in str(err.value) and all(w in str(err.value) for w in words)
+    assert "toy" not in {i.backend for i in registry.impls("act_quant")}
+
+
+def test_register_counts_fixed_options_as_passed():
+    impl = Impl("act_quant", "toy", lambda x, *, layout, **contract: None, Constraints(devices=("cpu",)),
+                options=(("layout", "row"),))
+    registry.register(impl)
+    registry.unregister(impl)
+    with pytest.raises(InvalidInputError, match="requires \\['layout'\\]"):
+        registry.register(Impl("act_quant", "toy", impl.launch, Constraints(devices=("cpu",))))
+
+
+def test_register_refuses_an_unknown_op():
+    with pytest.raises(InvalidInputError, match="no defined op"):
+        registry.register(Impl("act_quantize", "toy", lambda **kw: None))

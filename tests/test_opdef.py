@@ -1,0 +1,27 @@
+"""The public functions generated from the op definitions look exactly like their stubs."""
+
+from __future__ import annotations
+
+import inspect
+import typing
+
+import pytest
+
+from quantcore import InvalidInputError, ops
+from quantcore.opdef import OpDef
+from quantcore.opdefs import BUILTIN
+
+
+@pytest.mark.parametrize("op", BUILTIN, ids=lambda op: op.name)
+def test_public_function_is_its_stub(op):
+    fn = getattr(ops, op.name)
+    assert fn is op.function and fn.__module__ == "quantcore.ops"
+    assert inspect.signature(fn) == inspect.signature(op.stub) and fn.__doc__ == op.stub.__doc__
+    assert typing.get_type_hints(fn) == typing.get_type_hints(op.stub)
+
+
+def test_a_stub_must_name_its_tensors_and_backend():
+    def toy(x, *, backend=None):
+        """x -> x."""
+    with pytest.raises(InvalidInputError, match=r"toy has no argument\(s\) \['y'\]"):
+        OpDef(toy, lambda x: None, ("y",), ("x",), ())
