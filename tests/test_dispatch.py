@@ -158,3 +158,16 @@ def test_misaligned_views_get_their_own_plan(gen):
     got = ops.act_quant(buf[:, 1:257])
     assert len(dispatch._plans) == kept + 1
     assert same(got, fresh(ops.act_quant, buf[:, 1:257]))
+
+
+def test_split_k_buffers_are_shared_grown_and_kept():
+    """One pair per device for every split-K launch: reused while big enough, grown at least twofold
+    with the replaced pair kept alive (a captured graph may still use it), counters zero."""
+    from quantcore.backends import splitk
+
+    device = torch.device("cpu")
+    first = splitk.buffers(device, 100, 3)
+    assert splitk.buffers(device, 50, 2) is first
+    grown = splitk.buffers(device, 150, 3)
+    assert grown[0].numel() >= 200 and grown[1].numel() >= 6
+    assert any(c is first[1] for c in splitk.counters()) and not any(c.any() for c in splitk.counters())

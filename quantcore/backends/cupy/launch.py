@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from ...errors import UnsupportedError
+from .. import splitk
 from ..base import composed_quant_linear
 from . import compiler
 
@@ -329,36 +330,6 @@ def mma_kind(qdtype: torch.dtype, profile) -> int:
     return _MMA_E4M3 if tuple(profile.compute_capability) >= (8, 9) else _MMA_F16
 
 
-# Split-K workspace and per-tile counters per (device index, stream): launches on one stream run in
-# order, so they can share them. Counters are zeroed once, when allocated; every launch leaves them
-# zero. Buffers only grow (at least doubling), and a replaced one is kept alive: a CUDA graph
-# captured earlier still points at it. The workspace needs at most 2 x SMs slots of BM x BN fp32
-# (~8.6 MB on an H100), the counters one int per tile.
-_splitk: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
-_splitk_retired: list[torch.Tensor] = []
-
-
-def _grown(old: torch.Tensor | None, need: int, make) -> torch.Tensor:
-    """`old` if it holds `need` elements, else `make(n)` for n >= max(need, 2 x old's size)."""
-    if old is not None and old.numel() >= need:
-        return old
-    if old is None:
-        return make(need)
-    _splitk_retired.append(old)
-    return make(max(need, 2 * old.numel()))
-
-
-def _splitk_buffers(device: torch.device, floats: int, tiles: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(workspace of >= `floats` fp32, >= `tiles` int32 counters, all zero) for the current stream."""
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    key = (index, torch.cuda.current_stream(index).cuda_stream)
-    ws, counters = _splitk.get(key, (None, None))
-    ws = _grown(ws, floats, lambda n: torch.empty(n, dtype=torch.float32, device=device))
-    counters = _grown(counters, tiles, lambda n: torch.zeros(n, dtype=torch.int32, device=device))
-    _splitk[key] = (ws, counters)
-    return ws, counters
-
-
 def scaled_mm(a, a_scale, b, b_scale, *, block_n, block_k, bias, activation, out_dtype, out_quant,
               out_group, ue8m0_out, eps, profile):
     """Block-scaled GEMM a @ b.T with the contract's epilogues, in one launch (split-K included).
@@ -388,11 +359,12 @@ def scaled_mm(a, a_scale, b, b_scale, *, block_n, block_k, bias, activation, out
     aligned = all(v % 16 == 0 for v in (K, lda, ldb, a.data_ptr(), b.data_ptr()))
     kind = mma_kind(a.dtype, profile)
     kb_per_split, splits = gemm_splits(M, N, K, block_k, tile, max(1, profile.sm_count))
+    tiles = math.ceil(M / tile.bm) * math.ceil(N / tile.bn)
+    pair = splitk.buffers(dev, tiles * splits * tile.bm * tile.bn, tiles) if splits > 1 else None
+    if pair is None:  # unsplit, or the buffers cannot grow now (a stream being captured)
+        kb_per_split, splits = kb_per_split * splits, 1
+    ws, counters = pair or (None, None)
     grid = (math.ceil(M / tile.bm), math.ceil(N / tile.bn), splits)
-    ws = counters = None
-    if splits > 1:
-        tiles = grid[0] * grid[1]
-        ws, counters = _splitk_buffers(dev, tiles * splits * tile.bm * tile.bn, tiles)
     bias32 = bias.to(torch.float32).contiguous() if bias is not None else None
 
     fn = _function("gemm.cu", gemm_kernel_name(kind, tile, stages, aligned), profile, dev, smem)

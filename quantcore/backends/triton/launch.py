@@ -22,6 +22,7 @@ except ImportError:  # older Triton: pointer loads only
     TensorDescriptor = None
 
 from ... import capability
+from .. import splitk
 from ..base import prepared
 from . import configs
 from .direct import Launcher
@@ -325,29 +326,14 @@ def _gemm(a, a_scale, b, b_scale, bias, out, out_scale, *, block_n, block_k, act
                                      variant=(_KIND[out.dtype], activation), bench=bench))
 
 
-_workspaces: dict[torch.device, list[tuple[torch.Tensor, torch.Tensor]]] = {}
-
-
 def _workspace(device: torch.device, cfg: configs.DecodeConfig, N: int):
-    """(fp32 partials, int32 counters, cfg) for a split-K decode launch on `device`: one pair per device,
-    shared by every launch (launches on one stream run one after another; the counters return to zero
-    at the end of each). Grown when a launch needs more, never freed: a captured CUDA graph keeps the
-    addresses it saw. Growing needs the zeroed counters to exist before the launch, which a stream
-    being captured into a graph cannot provide: there the launch runs unsplit."""
+    """(fp32 partials, int32 counters, cfg) of a decode launch (`backends.splitk`): none for an unsplit
+    one, and none, with the launch unsplit, where the buffers cannot grow (a stream being captured)."""
     if cfg.split_k == 1:
         return None, None, cfg
     tiles = triton.cdiv(N, cfg.block_n)
-    floats = cfg.split_k * tiles * cfg.block_n * cfg.block_m
-    kept = _workspaces.setdefault(device, [])
-    if kept and kept[-1][0].numel() >= floats and kept[-1][1].numel() >= tiles:
-        return (*kept[-1], cfg)
-    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-        return None, None, configs.unsplit(cfg)
-    floats = max(floats, kept[-1][0].numel() if kept else 0)
-    tiles = max(tiles, kept[-1][1].numel() if kept else 0)
-    kept.append((torch.empty(floats, dtype=torch.float32, device=device),
-                 torch.zeros(tiles, dtype=torch.int32, device=device)))
-    return (*kept[-1], cfg)
+    pair = splitk.buffers(device, cfg.split_k * tiles * cfg.block_n * cfg.block_m, tiles)
+    return (None, None, configs.unsplit(cfg)) if pair is None else (*pair, cfg)
 
 
 def _hw_fp8(profile) -> bool:

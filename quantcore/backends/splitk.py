@@ -1,0 +1,40 @@
+"""The workspace of the GPU backends' in-launch split-K reduction (Triton's decode kernel, CuPy's GEMM).
+
+A split-K launch writes one fp32 partial tile per (split, output tile) and counts the splits in on
+one int32 counter per output tile; the last split sums the partials and sets the counter back to 0.
+So the counters are zeroed once, when allocated, and one pair of buffers per device serves every
+such launch of both backends: launches on one stream run one after another, and graphs captured on a
+side stream replay the buffers they saw. (Concurrent launches on two streams of one device would
+share them: unsupported.) The buffers only grow, at least doubling, and a replaced pair is kept
+alive, since a captured graph may still point at it. Zeroing needs a launch that runs now, which a
+stream being captured cannot give: there a launch that would need bigger buffers gets none and must
+run unsplit.
+"""
+
+from __future__ import annotations
+
+import torch
+
+_current: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+_retired: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+
+def buffers(device: torch.device, floats: int, tiles: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(>= `floats` fp32 partials, >= `tiles` int32 counters, zero between launches) on `device`, or
+    None when they would have to grow while the current stream is being captured into a graph."""
+    kept = _current.get(device)
+    if kept is not None and kept[0].numel() >= floats and kept[1].numel() >= tiles:
+        return kept
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return None
+    if kept is not None:
+        _retired.append(kept)
+        floats, tiles = max(floats, 2 * kept[0].numel()), max(tiles, 2 * kept[1].numel())
+    _current[device] = (torch.empty(floats, dtype=torch.float32, device=device),
+                        torch.zeros(tiles, dtype=torch.int32, device=device))
+    return _current[device]
+
+
+def counters() -> list[torch.Tensor]:
+    """Every counter buffer allocated so far (tests check they are back at zero)."""
+    return [pair[1] for pair in (*_retired, *_current.values())]
