@@ -288,7 +288,8 @@ def _gemm(a, a_scale, b, b_scale, bias, out, out_scale, *, block_n, block_k, act
         ws, counters, cfg = _workspace(a.device, cfg, N)
         launch = Launcher(decode_mm_kernel, (triton.cdiv(N, cfg.block_n), cfg.split_k), dict(
             constants, A=_KIND[a.dtype], UE8M0_A=bool(a_ue8m0), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-            SPLIT_K=cfg.split_k, STAGES=cfg.num_stages, num_warps=cfg.num_warps, num_stages=cfg.num_stages), a.device)
+            SPLIT_K=cfg.split_k, STAGES=cfg.num_stages, QROWS=cfg.block_m if a_scale is not None else min(
+                cfg.block_m, triton.next_power_of_2(M)), num_warps=cfg.num_warps, num_stages=cfg.num_stages), a.device)
         a_strides = (0, 0) if a_scale is None else (a_scale.stride(0), a_scale.stride(1))
         scalars = (M, N, K, cfg.kb_per_split, a.stride(0), *a_strides, b.stride(0), b_scale.stride(0),
                    b_scale.stride(1), bias_stride, out.stride(0), out_scale_stride, eps, eps)

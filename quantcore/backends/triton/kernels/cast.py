@@ -20,12 +20,18 @@ def bf16_encode(x):
 
 
 @triton.jit
+def to_f32(x, KIND: tl.constexpr):
+    """Elements of kind KIND as loaded (bf16 as int16 bits) converted to fp32 exactly (int32: RNE)."""
+    if KIND == "bf16":
+        return (x.to(tl.int32) << 16).to(tl.float32, bitcast=True)
+    else:
+        return x.to(tl.float32)
+
+
+@triton.jit
 def load_f32(ptrs, mask, KIND: tl.constexpr):
     """Load elements of kind KIND (masked lanes read 0) and convert them to fp32 exactly (int32: RNE)."""
-    if KIND == "bf16":
-        return (tl.load(ptrs, mask=mask, other=0).to(tl.int32) << 16).to(tl.float32, bitcast=True)
-    else:
-        return tl.load(ptrs, mask=mask, other=0).to(tl.float32)
+    return to_f32(tl.load(ptrs, mask=mask, other=0), KIND)
 
 
 @triton.jit

@@ -20,7 +20,7 @@ act_quant followed by this GEMM.
 import triton
 import triton.language as tl
 
-from .cast import load_f32
+from .cast import to_f32
 from .fp8 import nan_absmax
 from .gemm import block_dot, finish_tile, tile_pointers
 from .quant import block_scale, quantize
@@ -34,15 +34,17 @@ def decode_mm_kernel(
         A: tl.constexpr, QFMT: tl.constexpr, USE_FP8_MMA: tl.constexpr, UE8M0_A: tl.constexpr,
         SCALE_BN: tl.constexpr, BIAS: tl.constexpr, ACTIVATION: tl.constexpr, OUT: tl.constexpr,
         OUT_GROUP: tl.constexpr, UE8M0_OUT: tl.constexpr, HW_FP8: tl.constexpr, BLOCK_M: tl.constexpr,
-        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, STAGES: tl.constexpr):
+        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, STAGES: tl.constexpr,
+        QROWS: tl.constexpr):
     """out [M, N] = a [M, K] @ b [N, K]^T with block scales and the fused epilogue, for M ≤ BLOCK_M.
 
     A: "fp8"/"int8" reads codes a with a_scale [M, ceil(K/BLOCK_K)]; "bf16"/"fp16"/"fp32" reads a float
     activation and quantizes it to QFMT per 1×BLOCK_K group (eps a_eps, UE8M0_A) in registers. Program
     (pid_n, pid_k) covers columns pid_n·BLOCK_N… and K blocks pid_k·kb_per_split…; ws_ptr holds
     SPLIT_K × cdiv(N, BLOCK_N) fp32 tiles of BLOCK_N × BLOCK_M and counter_ptr one int32 per column
-    tile, zero between launches (unused when SPLIT_K == 1). STAGES: weight tiles in flight. The rest
-    is block_scaled_mm_kernel's.
+    tile, zero between launches (unused when SPLIT_K == 1). STAGES: weight tiles in flight. QROWS:
+    the rows a float activation is quantized in (a power of two >= M, at most BLOCK_M). The rest is
+    block_scaled_mm_kernel's.
     """
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -53,10 +55,18 @@ def decode_mm_kernel(
         a_ptr, b_ptr, a_scale_ptr, b_scale_ptr, offs_m, offs_n, offs_k, pid_n, M, N, stride_am, stride_bn,
         stride_asm, stride_bsn, SCALE_BN, BLOCK_N)
     UNIFORM_BS: tl.constexpr = SCALE_BN % BLOCK_N == 0
+    # The prologue quantizes only QROWS rows (wrapped into range like tile_pointers' rows) and repeats
+    # them to the MMA's BLOCK_M: at M = 1 that is 1/16 of the divisions and encodes, which otherwise
+    # cost more than the weight tile's memory time in every iteration.
+    # Its load is too small for the pipeliner's asynchronous copies, so it is prefetched by hand, one
+    # K block ahead, to keep its latency out of the loop.
+    x_ptrs = a_ptr + (tl.arange(0, QROWS) % M)[:, None] * stride_am + offs_k[None, :]
 
     kb_start = pid_k * kb_per_split
     kb_end = tl.minimum(kb_start + kb_per_split, tl.cdiv(K, BLOCK_K))
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    if A != "fp8" and A != "int8":
+        x_next = tl.load(x_ptrs + kb_start * BLOCK_K, mask=offs_k[None, :] < K - kb_start * BLOCK_K, other=0)
     # The pipelining depth is asked of the loop itself: with bounds that depend on the program (its K
     # split), the launch's num_stages alone left the weight loads synchronous (checked in the TTGIR).
     for kb in tl.range(kb_start, kb_end, num_stages=STAGES):
@@ -66,9 +76,12 @@ def decode_mm_kernel(
             a = tl.load(a_ptrs + kb * BLOCK_K, mask=k_mask, other=0)
             a_s = tl.load(a_s_ptrs + kb * stride_ask)
         else:
-            x = load_f32(a_ptrs + kb * BLOCK_K, k_mask, A)
-            a_s = block_scale(nan_absmax(x, 1), a_eps, QFMT, UE8M0_A)
-            a = quantize(x, tl.broadcast_to(a_s[:, None], x.shape), QFMT, HW_FP8)
+            x = to_f32(x_next, A)  # converted here, where it is used, so the load is waited for here
+            x_next = tl.load(x_ptrs + (kb + 1) * BLOCK_K, mask=offs_k[None, :] < K - (kb + 1) * BLOCK_K, other=0)
+            x_s = block_scale(nan_absmax(x, 1), a_eps, QFMT, UE8M0_A)
+            x_q = quantize(x, tl.broadcast_to(x_s[:, None], x.shape), QFMT, HW_FP8)
+            a = tl.reshape(tl.broadcast_to(x_q[None, :, :], (BLOCK_M // QROWS, QROWS, BLOCK_K)), (BLOCK_M, BLOCK_K))
+            a_s = tl.reshape(tl.broadcast_to(x_s[None, :], (BLOCK_M // QROWS, QROWS)), (BLOCK_M,))
         part = block_dot(b, a, QFMT, USE_FP8_MMA, False).to(tl.float32)  # [BLOCK_N, BLOCK_M]
         # The products in block_scaled_mm_kernel's order: part · (a_s · b_s) for one scale row of b,
         # else (part · a_s) · b_s.
