@@ -19,7 +19,7 @@ def weight(gen, N, K, qdtype, block=(128, 128)):
 
 
 @pytest.mark.parametrize("qdtype", [FP8, INT8])
-@pytest.mark.parametrize("lead,N,K", [((1,), 70, 300), ((2, 3), 130, 256), ((5,), 1, 1)])
+@pytest.mark.parametrize("lead,N,K", [((1,), 70, 300), ((3,), 130, 256), ((2, 3), 130, 256), ((5,), 1, 1)])
 @pytest.mark.parametrize("options", [{}, dict(activation="gelu", out_dtype=torch.float32, scale_fmt="ue8m0"),
                                      dict(block_size=(64, 32), eps=1e-2, activation="silu")])
 def test_equals_act_quant_then_scaled_mm(gen, qdtype, lead, N, K, options):

@@ -509,10 +509,11 @@ def test_decode_split_k_sums_in_a_fixed_order(gen, monkeypatch, qdtype, split_k)
 
 @pytest.mark.parametrize("profile", ["sm90", "sm80"])
 @pytest.mark.parametrize("qdtype", QDTYPES)
-@pytest.mark.parametrize("M,K,block", [(1, 300, (128, 128)), (5, 256, (64, 128)), (64, 130, (128, 64)),
-                                       (70, 300, (128, 128))])
+@pytest.mark.parametrize("M,K,block", [(1, 300, (128, 128)), (3, 256, (64, 128)), (5, 256, (64, 128)),
+                                       (64, 130, (128, 64)), (70, 300, (128, 128))])
 def test_quant_linear_is_act_quant_then_scaled_mm_bit_for_bit(gen, profile, qdtype, M, K, block):
-    """The decode kernel's quantizing prologue (M <= 64) and the two-launch composition (M > 64)."""
+    """The decode kernel's quantizing prologue (M <= fused_m_max: 4), act_quant + the decode kernel
+    (M <= 64) and + the tiled kernel (M > 64)."""
     x, w = randn((M, K), gen=gen, dtype=torch.bfloat16), randn((90, K), gen=gen)
     wq, w_s = ref.weight_quant(w, qdtype=qdtype, block_n=block[0], block_k=block[1], ue8m0=False, eps=1e-4)
     bias = randn((90,), gen=gen)

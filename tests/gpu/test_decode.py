@@ -56,7 +56,7 @@ def test_decode_shapes(backend, qdtype, mnk):
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("qdtype", list(FMTS))
 @pytest.mark.parametrize("block", [(128, 128), (64, 128)])
-@pytest.mark.parametrize("m", [1, 5, 16, 64, 65, 300])
+@pytest.mark.parametrize("m", [1, 3, 5, 16, 64, 65, 300])
 def test_quant_linear_is_act_quant_then_scaled_mm_bit_for_bit(backend, profile, qdtype, block, m):
     n, k = 2112, 1000
     x = rand((m, k), seed=5)

@@ -12,7 +12,10 @@ device, the CPU interpreter included. A file holds:
   Candidates whose estimated shared memory exceeds `profile.smem_per_block` are dropped. The
   first survivor is used, or, with `QUANTCORE_TRITON_AUTOTUNE=1`, the fastest survivor measured on
   the first call of each (device, M bucket, N, K, variant).
-- `"decode"`: the GEMM at decode sizes, M <= `m_max` (kernels/decode.py): rules `{"mma", "m_max",
+- `"decode"`: the GEMM at decode sizes, M <= `m_max` (kernels/decode.py), and quant_linear fused into
+  one launch (the activation quantized in the GEMM's prologue) for M <= `fused_m_max`: every program
+  quantizes its K range of the activation again, work that grows with M, so above that bound
+  act_quant + the decode GEMM take less GPU time (measured on the H100). Rules `{"mma", "m_max",
   "n_max", "k_max", "config": [BLOCK_N, num_warps, num_stages], "waves", "min_kb_per_split"}`, the
   first match applies. K is split so that about `waves` programs per SM stream the weight, each
   taking at least `min_kb_per_split` K blocks; stages are cut until the pipeline fits shared memory.
@@ -142,6 +145,11 @@ def gemm_candidates(profile, M: int, N: int, K: int, *, mma: str, block_k: int,
 def decode_m_max(profile) -> int:
     """The largest M the decode GEMM serves on `profile`."""
     return _table(_arch(profile))["decode"]["m_max"]
+
+
+def fused_m_max(profile) -> int:
+    """The largest M whose quant_linear runs as one launch (quantizing prologue) on `profile`."""
+    return _table(_arch(profile))["decode"]["fused_m_max"]
 
 
 @functools.lru_cache(maxsize=4096)
