@@ -76,8 +76,21 @@ def _key(op: str, args: tuple, options: dict[str, Any], backend: BackendChoice) 
     types = tuple(map(type, values))
     if list in types:  # block_size=[128, 128] (the custom ops' schema passes lists): hashable as a tuple
         values = tuple(tuple(v) if type(v) is list else v for v in values)
+    # The tensors' signatures inline (not a helper per tensor): this runs on every call, and a
+    # Python call per argument is a tenth of the whole dispatch at decode sizes.
+    signatures = []
+    try:
+        for t in args:
+            if t is None:
+                signatures.append(None)
+            elif type(t) in _PLAIN:
+                signatures.append((t.dtype, t.shape, t.stride(), t.device, t.data_ptr() & 15))
+            else:  # subclasses (fake, functional, ...) and non-tensors: validate every call
+                raise _Uncacheable
+    except RuntimeError:  # sparse and other layouts have no strides
+        raise _Uncacheable from None
     return (op, _choice_key(backend), registry.epoch(), capability.simulation_state(), registry.priority_state(),
-            *map(_signature, args), *types, *values)
+            *signatures, *types, *values)
 
 
 def _choice_key(backend: BackendChoice) -> Any:
@@ -86,17 +99,6 @@ def _choice_key(backend: BackendChoice) -> Any:
     if isinstance(backend, (list, tuple)):
         return type(backend), tuple(backend)
     raise _Uncacheable  # a bad value: the full path raises the error that names it
-
-
-def _signature(t: torch.Tensor | None) -> tuple | None:
-    if t is None:
-        return None
-    if type(t) not in _PLAIN:  # subclasses (fake, functional, ...) and non-tensors: validate every call
-        raise _Uncacheable
-    try:
-        return t.dtype, t.shape, t.stride(), t.device, t.data_ptr() % 16
-    except RuntimeError:  # sparse and other layouts have no strides
-        raise _Uncacheable from None
 
 
 def _prepare(op: str, args: tuple, options: dict[str, Any], backend: BackendChoice) -> _Plan:
