@@ -54,10 +54,10 @@ def test_quant_linear_close_to_linear(gen, qdtype, lead, bias):
 def test_out_dtype_and_block_size(gen):
     lin = linear(96, 70, gen, dtype=torch.float32)
     q = QuantLinear.from_linear(lin, dtype=INT8, block_size=(32, 64))
-    assert q.out_dtype == torch.float32  # from the linear's weight
+    assert q.out_dtype is None  # the output follows the input, as the linear's did
     assert q.weight_scale_inv.shape == (3, 2)
     x = randn((5, 96), gen=gen)
-    assert rel_error(q(x), lin(x)) <= LINEAR_ERROR[INT8]
+    assert q(x).dtype == torch.float32 and rel_error(q(x), lin(x)) <= LINEAR_ERROR[INT8]
     half = QuantLinear.from_linear(lin, dtype=INT8, out_dtype=torch.float16)
     assert half(x).dtype == torch.float16
 
@@ -69,25 +69,78 @@ def test_dtype_auto(monkeypatch):
     assert QuantLinear(64, 32, dtype="fp8").weight.dtype == FP8
 
 
-def test_module_to_keeps_quantized_buffers(gen):
+@pytest.mark.parametrize("cast", [lambda m: m.to(torch.float16), lambda m: m.half(), lambda m: m.bfloat16(),
+                                  lambda m: m.float(), lambda m: m.to("cpu", torch.float64)])
+def test_module_casts_keep_quantized_params(gen, cast):
     q = QuantLinear.from_linear(linear(130, 40, gen), dtype=FP8)
-    scale = q.weight_scale_inv.clone()
-    q.to(torch.float16)
-    assert q.weight.dtype == FP8 and torch.equal(q.weight_scale_inv, scale)
-    assert q.bias.dtype == torch.float16  # the bias is an ordinary float tensor
-    assert q(randn((2, 130), gen=gen)).dtype == torch.bfloat16
+    codes, scale = q.weight.view(torch.uint8).clone(), q.weight_scale_inv.clone()
+    before = dict(q.named_parameters())
+    assert cast(q) is q
+    assert q.weight.dtype == FP8 and torch.equal(q.weight.view(torch.uint8), codes)
+    assert q.weight_scale_inv.dtype == torch.float32 and torch.equal(q.weight_scale_inv, scale)
+    assert q.bias.dtype == cast(nn.Linear(1, 1)).weight.dtype  # the bias is an ordinary float parameter
+    # The same Parameter objects: optimizers, FSDP and tied references keep pointing at them.
+    assert all(p is before[name] for name, p in q.named_parameters())
+
+
+def test_output_dtype_follows_the_input(gen):
+    """out_dtype None: a model cast to bf16 computes in bf16 end to end; a fixed out_dtype stays fixed."""
+    model = quantize_model(Net(gen).float(), dtype=FP8, skip=())
+    x = randn((4, 160), gen=gen)
+    assert model(x).dtype == torch.float32
+    model.to(torch.bfloat16)
+    assert model(x.bfloat16()).dtype == torch.bfloat16
+    assert model.blocks[0][0](x.half()).dtype == torch.float16
+    fixed = QuantLinear.from_linear(linear(160, 32, gen), dtype=FP8, out_dtype=torch.float32).to(torch.bfloat16)
+    assert fixed(x.bfloat16()).dtype == torch.float32
+
+
+def test_weights_are_frozen_parameters(gen):
+    """model.parameters() lists the codes and scales (FSDP, accelerate and PEFT walk parameters), frozen;
+    the state dict keeps its keys."""
+    model = quantize_model(Net(gen), dtype=INT8)
+    layer = model.blocks[0][0]
+    assert dict(layer.named_parameters()) == {"weight": layer.weight, "weight_scale_inv": layer.weight_scale_inv,
+                                              "bias": layer.bias}
+    assert all(isinstance(p, nn.Parameter) and not p.requires_grad for p in layer.parameters())
+    assert list(layer.buffers()) == []
+    assert list(layer.state_dict()) == ["weight", "weight_scale_inv", "bias"]
+    assert sum(p.numel() for p in model.parameters()) == sum(t.numel() for t in model.state_dict().values())
+    unbiased = QuantLinear(64, 32, bias=False)
+    assert unbiased.bias is None and [n for n, _ in unbiased.named_parameters()] == ["weight", "weight_scale_inv"]
+
+
+def test_meta_device_layer_loads_with_assign(gen):
+    """A layer built on the meta device allocates nothing; load_state_dict(assign=True) takes the
+    checkpoint's tensors as frozen parameters, still checking their dtype and shape."""
+    source = QuantLinear.from_linear(linear(300, 200, gen), dtype=FP8)
+    with torch.device("meta"):
+        layer = QuantLinear(300, 200, dtype=FP8)
+    assert layer.weight.is_meta and layer.weight_scale_inv.is_meta and layer.bias.is_meta
+    layer.load_state_dict(source.state_dict(), assign=True)
+    assert not any(p.is_meta or p.requires_grad for p in layer.parameters())
+    x = randn((3, 300), gen=gen, dtype=torch.bfloat16)
+    assert torch.equal(layer(x), source(x))
+    with torch.device("meta"):
+        again = QuantLinear(300, 200, dtype=FP8)
+    state = source.state_dict() | {"weight_scale_inv": source.weight_scale_inv.bfloat16()}
+    with pytest.raises(InvalidInputError, match="weight_scale_inv has dtype bfloat16"):
+        again.load_state_dict(state, assign=True)
 
 
 def test_extra_repr():
     assert repr(QuantLinear(300, 200, bias=False, dtype=INT8)) == (
-        "QuantLinear(in_features=300, out_features=200, bias=False, dtype=int8, block_size=(128, 128), "
-        "out_dtype=bfloat16)")
+        "QuantLinear(in_features=300, out_features=200, bias=False, dtype=int8, block_size=(128, 128))")
+    assert repr(QuantLinear(64, 32, dtype=FP8, out_dtype=torch.float16, scale_fmt="ue8m0")) == (
+        "QuantLinear(in_features=64, out_features=32, bias=True, dtype=float8_e4m3fn, block_size=(128, 128), "
+        "out_dtype=float16, scale_fmt=ue8m0)")
 
 
 @pytest.mark.parametrize("kwargs,match", [
     (dict(dtype=torch.float16), "dtype must be"),
     (dict(block_size=(128,)), "block_size"),
     (dict(out_dtype=torch.int8), "out_dtype"),
+    (dict(scale_fmt="e8m0"), "scale_fmt"),
 ])
 def test_constructor_errors(kwargs, match):
     with pytest.raises(InvalidInputError, match=f"QuantLinear: {match}"):

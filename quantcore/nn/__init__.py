@@ -1,0 +1,22 @@
+"""quantcore.nn: quantized layers for PyTorch models and block-FP8 checkpoints in the Hugging Face layout.
+
+- `layers.py`: `QuantLinear` (block-quantized weight as frozen parameters, one `quant_linear` call per
+  forward) and `quantize_model`.
+- `checkpoint.py`: `load_checkpoint` / `save_checkpoint` for checkpoint folders (config.json +
+  safetensors shards) in the DeepSeek-V3 / transformers `fp8` and the `compressed-tensors` flavours,
+  `quantize_from_config`, and `load_fp8_checkpoint` for bare safetensors files or a state dict.
+- `schemes.py`: reading and writing `quantization_config`; `files.py`: `SafetensorsFiles`, tensors (or
+  slices of them) by name from a file or a folder of shards.
+"""
+
+from .checkpoint import (LoadedKeys, load_checkpoint, load_fp8_checkpoint, quantize_from_config, save_checkpoint,
+                         scale_to_fp32)
+from .files import SafetensorsFiles
+from .layers import QuantLinear, quantize_model, resolve_dtype
+from .schemes import CompressedTensorsScheme, Fp8Scheme, LayerFormat, read_scheme, scheme_from_config
+
+__all__ = [
+    "QuantLinear", "quantize_model", "resolve_dtype",
+    "load_checkpoint", "save_checkpoint", "quantize_from_config", "load_fp8_checkpoint", "LoadedKeys", "scale_to_fp32",
+    "SafetensorsFiles", "Fp8Scheme", "CompressedTensorsScheme", "LayerFormat", "read_scheme", "scheme_from_config",
+]

@@ -1,0 +1,224 @@
+"""`QuantLinear` and `quantize_model`: block-quantized linear layers for PyTorch models.
+
+`QuantLinear` keeps its weight block-quantized (FP8 e4m3 or INT8, one fp32 scale per Bn×Bk block)
+under the names DeepSeek-V3 and Hugging Face checkpoints use — `weight` [N, K] and
+`weight_scale_inv` [ceil(N/Bn), ceil(K/Bk)] — as frozen parameters, so `model.parameters()`, FSDP,
+accelerate's device maps and PEFT's module walks see them and a plain `load_state_dict` loads such a
+checkpoint. The forward is one `quantcore.ops.quant_linear` call: the activation quantized per 1×Bk
+group and the block-scaled GEMM with the bias fused (one kernel launch at decode sizes on Triton).
+Under `torch.compile` it is the `torch.ops.quantcore.quant_linear` custom op instead, so the model
+compiles with `fullgraph=True` and the implementation is chosen per call (M stays dynamic).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import math
+from typing import Any, Callable, Iterable
+
+import torch
+from torch import nn
+
+from .. import library as _library  # noqa: F401  (registers torch.ops.quantcore)
+from .. import ops
+from ..errors import InvalidInputError
+from ..formats import DEFAULT_BLOCK, dtype_name, format_named, format_of_dtype
+from ..specs import checks
+
+QUANT_PARAMS = ("weight", "weight_scale_inv")  # the codes and their block scales: never cast
+_LAYER = "QuantLinear"  # how errors name the module
+
+
+def resolve_dtype(dtype: Any, device: torch.device | str) -> torch.dtype:
+    """The quantized storage dtype meant by `dtype` on `device`.
+
+    `dtype`: torch.float8_e4m3fn, torch.int8, a format name ("fp8", "fp8_e4m3", "int8") or "auto":
+    FP8 on GPUs with FP8 tensor cores (sm_89+) and on the CPU (where the reference computes it),
+    INT8 on older GPUs (`quantcore.capability.preferred_format_name`).
+    """
+    named = format_named(dtype) if isinstance(dtype, str) else None
+    return checks.quant_format(_LAYER, "dtype", named.dtype if named else dtype, torch.device(device)).dtype
+
+
+def frozen(t: torch.Tensor) -> nn.Parameter:
+    """`t` as a parameter that takes no gradient (quantized codes and scales are not trained)."""
+    return nn.Parameter(t, requires_grad=False)
+
+
+class QuantLinear(nn.Module):
+    """`y = x @ W^T + b` with W block-quantized and x quantized per 1×Bk group on the fly.
+
+    in_features K, out_features N: any sizes >= 1 (partial blocks are supported).
+    dtype: the weight's storage, see `resolve_dtype` ("auto" is resolved for `device` here, once).
+    block_size: (Bn, Bk), the weight's block; activations are quantized per 1×Bk (the GEMM needs
+    the activation group to equal the weight's K block). out_dtype: None (the default) returns the
+    input's dtype, as `nn.Linear` does, so `model.to(torch.bfloat16)` gives bf16 outputs; bf16, fp16
+    or fp32 fixes the output dtype whatever the input. scale_fmt: the activations' scale format,
+    "fp32" or "ue8m0" (power-of-two scales, as DeepSeek-V3.1's `scale_fmt: "ue8m0"` checkpoints use).
+    device: where the parameters are made (None: the default device, so a `with torch.device("meta"):`
+    block builds an empty layer for `load_state_dict(..., assign=True)`).
+
+    Parameters, all frozen (requires_grad=False): `weight` [N, K] in `dtype`, `weight_scale_inv`
+    [ceil(N/Bn), ceil(K/Bk)] fp32 (the dequantization multipliers, as DeepSeek-V3 stores them) and
+    `bias` [N] (fp32 unless loaded or converted otherwise) or None. Input x: [..., K] bf16/fp16/fp32;
+    output [..., N]. `module.to(dtype)`, `.half()` and the like cast the bias but never the quantized
+    weight or its fp32 scales; `.to(device)` moves them all.
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, *, dtype: Any = "auto",
+                 block_size: tuple[int, int] = DEFAULT_BLOCK, out_dtype: torch.dtype | None = None,
+                 scale_fmt: str = "fp32", device: torch.device | str | None = None):
+        super().__init__()
+        self.in_features = checks.positive_int(_LAYER, "in_features", in_features)
+        self.out_features = checks.positive_int(_LAYER, "out_features", out_features)
+        self.block_size = checks.block_pair(_LAYER, block_size)
+        self.out_dtype = None if out_dtype is None else checks.out_float(_LAYER, "out_dtype", out_dtype)
+        checks.scale_fmt(_LAYER, scale_fmt)
+        self.scale_fmt = scale_fmt
+        qdtype = resolve_dtype(dtype, torch.get_default_device() if device is None else device)
+        grid = (math.ceil(out_features / self.block_size[0]), math.ceil(in_features / self.block_size[1]))
+        self.weight = frozen(torch.zeros(out_features, in_features, dtype=qdtype, device=device))
+        self.weight_scale_inv = frozen(torch.ones(grid, dtype=torch.float32, device=device))
+        self.register_parameter("bias", frozen(torch.zeros(out_features, device=device)) if bias else None)
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, *, dtype: Any = "auto", block_size: tuple[int, int] = DEFAULT_BLOCK,
+                    out_dtype: torch.dtype | None = None, scale_fmt: str = "fp32") -> QuantLinear:
+        """Quantize an `nn.Linear` on its own device (a meta linear gives an empty meta layer).
+        out_dtype None: the output follows the input, as the linear's did. scale_fmt: the weight's
+        and the activations' scale format ("ue8m0": powers of two). The bias keeps its dtype."""
+        if not isinstance(linear, nn.Linear):
+            raise InvalidInputError(f"QuantLinear.from_linear: expected an nn.Linear, got {type(linear).__name__}")
+        w = linear.weight.detach()
+        module = cls(linear.in_features, linear.out_features, linear.bias is not None, dtype=dtype,
+                     block_size=block_size, out_dtype=out_dtype, scale_fmt=scale_fmt, device=w.device)
+        q, scale = torch.ops.quantcore.weight_quant(w, dtype=module.weight.dtype, block_size=list(module.block_size),
+                                                    scale_fmt=scale_fmt)
+        module.weight, module.weight_scale_inv = frozen(q), frozen(scale)
+        if linear.bias is not None:
+            module.bias = frozen(linear.bias.detach().clone())
+        return module
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x [..., K] bf16/fp16/fp32 -> [..., N] in out_dtype, or in x's dtype when out_dtype is None."""
+        if x.shape[-1] != self.in_features:
+            raise InvalidInputError(f"{_LAYER}: input has {x.shape[-1]} features in its last dim (shape "
+                                    f"{tuple(x.shape)}); this layer expects in_features={self.in_features}")
+        out_dtype = self.out_dtype or x.dtype  # dtypes are always truthy: None alone falls through
+        if torch.compiler.is_compiling():
+            return torch.ops.quantcore.quant_linear(x, self.weight, self.weight_scale_inv, self.bias,
+                                                    out_dtype=out_dtype, block_size=list(self.block_size),
+                                                    scale_fmt=self.scale_fmt)
+        # Eagerly the custom op's dispatch would cost more host time than the kernel takes at decode.
+        return ops.quant_linear(x, self.weight, self.weight_scale_inv, self.bias, out_dtype=out_dtype,
+                                block_size=self.block_size, scale_fmt=self.scale_fmt)
+
+    def dequantized_weight(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The weight the layer computes with, as a float [N, K] tensor of `dtype`."""
+        return torch.ops.quantcore.weight_dequant(self.weight, self.weight_scale_inv,
+                                                  block_size=list(self.block_size), out_dtype=dtype)
+
+    def extra_repr(self) -> str:
+        fixed = "" if self.out_dtype is None else f", out_dtype={dtype_name(self.out_dtype)}"
+        ue8m0 = "" if self.scale_fmt == "fp32" else f", scale_fmt={self.scale_fmt}"
+        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+                f"dtype={dtype_name(self.weight.dtype)}, block_size={self.block_size}{fixed}{ue8m0}")
+
+    def _apply(self, fn, recurse=True):
+        # nn.Module.to(dtype), .half(), .bfloat16() cast every floating-point parameter, and e4m3 counts
+        # as one: a cast would turn the codes into plain floats and round the fp32 scales. For those two,
+        # ask `fn` where (and as what) it would put an empty tensor, and take only the device change.
+        kept = [self._parameters[name] for name in QUANT_PARAMS]
+
+        def device_only(t):
+            if any(t is k for k in kept):
+                target = fn(t.new_empty(0))
+                if target.dtype != t.dtype:
+                    return t.to(target.device)
+            return fn(t)
+
+        return super()._apply(device_only, recurse)
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        # Checked here because the default loader copies with a cast (and assign=True keeps any dtype):
+        # a bf16 `weight` would become e4m3 codes without scales, and a wrong shape would only be a
+        # message among error_msgs.
+        present = [name for name in QUANT_PARAMS if prefix + name in state_dict]
+        if len(present) == 1:
+            missing = prefix + next(n for n in QUANT_PARAMS if n not in present)
+            raise InvalidInputError(f"{_LAYER}: checkpoint has {prefix + present[0]} but not {missing}; a "
+                                    "block-quantized weight needs both (the codes and their fp32 block scales)")
+        if present:
+            _check_loaded(prefix + "weight", state_dict[prefix + "weight"], self.weight.dtype,
+                          tuple(self.weight.shape), "the quantized weight [out_features, in_features]")
+            _check_loaded(prefix + "weight_scale_inv", state_dict[prefix + "weight_scale_inv"], torch.float32,
+                          tuple(self.weight_scale_inv.shape),
+                          f"one fp32 scale per {self.block_size[0]}x{self.block_size[1]} block of the weight; "
+                          "build the layer with the checkpoint's block_size")
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
+
+
+def _check_loaded(key: str, t: Any, dtype: torch.dtype, shape: tuple[int, ...], what: str) -> None:
+    """A checkpoint tensor for a QuantLinear parameter has exactly the parameter's dtype and shape."""
+    if not isinstance(t, torch.Tensor):
+        raise InvalidInputError(f"{_LAYER}: checkpoint entry {key} is a {type(t).__name__}, not a tensor")
+    if t.dtype != dtype:
+        if dtype == torch.float32:
+            hint = "store the scales as float32 (quantcore.nn.load_checkpoint converts bf16, fp16 and ue8m0 ones)"
+        elif format_of_dtype(t.dtype) is not None:
+            hint = f"build the layer with dtype=torch.{dtype_name(t.dtype)} (quantize_model(model, dtype=...))"
+        else:
+            hint = "this is not a quantized weight: load it into the float model, then call quantize_model"
+        raise InvalidInputError(f"{_LAYER}: checkpoint tensor {key} has dtype {dtype_name(t.dtype)}; this layer "
+                                f"expects {dtype_name(dtype)} ({what}); {hint}")
+    if tuple(t.shape) != shape:
+        raise InvalidInputError(f"{_LAYER}: checkpoint tensor {key} has shape {tuple(t.shape)}; this layer "
+                                f"expects {shape} ({what})")
+
+
+def replace_linears(model: nn.Module, chosen: Callable[[str], bool],
+                    make: Callable[[str, nn.Linear], nn.Module]) -> nn.Module:
+    """Replace, in place, every `nn.Linear` of `model` whose dotted name is `chosen` by `make(name, linear)`.
+
+    A linear shared by several parents is listed under each name (remove_duplicate=False), made once
+    (under its first chosen name), and the one replacement is set under every chosen name.
+    """
+    targets = [(name, m) for name, m in model.named_modules(remove_duplicate=False)
+               if isinstance(m, nn.Linear) and name and chosen(name)]
+    made: dict[int, nn.Module] = {}
+    for name, linear in targets:
+        if id(linear) not in made:
+            made[id(linear)] = make(name, linear)
+        parent_name, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent_name), child, made[id(linear)])
+    return model
+
+
+def _skipped(name: str, patterns: Iterable[str]) -> bool:
+    """A pattern matches the full dotted name or its tail: "lm_head" skips "lm_head" and "model.lm_head"."""
+    return any(fnmatch.fnmatchcase(name, p) or fnmatch.fnmatchcase(name, "*." + p) for p in patterns)
+
+
+def quantize_model(model: nn.Module, *, dtype: Any = "auto", skip: Iterable[str] = ("lm_head",),
+                   block_size: tuple[int, int] = DEFAULT_BLOCK, out_dtype: torch.dtype | None = None,
+                   scale_fmt: str = "fp32") -> nn.Module:
+    """Replace every `nn.Linear` of `model` in place by a `QuantLinear` (see `QuantLinear.from_linear`)
+    and return `model`.
+
+    skip: module-name patterns (fnmatch globs, matched against the dotted name or its tail, e.g.
+    "lm_head", "layers.0.*", "*.gate") whose linears stay in floating point. dtype: as `resolve_dtype`,
+    resolved per layer for the device its weight is on (move the model to its device first).
+    out_dtype: each layer's output dtype; None (the default) follows each call's input.
+    scale_fmt: "fp32" or "ue8m0" (power-of-two weight and activation scales).
+    """
+    if not isinstance(model, nn.Module):
+        raise InvalidInputError(f"quantize_model: expected an nn.Module, got {type(model).__name__}")
+    if isinstance(skip, str):  # a lone pattern would otherwise be split into characters
+        skip = (skip,)
+    skip = tuple(skip)
+    block = checks.block_pair("quantize_model", block_size)
+    return replace_linears(model, lambda name: not _skipped(name, skip),
+                           lambda name, linear: QuantLinear.from_linear(linear, dtype=dtype, block_size=block,
+                                                                        out_dtype=out_dtype, scale_fmt=scale_fmt))
