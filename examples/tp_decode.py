@@ -45,7 +45,8 @@ import quantcore  # noqa: E402
 from quantcore.parallel import ColumnParallelQuantLinear, shard_model  # noqa: E402
 
 # name -> (quantized format or None for bf16, the row-parallel layers' reduce_dtype)
-WEIGHTS = {"bf16": (None, None), "fp8": (torch.float8_e4m3fn, None), "fp8-fp32reduce": (torch.float8_e4m3fn, torch.float32)}
+FP8 = torch.float8_e4m3fn
+WEIGHTS = {"bf16": (None, None), "fp8": (FP8, None), "fp8-fp32reduce": (FP8, torch.float32)}
 # Lower-case substrings of profiler event names, per kind of work.
 COMM = ("nccl", "gloo", "allreduce", "all_reduce", "allgather", "all_gather")
 GEMM = ("gemm", "gemv", "_mm_kernel", "nvjet", "xmma", "cutlass", "splitkreduce", "aten::mm", "aten::addmm",
@@ -228,7 +229,10 @@ def main(argv: list[str] | None = None) -> dict | None:
         return None
     result = {
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
-        "torch": torch.__version__, "quantcore": quantcore.__version__, "world": world,
+        "torch": torch.__version__, "quantcore": quantcore.__version__, "python": platform.python_version(),
+        "cuda": torch.version.cuda,
+        "nccl": ".".join(map(str, torch.cuda.nccl.version())) if device.type == "cuda" else None,
+        "world": world,
         "backend": dist.get_backend() if dist.is_initialized() else "none",
         "command": " ".join(["examples/tp_decode.py", *(argv if argv is not None else sys.argv[1:])]),
         "config": asdict(cfg), "batch": args.batch, "prompt_len": args.prompt_len, "new_tokens": args.tokens,

@@ -4,6 +4,7 @@ GPUs), each its own rank; an assertion failing on any rank fails the test with t
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 from datetime import timedelta
 from typing import Any, Callable
@@ -28,6 +29,9 @@ def run_ranks(world: int, fn: Callable[..., None], *args: Any, backend: str = "g
 
 def _rank_main(rank: int, world: int, store: str, backend: str, fn: Callable[..., None], args: tuple) -> None:
     torch.set_num_threads(1)  # several ranks share this machine's cores
+    if backend == "gloo" and sys.platform == "linux":
+        # All ranks are on this host: loopback, so a CI container whose hostname does not resolve works too.
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     if backend == "nccl":
         torch.cuda.set_device(rank)
     dist.init_process_group(backend, init_method=f"file://{store}", rank=rank, world_size=world,

@@ -59,7 +59,8 @@ def read_safetensors(checkpoint: str | os.PathLike, wanted: Wanted) -> tuple[dic
             part = opened[file].get_slice(name)
             if tuple(part.get_shape()) != tuple(shape):
                 raise InvalidInputError(f"read_safetensors: checkpoint tensor {name} in {file.name} has shape "
-                                        f"{tuple(part.get_shape())}; the model's unsharded layer expects {tuple(shape)}")
+                                        f"{tuple(part.get_shape())}; the model's unsharded layer expects "
+                                        f"{tuple(shape)}")
             tensors[name] = part[index]
     return tensors, set(files)
 

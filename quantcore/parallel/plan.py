@@ -64,9 +64,11 @@ def shard_model(model: nn.Module, group: Any = None, plan: Mapping[str, str] | N
     (only this rank's slice is quantized), or with dtype=None the float form (`ColumnParallelLinear`,
     `RowParallelLinear`). reduce_dtype: the row-parallel layers' (None: each one's output dtype;
     torch.float32 sums fp32 partials). Shards that would cut a block raise `InvalidInputError` naming the
-    module.
-    A linear shared by several parents becomes one shared parallel layer (under all its names, when one matches). Each rank must call this with the
-    same model and plan; the attention's head count per rank (n_heads / world) is the model's business.
+    module. A linear shared by several parents becomes one parallel layer under all its names (the
+    names the plan matches must agree on the style).
+
+    Every rank of the group calls this with the same model and plan. The attention's head count per
+    rank (n_heads / world) is the model's business: shard_model changes linears only.
     """
     if not isinstance(model, nn.Module):
         raise InvalidInputError(f"shard_model: expected an nn.Module, got {type(model).__name__}")
