@@ -174,7 +174,6 @@ def render(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-@torch.inference_mode()
 def main(argv: list[str] | None = None) -> dict | None:
     """Run under torchrun (or in an initialised process group); returns the results on rank 0."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -193,11 +192,21 @@ def main(argv: list[str] | None = None) -> dict | None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=".", help="directory for tp_decode.json and tp_decode.md (rank 0)")
     args = parser.parse_args(argv)
-
-    if args.device == "cuda" and not dist.is_initialized():
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-    if not dist.is_initialized() and "RANK" in os.environ:
+    launched = not dist.is_initialized() and "RANK" in os.environ  # by torchrun, not inside a test's group
+    if launched:
+        if args.device == "cuda":
+            torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
         dist.init_process_group("nccl" if args.device == "cuda" else "gloo")
+    try:
+        return measure(args, " ".join(["examples/tp_decode.py", *(sys.argv[1:] if argv is None else argv)]))
+    finally:
+        if launched:
+            dist.destroy_process_group()
+
+
+@torch.inference_mode()
+def measure(args: argparse.Namespace, command: str) -> dict | None:
+    """Every run of the command line's TP sizes and weights; the results on rank 0 (None elsewhere)."""
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
     device = torch.device(f"cuda:{torch.cuda.current_device()}" if args.device == "cuda" else "cpu")
     tps = sorted({1, world} if args.tp is None else {1, *(int(t) for t in args.tp.split(","))})  # 1: the reference
@@ -234,7 +243,7 @@ def main(argv: list[str] | None = None) -> dict | None:
         "nccl": ".".join(map(str, torch.cuda.nccl.version())) if device.type == "cuda" else None,
         "world": world,
         "backend": dist.get_backend() if dist.is_initialized() else "none",
-        "command": " ".join(["examples/tp_decode.py", *(argv if argv is not None else sys.argv[1:])]),
+        "command": (f"torchrun --nproc-per-node {world} " if world > 1 else "python3 ") + command,
         "config": asdict(cfg), "batch": args.batch, "prompt_len": args.prompt_len, "new_tokens": args.tokens,
         "repeats": args.repeats, "patterns": {"comm": COMM, "gemm": GEMM}, "runs": runs,
     }
