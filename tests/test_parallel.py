@@ -1,6 +1,6 @@
 """quantcore.parallel: tensor-parallel linears, shard_model and sliced checkpoint loading.
 
-The exactness tests run 2 and 4 CPU processes joined by gloo (`distributed.run_ranks`) and compare each
+The exactness tests run 2 and 4 CPU processes joined by gloo (`ranks.run_ranks`) and compare each
 rank's result with the single-process layer or model, computed in the same process from the same seed:
 column-parallel outputs are its columns bit for bit (the reference computes each output on its own), a
 row-parallel output is within the contract's GEMM tolerance of it (the all-reduce only changes the order
@@ -23,7 +23,7 @@ from safetensors.torch import save_file
 from torch import distributed as dist
 from torch import nn
 
-from distributed import assert_same_on_all_ranks, run_ranks
+from ranks import assert_same_on_all_ranks, run_ranks
 from helpers import randn
 from quantcore import InvalidInputError
 from quantcore.nn import QuantLinear, load_fp8_checkpoint, quantize_model
@@ -337,6 +337,13 @@ def test_checkpoint_shape_mismatch_and_strict(tmp_path):
     assert load_tp_checkpoint(model, tmp_path / "sharded", strict=False) == (["extra.bias", "extra.weight"], [])
     with pytest.raises(InvalidInputError, match="no safetensors file"):
         load_tp_checkpoint(model, tmp_path / "absent.safetensors")
+    # A directory without an index: each file lists its own tensors.
+    (tmp_path / "sharded" / "model.safetensors.index.json").unlink()
+    del model.extra
+    x = randn((2, 512), gen=torch.Generator().manual_seed(0))
+    whole = shard_model(quantize_model(MLP(512, 1024), dtype=FP8))
+    assert load_tp_checkpoint(model, tmp_path / "sharded") == load_tp_checkpoint(whole, tmp_path / "whole.safetensors")
+    assert torch.equal(model(x), whole(x))
 
 
 # ---- the 2-GPU benchmark script, its logic on gloo at tiny sizes ----

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import test_parallel as cpu
-from distributed import run_ranks
+from ranks import run_ranks
 from quantcore import registry
 
 pytestmark = [pytest.mark.gpu,
