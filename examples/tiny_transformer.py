@@ -123,7 +123,7 @@ class Transformer(nn.Module):
     def _init(self, seed: int) -> None:
         # Variance-preserving init, residual branches scaled down with depth, so activations and
         # logits keep O(1) spread through the random network (a stand-in for trained weights).
-        gen = torch.Generator().manual_seed(seed)
+        gen = torch.Generator(self.embed.weight.device).manual_seed(seed)  # built under `with torch.device(...)`
         for name, p in self.named_parameters():
             if name.endswith("bias"):
                 p.normal_(0.0, 0.02, generator=gen)

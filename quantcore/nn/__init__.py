@@ -7,6 +7,8 @@
   `quantize_from_config`, and `load_fp8_checkpoint` for bare safetensors files or a state dict.
 - `schemes.py`: reading and writing `quantization_config`; `files.py`: `SafetensorsFiles`, tensors (or
   slices of them) by name from a file or a folder of shards.
+- The tensor-parallel layers of `quantcore.parallel`, re-exported: `ColumnParallelQuantLinear`,
+  `RowParallelQuantLinear`, `shard_model`, `load_tp_checkpoint`.
 """
 
 from .checkpoint import (LoadedKeys, load_checkpoint, load_fp8_checkpoint, quantize_from_config, save_checkpoint,
@@ -15,8 +17,21 @@ from .files import SafetensorsFiles
 from .layers import QuantLinear, quantize_model, resolve_dtype
 from .schemes import CompressedTensorsScheme, Fp8Scheme, LayerFormat, read_scheme, scheme_from_config
 
+_PARALLEL = ("ColumnParallelQuantLinear", "RowParallelQuantLinear", "shard_model", "load_tp_checkpoint")
+
 __all__ = [
     "QuantLinear", "quantize_model", "resolve_dtype",
     "load_checkpoint", "save_checkpoint", "quantize_from_config", "load_fp8_checkpoint", "LoadedKeys", "scale_to_fp32",
     "SafetensorsFiles", "Fp8Scheme", "CompressedTensorsScheme", "LayerFormat", "read_scheme", "scheme_from_config",
+    "ColumnParallelQuantLinear", "RowParallelQuantLinear", "shard_model", "load_tp_checkpoint",
 ]
+
+
+def __getattr__(name: str):
+    # Resolved on first use: quantcore.parallel subclasses QuantLinear and reads through SafetensorsFiles,
+    # so importing it here would be circular (and would load torch.distributed with every quantcore.nn).
+    if name in _PARALLEL:
+        from .. import parallel
+
+        return getattr(parallel, name)
+    raise AttributeError(f"module 'quantcore.nn' has no attribute {name!r}")
