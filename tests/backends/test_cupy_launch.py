@@ -92,7 +92,7 @@ def launches(monkeypatch):
     monkeypatch.setattr(compiler, "get_function", get_function)
     monkeypatch.setattr(launcher, "_driver", lambda: driver)
     monkeypatch.setattr(launcher, "_primary_context", lambda index: 7)
-    monkeypatch.setattr(launcher, "_current_stream", lambda index: seen.stream)
+    monkeypatch.setattr(launcher, "_stream_reader", lambda: lambda index: seen.stream)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)  # CPU tensors stand in for the GPU's
     return seen
 

@@ -71,9 +71,9 @@ def _primary_context(index: int) -> int:
         return _driver().ctxGetCurrent()
 
 
-def _current_stream(index: int) -> int:
-    """torch's current stream on device `index`, as a CUstream handle."""
-    return torch._C._cuda_getCurrentRawStream(index)
+def _stream_reader():
+    """A function of a device index giving torch's current stream there, as a CUstream handle."""
+    return torch._C._cuda_getCurrentRawStream
 
 
 class Launcher:
@@ -81,14 +81,15 @@ class Launcher:
     `index`, with parameters `args`: slot values (`i32`, `i64`, `f32`) and `POINTER` entries, which
     each call fills from its arguments, in order."""
 
-    __slots__ = ("function", "index", "_launch", "_current_context", "_head", "_tail", "_context", "_slots",
-                 "_pack", "_params", "_constants", "_lock")
+    __slots__ = ("function", "index", "_launch", "_current_context", "_current_stream", "_head", "_tail", "_context",
+                 "_slots", "_pack", "_params", "_constants", "_lock")
 
     def __init__(self, function: Any, grid: tuple[int, ...], block: tuple[int, ...], args: tuple,
                  index: int, smem: int = 0):
         driver = _driver()
         self.function, self.index = function, index  # the Function keeps its module loaded
         self._launch, self._current_context = driver.launchKernel, driver.ctxGetCurrent
+        self._current_stream = _stream_reader()
         # launchKernel(f, grid x, y, z, block x, y, z, shared bytes, stream, kernelParams, extra)
         self._head = (function.ptr, *(tuple(grid) + (1, 1))[:3], *(tuple(block) + (1, 1))[:3], smem)
         self._context = _primary_context(index)
@@ -112,7 +113,7 @@ class Launcher:
     def __call__(self, *addresses: int) -> None:
         with self._lock:
             self._pack(self._slots, 0, *addresses)
-            stream = _current_stream(self.index)
+            stream = self._current_stream(self.index)
             if self._current_context() == self._context:
                 self._launch(*self._head, stream, *self._tail)
                 return
