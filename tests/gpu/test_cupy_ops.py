@@ -141,6 +141,6 @@ def test_the_variant_explain_names_is_the_one_that_runs(monkeypatch, profile, qd
         fp8_mma = capability.profile_for("cuda").fp8_mma
     fmt = FMTS[qdtype]
     (impl,) = [i for i in registry.impls(op) if i.label == named and fmt in i.constraints.formats]
-    assert ran == [dict(impl.options)["mma"]]
+    assert ran and set(ran) == {dict(impl.options)["mma"]}  # (quant_linear: one GEMM, or a fused try first)
     expected = "int8" if qdtype == I8 else "fp8" if fp8_mma else "fp16"
-    assert ran == [expected] and named == ("cupy[w8a16]" if expected == "fp16" else "cupy")
+    assert set(ran) == {expected} and named == ("cupy[w8a16]" if expected == "fp16" else "cupy")
