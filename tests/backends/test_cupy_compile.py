@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 
 import pytest
+import torch
 
 nvrtc = pytest.importorskip("cupy_backends.cuda.libs.nvrtc")
 try:
@@ -59,16 +60,17 @@ def _gemm_names(arch: int) -> tuple[str, ...]:
     """What the launcher instantiates on this architecture: every tile (the decode tiles with
     BN = 64, and BN = 128 for 128-wide re-quantize groups; the large tile) at the profile's stage
     count, FP8 and INT8 as the registry binds them, with the cp.async loader, and the byte loader for
-    one decode and the large tile."""
+    one decode and the large tile; and quant_linear's decode tiles that quantize a bf16 or fp32 x."""
     profile = simulated_profile(f"sm{arch}")
     names = []
     for fmt in ("fp8_e4m3", "int8"):
         kind = _mma(fmt, profile)
-        for m, group, aligned in (*((m, g, True) for m in (*DECODE_BM, 4096) for g in (None, 128)),
-                                  (1, None, False), (4096, None, False)):
+        for m, group, aligned, x in (*((m, g, True, None) for m in (*DECODE_BM, 4096) for g in (None, 128)),
+                                     (1, None, False, None), (4096, None, False, None),
+                                     (1, None, True, torch.bfloat16), (64, None, False, torch.float32)):
             tile = launch.gemm_tile(m, group)
             stages, _ = launch.gemm_stages(tile, profile.smem_per_block)
-            names.append(launch.gemm_kernel_name(kind, tile, stages, aligned))
+            names.append(launch.gemm_kernel_name(kind, tile, stages, aligned, x))
     return tuple(dict.fromkeys(names))
 
 
