@@ -16,6 +16,8 @@ try:
 except Exception as exc:  # the binding imports, but libnvrtc itself is missing
     pytest.skip(f"NVRTC not loadable: {exc}", allow_module_level=True)
 
+from quantcore import registry  # noqa: E402
+from quantcore.backends.base import Query  # noqa: E402
 from quantcore.backends.cupy import compiler, launch  # noqa: E402
 from quantcore.capability import simulated_profile  # noqa: E402
 
@@ -48,20 +50,27 @@ CP_ASYNC = "cp.async.cg.shared.global"
 DECODE_BM = (16, 32, 64)  # the decode tiles, by rows
 
 
+def _mma(fmt: str, profile) -> str:
+    """The MMA kind of the CuPy GEMM the registry picks for `fmt` on `profile` (its `mma` option)."""
+    query = Query("scaled_mm", profile, fmt, blocks=(128, 128), nk=(4096, 4096), block_k=128)
+    return dict(registry.select(query, backend="cupy").options)["mma"]
+
+
 def _gemm_names(arch: int) -> tuple[str, ...]:
     """What the launcher instantiates on this architecture: every tile (the decode tiles with
     BN = 64, and BN = 128 for 128-wide re-quantize groups; the large tile) at the profile's stage
-    count, FP8 and INT8, with the cp.async loader, and the byte loader for one decode and the large
-    tile."""
+    count, FP8 and INT8 as the registry binds them, with the cp.async loader, and the byte loader for
+    one decode and the large tile; and quant_linear's decode tiles that quantize a bf16 or fp32 x."""
     profile = simulated_profile(f"sm{arch}")
     names = []
-    for qdtype in (torch.float8_e4m3fn, torch.int8):
-        kind = launch.mma_kind(qdtype, profile)
-        for m, group, aligned in (*((m, g, True) for m in (*DECODE_BM, 4096) for g in (None, 128)),
-                                  (1, None, False), (4096, None, False)):
+    for fmt in ("fp8_e4m3", "int8"):
+        kind = _mma(fmt, profile)
+        for m, group, aligned, x in (*((m, g, True, None) for m in (*DECODE_BM, 4096) for g in (None, 128)),
+                                     (1, None, False, None), (4096, None, False, None),
+                                     (1, None, True, torch.bfloat16), (64, None, False, torch.float32)):
             tile = launch.gemm_tile(m, group)
             stages, _ = launch.gemm_stages(tile, profile.smem_per_block)
-            names.append(launch.gemm_kernel_name(kind, tile, stages, aligned))
+            names.append(launch.gemm_kernel_name(kind, tile, stages, aligned, x))
     return tuple(dict.fromkeys(names))
 
 
@@ -134,7 +143,7 @@ def test_requant_groups_fit_the_tile():
 
 
 def test_fp8_mma_refused_below_sm89():
-    name = launch.gemm_kernel_name(0, launch.gemm_tile(4096), 2, True)
+    name = launch.gemm_kernel_name("fp8", launch.gemm_tile(4096), 2, True)
     with pytest.raises(compiler.KernelCompileError, match="sm_89"):
         compiler.compile_source("gemm.cu", 80, (name,))
 

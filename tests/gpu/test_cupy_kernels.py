@@ -17,7 +17,8 @@ if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 pytest.importorskip("cupy")
 
-from quantcore import capability  # noqa: E402
+from quantcore import capability, registry  # noqa: E402
+from quantcore.backends.base import Query  # noqa: E402
 from quantcore.backends import torch as ref  # noqa: E402
 from quantcore.backends.cupy import launch  # noqa: E402
 from quantcore.backends.torch.activation import activate  # noqa: E402
@@ -258,6 +259,18 @@ def _gemm_inputs(M, N, K, qdtype, block=(128, 128), seed=0):
     return a, a_s, b, b_s
 
 
+def _cupy_mm(profile):
+    """launch.scaled_mm on `profile` (a name of PROFILES or a DeviceProfile) with the MMA kind that the
+    registry binds to the operands' format there (the `mma` option of the CuPy variant it selects)."""
+    profile = _profile(profile) if isinstance(profile, str) else profile
+
+    def mm(a, *args, **kwargs):
+        query = Query("scaled_mm", profile, "int8" if a.dtype == I8 else "fp8_e4m3", blocks=(128, 128), block_k=128)
+        mma = dict(registry.select(query, backend="cupy").options)["mma"]
+        return launch.scaled_mm(a, *args, **kwargs, mma=mma, profile=profile)
+    return mm
+
+
 def _mm(a, a_s, b, b_s, fn, block=(128, 128), **epilogue):
     kw = dict(block_n=block[0], block_k=block[1], bias=None, activation=None, out_dtype=torch.float32,
               out_quant=None, out_group=128, ue8m0_out=False, eps=1e-4)
@@ -276,7 +289,7 @@ GEMM_NK = DEEPSEEK_NK + ((7168, 16384), (32768, 512))
 def test_scaled_mm_deepseek(prof, M, nk, qdtype):
     N, K = nk
     a, a_s, b, b_s = _gemm_inputs(M, N, K, qdtype)
-    out = _mm(a, a_s, b, b_s, lambda *x, **k: launch.scaled_mm(*x, **k, profile=_profile(prof)))
+    out = _mm(a, a_s, b, b_s, _cupy_mm(prof))
     expect = _mm(a, a_s, b, b_s, ref.scaled_mm)
     assert not out.isnan().any()
     assert rel_err(out, expect) <= GEMM_TOL[qdtype]
@@ -306,7 +319,7 @@ def test_scaled_mm_decode_tails(prof, M, case, qdtype):
     K blocks and stages, split or not."""
     N, K, block = case
     a, a_s, b, b_s = _gemm_inputs(M, N, K, qdtype, block, seed=N + M)
-    out = _mm(a, a_s, b, b_s, lambda *x, **k: launch.scaled_mm(*x, **k, profile=_profile(prof)), block)
+    out = _mm(a, a_s, b, b_s, _cupy_mm(prof), block)
     expect = _mm(a, a_s, b, b_s, ref.scaled_mm, block)
     assert not out.isnan().any()
     assert rel_err(out, expect) <= GEMM_TOL[qdtype]
@@ -336,7 +349,7 @@ def test_scaled_mm_epilogues(prof, mnk, qdtype, epi):
     spec = dict(EPILOGUES[epi])
     if spec["bias"] is not None:
         spec["bias"] = _randn((1, N), spec["bias"], seed=5)[0]
-    out = _mm(a, a_s, b, b_s, lambda *x, **k: launch.scaled_mm(*x, **k, profile=_profile(prof)), block, **spec)
+    out = _mm(a, a_s, b, b_s, _cupy_mm(prof), block, **spec)
     expect = _mm(a, a_s, b, b_s, ref.scaled_mm, block, **spec)
     if spec.get("out_quant") is None:
         assert not out.isnan().any()
@@ -372,10 +385,9 @@ def test_scaled_mm_split_k_order(qdtype, mnk):
     for z in range(splits):
         kb = slice(z * per_split, (z + 1) * per_split)
         ks = slice(kb.start * 128, min(K, kb.stop * 128))
-        part = _mm(a[:, ks], a_s[:, kb], b[:, ks], b_s[:, kb],
-                   lambda *x, **k: launch.scaled_mm(*x, **k, profile=one_sm))
+        part = _mm(a[:, ks], a_s[:, kb], b[:, ks], b_s[:, kb], _cupy_mm(one_sm))
         total = total + part
-    assert_same(_mm(a, a_s, b, b_s, lambda *x, **k: launch.scaled_mm(*x, **k, profile=prof)), total)
+    assert_same(_mm(a, a_s, b, b_s, _cupy_mm(prof)), total)
 
 
 @pytest.mark.parametrize("qdtype", QDTYPES)
@@ -384,7 +396,7 @@ def test_scaled_mm_split_k_deterministic(qdtype, mnk):
     """The same call gives the same bits every time, whichever split happens to count last."""
     M, N, K = mnk
     a, a_s, b, b_s = _gemm_inputs(M, N, K, qdtype, seed=M)
-    fn = lambda *x, **k: launch.scaled_mm(*x, **k, profile=_profile("real"))  # noqa: E731
+    fn = _cupy_mm("real")
     spec = dict(bias=_randn((1, N), seed=9)[0], activation="silu", out_dtype=torch.float32)
     first = _mm(a, a_s, b, b_s, fn, **spec)
     for _ in range(5):
@@ -410,7 +422,7 @@ def test_scaled_mm_split_k_back_to_back(qdtype):
     expect = [_mm(*x, ref.scaled_mm) for x in inputs]
     assert any(_splits(*mnk, 128, prof)[1] > 1 for mnk in shapes)
     for _ in range(2):
-        outs = [_mm(*x, lambda *t, **k: launch.scaled_mm(*t, **k, profile=prof)) for x in inputs]
+        outs = [_mm(*x, _cupy_mm(prof)) for x in inputs]
         for out, ref_out in zip(outs, expect):
             assert rel_err(out, ref_out) <= GEMM_TOL[qdtype]
         _counters_zero()
@@ -425,7 +437,7 @@ def test_scaled_mm_split_k_cuda_graph(qdtype):
     M, N, K = 1, 2112, 7168
     prof = _profile("real")
     assert _splits(M, N, K, 128, prof)[1] > 1
-    fn = lambda *x, **k: launch.scaled_mm(*x, **k, profile=prof)  # noqa: E731
+    fn = _cupy_mm(prof)
     static = [t.clone() for t in _gemm_inputs(M, N, K, qdtype, seed=0)]
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())

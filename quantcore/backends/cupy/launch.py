@@ -1,10 +1,17 @@
-"""Launch functions of the CuPy backend: the seven ops of docs/backend-contract.md on NVRTC-built
-kernels (`kernels/*.cu`).
+"""Launch functions of the CuPy backend: the ops of docs/backend-contract.md on NVRTC-built kernels
+(`kernels/*.cu`).
 
 Tensors stay torch tensors: outputs are allocated with torch, kernels receive raw pointers
 (`data_ptr()`) and element strides, and run on torch's current stream of the tensor's device. The
 architecture compiled for is `profile.compute_capability`, so a simulated profile runs that GPU's code
-path on the real one (see `compiler.get_function`).
+path on the real one (see `compiler.get_function`). The GEMM's tensor-core path is the `mma` option
+of the implementation the registry chose (`__init__.py`), never re-derived here.
+
+Every function is `prepared` (backends/base.py): its body runs once per kept plan and computes what
+depends only on shapes, strides, dtypes, device, options and the inputs' 16-byte alignment (tiles,
+stages, splits, vector widths, grids, the compiled kernel and its constant arguments, packed in a
+`launcher.Launcher`); the `run` it returns allocates the outputs, reads the tensors' addresses and
+launches once (`quant_linear` above M = 64: twice, act_quant then scaled_mm).
 
 Constraints beyond the contract (declared as data in `__init__.py`, where the registry checks them):
 
@@ -18,51 +25,46 @@ Constraints beyond the contract (declared as data in `__init__.py`, where the re
 Alignment is never a constraint: each kernel moves 16 bytes per access when the pointers, the row
 strides, the row length and the block width allow it, and narrower vectors (down to one element)
 otherwise; the GEMM falls back from cp.async to byte loads when K or a row stride is not a multiple
-of 16 bytes.
+of 16 bytes. Outputs are fresh allocations, which torch aligns to far more than 16 bytes.
 """
 
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
-import numpy as np
 import torch
 
 from ...errors import UnsupportedError
 from .. import splitk
-from ..base import composed_quant_linear
+from ..base import prepared
 from . import compiler
+from .launcher import POINTER, Launcher, f32, i32, i64
 
 _CTYPE = {torch.float32: "float", torch.bfloat16: "__nv_bfloat16", torch.float16: "__half", torch.int32: "int"}
 _QTYPE = {torch.float8_e4m3fn: "qc::Fp8E4M3", torch.int8: "qc::Int8"}
 _ACTIVATION = {None: 0, "gelu": 1, "gelu_tanh": 2, "silu": 3}
 _OUT_KIND = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2, torch.float8_e4m3fn: 3, torch.int8: 4}
-_MMA_E4M3, _MMA_S8, _MMA_F16 = 0, 1, 2
+MMA_KIND = {"fp8": 0, "int8": 1, "fp16": 2}  # gemm.cu's MmaKind: e4m3, s8, e4m3 expanded to fp16
+_MMA_READS = {"fp8": torch.float8_e4m3fn, "int8": torch.int8, "fp16": torch.float8_e4m3fn}
 
 _QUANT_THREADS = 256  # kQuantThreads in blockquant.cuh
 _CACHE_FLOATS = 64  # register budget per thread for values kept between the amax and quantize passes
 _MAX_GRID = 65535
 
 
-_streams: dict[tuple[int, int], object] = {}
+def _nothing(*addresses: int) -> None:
+    """The launch of an empty output."""
 
 
-def _launch(fn, grid, block, args, device: torch.device, smem: int = 0) -> None:
-    import cupy
-
+def _kernel(filename: str, expr: str, profile, device: torch.device, grid: tuple[int, ...],
+            block: tuple[int, ...], args: tuple, smem: int = 0) -> Launcher:
+    """The launcher of template instantiation `expr` of kernels/`filename`, built for `profile` and
+    loaded on `device`, with its grid, block, shared memory and parameters (`launcher.POINTER` for the
+    addresses each call passes)."""
     index = device.index if device.index is not None else torch.cuda.current_device()
-    ptr = torch.cuda.current_stream(index).cuda_stream
-    stream = _streams.get((index, ptr))
-    if stream is None:  # wrapping torch's stream costs microseconds: once per stream
-        stream = _streams[(index, ptr)] = cupy.cuda.ExternalStream(ptr, index)
-    with cupy.cuda.Device(index):
-        fn(grid, block, args, shared_mem=smem, stream=stream)
-
-
-def _function(filename: str, expr: str, profile, device: torch.device, smem: int = 0):
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    return compiler.get_function(filename, expr, profile, index, smem)
+    fn = compiler.get_function(filename, expr, profile, index, smem)
+    return Launcher(fn, grid, block, args, index, smem)
 
 
 def _row_stride(t: torch.Tensor) -> int:
@@ -72,7 +74,7 @@ def _row_stride(t: torch.Tensor) -> int:
 
 def _vector_width(limit: int, counts: tuple[int, ...], tensors: tuple[torch.Tensor, ...]) -> int:
     """The widest power-of-two vector (<= limit elements) that divides every count and keeps every
-    tensor's accesses aligned (to the vector's bytes, at most 16)."""
+    tensor's accesses aligned (to the vector's bytes, at most 16). Fresh outputs need no check."""
     vec = limit
     while vec > 1:
         if all(c % vec == 0 for c in counts) and all(
@@ -94,37 +96,50 @@ def _team(vectors_per_block: int, vec: int) -> tuple[int, int]:
     return team, cache
 
 
-def _ptr(t: torch.Tensor | None) -> int:
+def _address(t: torch.Tensor | None) -> int:
     """A device pointer argument; 0 stands for an absent optional tensor."""
-    return t.data_ptr() if t is not None else 0
+    return 0 if t is None else t.data_ptr()
 
 
-def _i32(v: int) -> np.int32:
-    return np.int32(v)
+def _fp32_bias(bias: torch.Tensor | None) -> bool:
+    """Whether the kernels can read `bias` as it is (absent, or fp32 with unit stride); otherwise each
+    call converts it (`bias.to(torch.float32).contiguous()`): it is an input of every call, never kept."""
+    return bias is None or (bias.dtype == torch.float32 and (bias.shape[0] <= 1 or bias.stride(0) == 1))
 
 
-def _i64(v: int) -> np.int64:
-    return np.int64(v)
-
-
-def _quantize(kernel_file: str, expr_head: str, src_args: tuple, tail_args: tuple, q: torch.Tensor,
-              scale: torch.Tensor, scale_strides: tuple[int, int], block: tuple[int, int], vec: int,
-              profile) -> None:
-    """Launch a blockquant.cuh kernel: `src_args` describe the input, then q, its row stride, the
-    scale and its strides, then `tail_args` (sizes, eps, ue8m0); template args are appended to
-    `expr_head` (VEC, TEAM, CACHE)."""
-    rows, cols = q.shape
+def _quantizer(kernel_file: str, expr_head: str, src_args: tuple, tail_args: tuple, shape: tuple[int, int],
+               scale_strides: tuple[int, int], block: tuple[int, int], vec: int, profile,
+               device: torch.device) -> Launcher:
+    """The launcher of a blockquant.cuh kernel writing a contiguous q of `shape`: `src_args` describe
+    the input, then q, its row stride, the scale and its strides, then `tail_args` (sizes, eps, ue8m0);
+    template args are appended to `expr_head` (VEC, TEAM, CACHE). A call passes the input's
+    addresses (`POINTER`s in `src_args`), then q's and the scale's."""
+    rows, cols = shape
     nblocks = math.ceil(rows / block[0]) * math.ceil(cols / block[1])
     if nblocks >= 2**31:
         raise UnsupportedError(f"cupy quantize: {nblocks} scale blocks, kernels index fewer than 2^31")
     team, cache = _team(block[0] * math.ceil(min(block[1], cols) / vec), vec)
-    fn = _function(kernel_file, f"{expr_head}, {vec}, {team}, {cache}>", profile, q.device)
     grid = max(1, min(math.ceil(nblocks / (_QUANT_THREADS // team)), 32 * max(1, profile.sm_count)))
-    args = (*src_args, q.data_ptr(), _i64(cols), scale.data_ptr(), _i64(scale_strides[0]),
-            _i64(scale_strides[1]), *tail_args)
-    _launch(fn, (grid,), (_QUANT_THREADS,), args, q.device)
+    args = (*src_args, POINTER, i64(cols), POINTER, i64(scale_strides[0]), i64(scale_strides[1]), *tail_args)
+    return _kernel(kernel_file, f"{expr_head}, {vec}, {team}, {cache}>", profile, device, (grid,),
+                   (_QUANT_THREADS,), args)
 
 
+def _float_quantizer(src: torch.Tensor, qdtype, block: tuple[int, int], scale_strides: tuple[int, int], ue8m0,
+                     eps, profile) -> Callable[..., None]:
+    """quant.cu's quant_kernel for a bf16/fp16/fp32 `src` [R, C] in `block` blocks: a launch taking the
+    addresses of src, q and the scale (or nothing to do for an empty src)."""
+    R, C = src.shape
+    if not (R and C):
+        return _nothing
+    ld = _row_stride(src)
+    vec = _vector_width(16 // src.element_size(), (C, ld, block[1]), (src,))
+    return _quantizer("quant.cu", f"qc::quant_kernel<{_CTYPE[src.dtype]}, {_QTYPE[qdtype]}", (POINTER, i64(ld)),
+                      (i32(R), i32(C), i32(block[0]), i32(block[1]), f32(eps), i32(bool(ue8m0))), (R, C),
+                      scale_strides, block, vec, profile, src.device)
+
+
+@prepared
 def act_quant(x, *, qdtype, group_size, ue8m0, eps, scale_m_major, profile):
     """Quantize activations per 1 x group_size block along K.
 
@@ -132,37 +147,38 @@ def act_quant(x, *, qdtype, group_size, ue8m0, eps, scale_m_major, profile):
     scale [M, ceil(K/G)] fp32; with `scale_m_major` the transpose view of a contiguous
     [ceil(K/G), M] buffer).
     """
-    M, K = x.shape
+    (M, K), device = x.shape, x.device
     kb = math.ceil(K / group_size)
-    q = torch.empty(M, K, dtype=qdtype, device=x.device)
-    scale_buf = torch.empty((kb, M) if scale_m_major else (M, kb), dtype=torch.float32, device=x.device)
-    if M and K:
-        ldx = _row_stride(x)
-        vec = _vector_width(16 // x.element_size(), (K, ldx, group_size), (x, q))
-        _quantize("quant.cu", f"qc::quant_kernel<{_CTYPE[x.dtype]}, {_QTYPE[qdtype]}", (x.data_ptr(), _i64(ldx)),
-                  (_i32(M), _i32(K), _i32(1), _i32(group_size), np.float32(eps), _i32(ue8m0)),
-                  q, scale_buf, (1, M) if scale_m_major else (kb, 1), (1, group_size), vec, profile)
-    return q, scale_buf.t() if scale_m_major else scale_buf
+    buffer = (kb, M) if scale_m_major else (M, kb)
+    launch = _float_quantizer(x, qdtype, (1, group_size), (1, M) if scale_m_major else (kb, 1), ue8m0, eps, profile)
+
+    def run(x):
+        q = torch.empty((M, K), dtype=qdtype, device=device)
+        scale = torch.empty(buffer, dtype=torch.float32, device=device)
+        launch(x.data_ptr(), q.data_ptr(), scale.data_ptr())
+        return q, scale.t() if scale_m_major else scale
+    return run
 
 
+@prepared
 def weight_quant(w, *, qdtype, block_n, block_k, ue8m0, eps, profile):
     """Quantize weights per block_n x block_k block.
 
     w [N, K] bf16/fp16/fp32 -> (q [N, K] qdtype contiguous, scale [ceil(N/Bn), ceil(K/Bk)] fp32).
     """
-    N, K = w.shape
-    nb, kb = math.ceil(N / block_n), math.ceil(K / block_k)
-    q = torch.empty(N, K, dtype=qdtype, device=w.device)
-    scale = torch.empty(nb, kb, dtype=torch.float32, device=w.device)
-    if N and K:
-        ldw = _row_stride(w)
-        vec = _vector_width(16 // w.element_size(), (K, ldw, block_k), (w, q))
-        _quantize("quant.cu", f"qc::quant_kernel<{_CTYPE[w.dtype]}, {_QTYPE[qdtype]}", (w.data_ptr(), _i64(ldw)),
-                  (_i32(N), _i32(K), _i32(block_n), _i32(block_k), np.float32(eps), _i32(ue8m0)),
-                  q, scale, (kb, 1), (block_n, block_k), vec, profile)
-    return q, scale
+    (N, K), device = w.shape, w.device
+    grid = (math.ceil(N / block_n), math.ceil(K / block_k))
+    launch = _float_quantizer(w, qdtype, (block_n, block_k), (grid[1], 1), ue8m0, eps, profile)
+
+    def run(w):
+        q = torch.empty((N, K), dtype=qdtype, device=device)
+        scale = torch.empty(grid, dtype=torch.float32, device=device)
+        launch(w.data_ptr(), q.data_ptr(), scale.data_ptr())
+        return q, scale
+    return run
 
 
+@prepared
 def quantized_gelu(q, scale, *, group_size, approximate, out_qdtype, ue8m0, eps, profile):
     """GELU on quantized activations: dequantize (fp32(q) * scale), GELU in fp32 ("none": erf,
     "tanh": tanh approximation), re-quantize per 1 x group_size.
@@ -170,19 +186,25 @@ def quantized_gelu(q, scale, *, group_size, approximate, out_qdtype, ue8m0, eps,
     q [M, K] fp8/int8, scale [M, ceil(K/G)] fp32 (any strides) -> (q2 [M, K] out_qdtype,
     scale2 [M, ceil(K/G)] fp32), both contiguous.
     """
-    M, K = q.shape
+    (M, K), device = q.shape, q.device
     kb = math.ceil(K / group_size)
-    q2 = torch.empty(M, K, dtype=out_qdtype, device=q.device)
-    scale2 = torch.empty(M, kb, dtype=torch.float32, device=q.device)
+    launch = _nothing
     if M and K:
         ldq = _row_stride(q)
-        vec = _vector_width(16, (K, ldq, group_size), (q, q2))
+        vec = _vector_width(16, (K, ldq, group_size), (q,))
         tanh = "true" if approximate == "tanh" else "false"
-        _quantize("epilogue.cu", f"qc::quantized_gelu_kernel<{_QTYPE[q.dtype]}, {_QTYPE[out_qdtype]}, {tanh}",
-                  (q.data_ptr(), _i64(ldq), scale.data_ptr(), _i64(scale.stride(0)), _i64(scale.stride(1))),
-                  (_i32(M), _i32(K), _i32(group_size), np.float32(eps), _i32(ue8m0)),
-                  q2, scale2, (kb, 1), (1, group_size), vec, profile)
-    return q2, scale2
+        launch = _quantizer(
+            "epilogue.cu", f"qc::quantized_gelu_kernel<{_QTYPE[q.dtype]}, {_QTYPE[out_qdtype]}, {tanh}",
+            (POINTER, i64(ldq), POINTER, i64(scale.stride(0)), i64(scale.stride(1))),
+            (i32(M), i32(K), i32(group_size), f32(eps), i32(bool(ue8m0))), (M, K), (kb, 1), (1, group_size), vec,
+            profile, device)
+
+    def run(q, scale):
+        q2 = torch.empty((M, K), dtype=out_qdtype, device=device)
+        scale2 = torch.empty((M, kb), dtype=torch.float32, device=device)
+        launch(q.data_ptr(), scale.data_ptr(), q2.data_ptr(), scale2.data_ptr())
+        return q2, scale2
+    return run
 
 
 def _rowwise_grid(rows: int, vectors_per_row: int) -> tuple[tuple[int, int], tuple[int, int]]:
@@ -193,57 +215,71 @@ def _rowwise_grid(rows: int, vectors_per_row: int) -> tuple[tuple[int, int], tup
     return (math.ceil(vectors_per_row / bx), min(math.ceil(rows / by), _MAX_GRID)), (bx, by)
 
 
-def _dequantize(q, scale, block: tuple[int, int], out_dtype, profile):
-    R, C = q.shape
-    out = torch.empty(R, C, dtype=out_dtype, device=q.device)
+def _dequantizer(q, scale, block: tuple[int, int], out_dtype, profile):
+    """quant.cu's dequant_kernel: a function (q, scale) -> fp32(q) * scale per block, as out_dtype."""
+    (R, C), device = q.shape, q.device
+    launch = _nothing
     if R and C:
         ldq = _row_stride(q)
-        vec = _vector_width(16, (C, ldq, block[1]), (q, out))
-        fn = _function("quant.cu", f"qc::dequant_kernel<{_QTYPE[q.dtype]}, {_CTYPE[out_dtype]}, {vec}>", profile, q.device)
+        vec = _vector_width(16, (C, ldq, block[1]), (q,))
         grid, threads = _rowwise_grid(R, C // vec)
-        args = (q.data_ptr(), _i64(ldq), scale.data_ptr(), _i64(scale.stride(0)), _i64(scale.stride(1)),
-                out.data_ptr(), _i64(C), _i32(R), _i32(C), _i32(block[0]), _i32(block[1]))
-        _launch(fn, grid, threads, args, q.device)
-    return out
+        launch = _kernel("quant.cu", f"qc::dequant_kernel<{_QTYPE[q.dtype]}, {_CTYPE[out_dtype]}, {vec}>", profile,
+                         device, grid, threads,
+                         (POINTER, i64(ldq), POINTER, i64(scale.stride(0)), i64(scale.stride(1)), POINTER, i64(C),
+                          i32(R), i32(C), i32(block[0]), i32(block[1])))
+
+    def run(q, scale):
+        out = torch.empty((R, C), dtype=out_dtype, device=device)
+        launch(q.data_ptr(), scale.data_ptr(), out.data_ptr())
+        return out
+    return run
 
 
+@prepared
 def act_dequant(q, scale, *, group_size, out_dtype, profile):
     """x = fp32(q) * scale[m, k // G], rounded to out_dtype.
 
     q [M, K] fp8/int8, scale [M, ceil(K/G)] fp32 (any strides) -> x [M, K] out_dtype
     (bf16/fp16/fp32) contiguous.
     """
-    return _dequantize(q, scale, (1, group_size), out_dtype, profile)
+    return _dequantizer(q, scale, (1, group_size), out_dtype, profile)
 
 
+@prepared
 def weight_dequant(q, scale, *, block_n, block_k, out_dtype, profile):
     """w = fp32(q) * scale[n // Bn, k // Bk], rounded to out_dtype.
 
     q [N, K] fp8/int8, scale [ceil(N/Bn), ceil(K/Bk)] fp32 -> w [N, K] out_dtype contiguous.
     """
-    return _dequantize(q, scale, (block_n, block_k), out_dtype, profile)
+    return _dequantizer(q, scale, (block_n, block_k), out_dtype, profile)
 
 
+@prepared
 def dequant_bias(g, scale_a, scale_b, bias, *, out_dtype, profile):
     """out = fp32(g) * scale_a[m] * scale_b[n] + fp32(bias[n]), left to right in fp32.
 
     g [M, N] bf16/fp16/fp32/int32, scale_a [M] fp32, scale_b [N] fp32 (any strides), bias [N] any
     float dtype or None -> out [M, N] out_dtype contiguous.
     """
-    M, N = g.shape
-    out = torch.empty(M, N, dtype=out_dtype, device=g.device)
+    (M, N), device = g.shape, g.device
+    launch = _nothing
     if M and N:
         ldg = _row_stride(g)
-        vec = _vector_width(16 // g.element_size(), (N, ldg), (g, out))
-        bias32 = bias.to(torch.float32).contiguous() if bias is not None else None
-        fn = _function("epilogue.cu", f"qc::dequant_bias_kernel<{_CTYPE[g.dtype]}, {_CTYPE[out_dtype]}, {vec}>",
-                       profile, g.device)
+        vec = _vector_width(16 // g.element_size(), (N, ldg), (g,))
         grid, threads = _rowwise_grid(M, N // vec)
-        args = (g.data_ptr(), _i64(ldg), scale_a.data_ptr(), _i64(scale_a.stride(0)), scale_b.data_ptr(),
-                _i64(scale_b.stride(0)), _ptr(bias32), out.data_ptr(),
-                _i64(N), _i32(M), _i32(N))
-        _launch(fn, grid, threads, args, g.device)
-    return out
+        launch = _kernel("epilogue.cu", f"qc::dequant_bias_kernel<{_CTYPE[g.dtype]}, {_CTYPE[out_dtype]}, {vec}>",
+                         profile, device, grid, threads,
+                         (POINTER, i64(ldg), POINTER, i64(scale_a.stride(0)), POINTER, i64(scale_b.stride(0)),
+                          POINTER, POINTER, i64(N), i32(M), i32(N)))
+    as_is = _fp32_bias(bias)
+
+    def run(g, scale_a, scale_b, bias=None):
+        out = torch.empty((M, N), dtype=out_dtype, device=device)
+        if not as_is:
+            bias = bias.to(torch.float32).contiguous()
+        launch(g.data_ptr(), scale_a.data_ptr(), scale_b.data_ptr(), _address(bias), out.data_ptr())
+        return out
+    return run
 
 
 # ---------------------------------------------------------------- GEMM
@@ -317,67 +353,134 @@ def gemm_splits(M: int, N: int, K: int, block_k: int, tile: GemmTile, sm_count: 
     return per_split, math.ceil(kblocks / per_split)
 
 
-def gemm_kernel_name(kind: int, tile: GemmTile, stages: int, aligned: bool) -> str:
-    """The gemm.cu template instantiation for one configuration."""
+def gemm_kernel_name(mma: str, tile: GemmTile, stages: int, aligned: bool, a_dtype: torch.dtype | None = None) -> str:
+    """The gemm.cu template instantiation for one configuration; `mma` is "fp8", "int8" or "fp16";
+    `a_dtype` the float dtype of an activation the kernel quantizes itself (None: 8-bit codes)."""
     bm, bn, wm, wn, bk, _ = tile
-    return f"qc::gemm_kernel<{kind}, {bm}, {bn}, {wm}, {wn}, {bk}, {stages}, {'true' if aligned else 'false'}>"
+    a = "qc::u8" if a_dtype is None else _CTYPE[a_dtype]
+    return (f"qc::gemm_kernel<{MMA_KIND[mma]}, {bm}, {bn}, {wm}, {wn}, {bk}, {stages}, "
+            f"{'true' if aligned else 'false'}, {a}>")
 
 
-def mma_kind(qdtype: torch.dtype, profile) -> int:
-    """Tensor-core path: INT8 MMA, e4m3 MMA (sm_89+), or FP8 through exact fp16 (older GPUs)."""
-    if qdtype == torch.int8:
-        return _MMA_S8
-    return _MMA_E4M3 if tuple(profile.compute_capability) >= (8, 9) else _MMA_F16
+def _gemm(a, a_scale, b, b_scale, *, block_n, block_k, activation, out_kind, out_group, ue8m0_out, eps,
+          mma, profile, a_eps=0.0, a_ue8m0=False) -> Callable[..., None] | None:
+    """The gemm.cu launch for operands laid out as these and an output of dtype `out_kind` (re-quantized
+    per 1 x out_group when 8-bit): a function of the addresses of a, a_scale, b, b_scale, bias (0:
+    none), out and out's scale (0: none). With `a_scale` None, `a` is a float activation that the
+    kernel quantizes per 1 x block_k group into b's format with act_quant's `a_eps` and `a_ue8m0`
+    (the launch then takes no a_scale address); None when that kernel's scale table does not fit the
+    profile's shared memory."""
+    M, K = a.shape
+    N = b.shape[0]
+    if M == 0 or N == 0:
+        return _nothing
+    if b.dtype != _MMA_READS[mma]:
+        raise UnsupportedError(f"cupy scaled_mm: the {mma!r} MMA kernel reads {_MMA_READS[mma]}, got {b.dtype}")
+    quantize_a = a_scale is None
+    requant = out_kind in _QTYPE
+    tile = gemm_tile(M, out_group if requant else None)
+    stages, smem = gemm_stages(tile, profile.smem_per_block)
+    lda, ldb = _row_stride(a), _row_stride(b)
+    # The byte loads' alignment: 8-bit rows of b (and of a, unless a is quantized on its way in).
+    aligned = all(v % 16 == 0 for v in (K, ldb, b.data_ptr(), *(() if quantize_a else (lda, a.data_ptr()))))
+    kb_per_split, splits = gemm_splits(M, N, K, block_k, tile, max(1, profile.sm_count))
+    tiles = math.ceil(M / tile.bm) * math.ceil(N / tile.bn)
+    # The plan keeps the workspace's addresses: a replaced pair stays allocated (backends/splitk.py).
+    pair = splitk.buffers(a.device, tiles * splits * tile.bm * tile.bn, tiles) if splits > 1 else None
+    if pair is None:  # unsplit, or the buffers cannot grow now (a stream being captured): this plan runs unsplit
+        kb_per_split, splits = kb_per_split * splits, 1
+    if quantize_a:  # the scale table of a program's rows and K blocks, behind the stages
+        smem = max(smem, stages * (tile.bm + tile.bn) * tile.bk + 4 * tile.bm * kb_per_split)
+        if smem > (profile.smem_per_block or 48 * 1024):
+            return None
+    ws, counters = pair or (None, None)
+    a_scale_args = (i64(0), i64(0), i64(0)) if quantize_a else (POINTER, i64(a_scale.stride(0)), i64(a_scale.stride(1)))
+    args = (POINTER, i64(lda), *a_scale_args,
+            POINTER, i64(ldb), POINTER, i64(b_scale.stride(0)), i64(b_scale.stride(1)),
+            POINTER, POINTER, i64(N), POINTER, i64(math.ceil(N / out_group) if requant else 0), i64(1),
+            i64(_address(ws)), i64(_address(counters)),
+            i32(M), i32(N), i32(K), i32(block_n), i32(block_k), i32(kb_per_split * block_k),
+            i32(_ACTIVATION[activation]), i32(_OUT_KIND[out_kind]), i32(out_group or 1), i32(bool(ue8m0_out)),
+            f32(eps), f32(a_eps), i32(bool(a_ue8m0)))
+    name = gemm_kernel_name(mma, tile, stages, aligned, a.dtype if quantize_a else None)
+    return _kernel("gemm.cu", name, profile, a.device, (math.ceil(M / tile.bm), math.ceil(N / tile.bn), splits),
+                   (tile.wm * tile.wn * 32,), args, smem)
 
 
+def _gemm_call(M: int, N: int, out_kind, groups: int, bias, device: torch.device):
+    """call(launch, bias, *operand addresses) for a `_gemm` launch: allocates out [M, N] out_kind (and
+    its [M, groups] fp32 scale when groups), gives the kernel the bias as fp32 (converted per call
+    where it is not already, `_fp32_bias`), launches, and returns out or (out, scale)."""
+    as_is = _fp32_bias(bias)
+
+    def call(launch, bias, *operands):
+        out = torch.empty((M, N), dtype=out_kind, device=device)
+        out_scale = torch.empty((M, groups), dtype=torch.float32, device=device) if groups else None
+        if not as_is:
+            bias = bias.to(torch.float32).contiguous()
+        launch(*operands, _address(bias), out.data_ptr(), _address(out_scale))
+        return out if out_scale is None else (out, out_scale)
+    return call
+
+
+@prepared
 def scaled_mm(a, a_scale, b, b_scale, *, block_n, block_k, bias, activation, out_dtype, out_quant,
-              out_group, ue8m0_out, eps, profile):
+              out_group, ue8m0_out, eps, mma, profile):
     """Block-scaled GEMM a @ b.T with the contract's epilogues, in one launch (split-K included).
 
     a [M, K] fp8/int8, a_scale [M, ceil(K/Bk)] fp32 (any strides), b [N, K] same dtype,
     b_scale [ceil(N/Bn), ceil(K/Bk)] fp32 (any strides), bias [N] float or None, activation
     None/"gelu"/"gelu_tanh"/"silu". Returns out [M, N] out_dtype (bf16/fp16/fp32), or with
-    `out_quant` (q [M, N] out_quant, scale [M, ceil(N/out_group)] fp32). The registry guarantees
-    block_k % 32 == 0 and, when re-quantizing, out_group a power of two <= 128. When K is split,
-    the partials are summed in split order (docs/numerics.md), so results are bit-for-bit the same
-    from run to run on one device.
+    `out_quant` (q [M, N] out_quant, scale [M, ceil(N/out_group)] fp32). `mma` is the tensor-core
+    path of the implementation the registry chose: "fp8" (e4m3 MMA, sm_89+), "int8", or "fp16"
+    (FP8 expanded exactly to fp16). The registry guarantees block_k % 32 == 0 and, when
+    re-quantizing, out_group a power of two <= 128. When K is split, the partials are summed in split
+    order (docs/numerics.md), so results are bit-for-bit the same from run to run on one device.
     """
-    M, K = a.shape
-    N = b.shape[0]
-    dev = a.device
-    if out_quant is None:
-        out, out_scale = torch.empty(M, N, dtype=out_dtype, device=dev), None
-    else:
-        out = torch.empty(M, N, dtype=out_quant, device=dev)
-        out_scale = torch.empty(M, math.ceil(N / out_group), dtype=torch.float32, device=dev)
-    if M == 0 or N == 0:
-        return out if out_scale is None else (out, out_scale)
+    out_kind = out_dtype if out_quant is None else out_quant
+    groups = math.ceil(b.shape[0] / out_group) if out_quant is not None else 0
+    launch = _gemm(a, a_scale, b, b_scale, block_n=block_n, block_k=block_k, activation=activation,
+                   out_kind=out_kind, out_group=out_group, ue8m0_out=ue8m0_out, eps=eps, mma=mma, profile=profile)
+    call = _gemm_call(a.shape[0], b.shape[0], out_kind, groups, bias, a.device)
 
-    tile = gemm_tile(M, out_group if out_quant is not None else None)
-    stages, smem = gemm_stages(tile, profile.smem_per_block)
-    lda, ldb = _row_stride(a), _row_stride(b)
-    aligned = all(v % 16 == 0 for v in (K, lda, ldb, a.data_ptr(), b.data_ptr()))
-    kind = mma_kind(a.dtype, profile)
-    kb_per_split, splits = gemm_splits(M, N, K, block_k, tile, max(1, profile.sm_count))
-    tiles = math.ceil(M / tile.bm) * math.ceil(N / tile.bn)
-    pair = splitk.buffers(dev, tiles * splits * tile.bm * tile.bn, tiles) if splits > 1 else None
-    if pair is None:  # unsplit, or the buffers cannot grow now (a stream being captured)
-        kb_per_split, splits = kb_per_split * splits, 1
-    ws, counters = pair or (None, None)
-    grid = (math.ceil(M / tile.bm), math.ceil(N / tile.bn), splits)
-    bias32 = bias.to(torch.float32).contiguous() if bias is not None else None
-
-    fn = _function("gemm.cu", gemm_kernel_name(kind, tile, stages, aligned), profile, dev, smem)
-    args = (a.data_ptr(), _i64(lda), a_scale.data_ptr(), _i64(a_scale.stride(0)), _i64(a_scale.stride(1)),
-            b.data_ptr(), _i64(ldb), b_scale.data_ptr(), _i64(b_scale.stride(0)), _i64(b_scale.stride(1)),
-            _ptr(bias32), out.data_ptr(), _i64(N), _ptr(out_scale),
-            _i64(out_scale.stride(0) if out_scale is not None else 0), _i64(1), _ptr(ws), _ptr(counters),
-            _i32(M), _i32(N), _i32(K), _i32(block_n), _i32(block_k), _i32(kb_per_split * block_k),
-            _i32(_ACTIVATION[activation]), _i32(_OUT_KIND[out.dtype]), _i32(out_group or 1),
-            _i32(bool(ue8m0_out)), np.float32(eps))
-    _launch(fn, grid, (tile.wm * tile.wn * 32,), args, dev, smem)
-    return out if out_scale is None else (out, out_scale)
+    def run(a, a_scale, b, b_scale, bias=None):
+        return call(launch, bias, a.data_ptr(), a_scale.data_ptr(), b.data_ptr(), b_scale.data_ptr())
+    return run
 
 
-# Two launches: the GEMM reads the activation through cp.async as 8-bit codes, quantized beforehand.
-quant_linear = composed_quant_linear(act_quant, scaled_mm)
+_FUSED_M_MAX = 64  # the decode tiles: all rows in one row tile, so each program quantizes its K range once
+
+
+@prepared
+def quant_linear(x, w, w_scale, *, block_n, block_k, bias, activation, out_dtype, ue8m0, eps, mma, profile):
+    """act_quant(x) per 1 x block_k group into w's format, then scaled_mm with w, bit for bit the two
+    ops: for M <= 64 in one launch, the GEMM quantizing x in its prologue and on its way into shared
+    memory (where its scale table fits); otherwise the two launches.
+
+    x [M, K] bf16/fp16/fp32, w [N, K] fp8_e4m3fn/int8, w_scale [ceil(N/Bn), ceil(K/Bk)] fp32, bias [N]
+    float or None -> out [M, N] out_dtype. `ue8m0` and `eps` are the activation quantization's; `mma`
+    as for scaled_mm.
+    """
+    (M, K), device = x.shape, x.device
+    options = dict(block_n=block_n, block_k=block_k, activation=activation, out_group=block_k, ue8m0_out=False,
+                   eps=eps, mma=mma, profile=profile)
+    fused = None
+    if M <= _FUSED_M_MAX:
+        fused = _gemm(x, None, w, w_scale, out_kind=out_dtype, a_eps=eps, a_ue8m0=ue8m0, **options)
+    if fused is not None:
+        call = _gemm_call(M, w.shape[0], out_dtype, 0, bias, device)
+
+        def run(x, w, w_scale, bias=None):
+            return call(fused, bias, x.data_ptr(), w.data_ptr(), w_scale.data_ptr())
+        return run
+
+    quantize = act_quant.prepare(x, qdtype=w.dtype, group_size=block_k, ue8m0=ue8m0, eps=eps, scale_m_major=False,
+                                 profile=profile)
+    # act_quant's outputs as the GEMM will see them (fresh, contiguous): only their layout is used.
+    a = torch.empty((M, K), dtype=w.dtype, device=device)
+    a_scale = torch.empty((M, math.ceil(K / block_k)), dtype=torch.float32, device=device)
+    gemm = scaled_mm.prepare(a, a_scale, w, w_scale, bias=bias, out_dtype=out_dtype, out_quant=None, **options)
+
+    def composed(x, w, w_scale, bias=None):
+        return gemm(*quantize(x), w, w_scale, bias)
+    return composed

@@ -1,0 +1,385 @@
+"""The CuPy backend's launch path without a GPU.
+
+Kernels are neither compiled nor launched here: `compiler.get_function` and CuPy's driver binding are
+replaced by fakes, and each launch is read back from the parameter array the launcher hands the
+driver, named by the kernel's own signature in kernels/*.cu. Checked: every launch function is
+prepared; the packed parameters line up with the kernel's (this call's addresses, strides, sizes,
+options); a kept `run` holds no tensor of the first call and binds each call's own; a bias is
+converted per call only where the kernel cannot read it as it is; split-K's workspace comes from
+backends/splitk.py, and a plan that cannot have it runs unsplit; the GEMM runs the MMA kind it is
+given; the launcher reads the stream per call and makes the kernel's device current when it is not.
+Also the variants' `mma` options: which GPUs and formats each serves.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import re
+import struct
+import weakref
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from quantcore import UnsupportedError, capability, registry
+from quantcore.backends import base, splitk
+from quantcore.backends import cupy as cupy_backend
+from quantcore.backends.base import Query
+from quantcore.backends.cupy import compiler, launch, launcher
+
+FP8, I8, BF16 = torch.float8_e4m3fn, torch.int8, torch.bfloat16
+SM90 = capability.simulated_profile("sm90")
+
+
+def _signature(filename: str, kernel: str) -> list[tuple[str, str]]:
+    """(name, kind) of each parameter of `kernel` in kernels/`filename`: kind "ptr", "i64", "i32" or "f32"."""
+    source = compiler.kernel_sources()[filename]
+    params = re.search(rf"__global__[^;{{]*?\b{kernel}\(([^)]*)\)", source, re.S)[1]
+    out = []
+    for p in params.split(","):
+        name = re.findall(r"\w+", p)[-1]
+        kind = "ptr" if "*" in p else "i64" if "long long" in p else "f32" if "float" in p else "i32"
+        out.append((name, kind))
+    return out
+
+
+def _decode(kind: str, raw: int):
+    if kind == "i32":
+        return struct.unpack("<i", struct.pack("<I", raw & 0xFFFFFFFF))[0]
+    if kind == "f32":
+        return struct.unpack("<f", struct.pack("<I", raw & 0xFFFFFFFF))[0]
+    return struct.unpack("<q", struct.pack("<Q", raw))[0] if kind == "i64" else raw
+
+
+class Launches(list):
+    """What ran: one SimpleNamespace(file, kernel, expr, grid, block, smem, stream, params, bias) per launch."""
+
+    def __init__(self):
+        super().__init__()
+        self.functions: dict[int, tuple[str, str]] = {}
+        self.compiled = 0  # get_function calls
+        self.stream = 11
+        self.context = 7
+
+
+@pytest.fixture
+def launches(monkeypatch):
+    """Fakes for compiling, loading and launching; the launches made, as the kernels would see them."""
+    seen = Launches()
+
+    def get_function(filename, expr, profile, index, smem=0):
+        seen.compiled += 1
+        ptr = 1000 + len(seen.functions)
+        seen.functions[ptr] = (filename, expr)
+        return SimpleNamespace(ptr=ptr)
+
+    def launch_kernel(f, gx, gy, gz, bx, by, bz, smem, stream, kernel_params, extra):
+        filename, expr = seen.functions[f]
+        kernel = re.match(r"qc::(\w+)<", expr)[1]
+        sig = _signature(filename, kernel)
+        addresses = (ctypes.c_uint64 * len(sig)).from_address(kernel_params)
+        params = {name: _decode(kind, ctypes.c_uint64.from_address(a).value) for (name, kind), a in zip(sig, addresses)}
+        bias = None
+        if params.get("bias"):  # the fp32 bias the kernel would read, while the caller keeps it alive
+            bias = torch.tensor(list((ctypes.c_float * params["N"]).from_address(params["bias"])))
+        seen.append(SimpleNamespace(file=filename, kernel=kernel, expr=expr, grid=(gx, gy, gz), block=(bx, by, bz),
+                                    smem=smem, stream=stream, params=params, bias=bias))
+        assert extra == 0
+
+    driver = SimpleNamespace(launchKernel=launch_kernel, ctxGetCurrent=lambda: seen.context)
+    monkeypatch.setattr(compiler, "get_function", get_function)
+    monkeypatch.setattr(launcher, "_driver", lambda: driver)
+    monkeypatch.setattr(launcher, "_primary_context", lambda index: 7)
+    monkeypatch.setattr(launcher, "_stream_reader", lambda: lambda index: seen.stream)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)  # CPU tensors stand in for the GPU's
+    return seen
+
+
+def _randn(*shape, dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=g).to(dtype)
+
+
+def _q(*shape, dtype=FP8, seed=0):
+    return _randn(*shape, seed=seed).clamp(-100, 100).to(dtype)
+
+
+def _padded(t: torch.Tensor, pad: int = 16) -> torch.Tensor:
+    """`t`'s values in a view with a row stride `pad` elements longer than its rows."""
+    buf = torch.empty(t.shape[0], t.shape[1] + pad, dtype=t.dtype)
+    buf[:, : t.shape[1]] = t
+    return buf[:, : t.shape[1]]
+
+
+def _gemm_options(**kw):
+    return dict(dict(block_n=128, block_k=128, bias=None, activation=None, out_dtype=BF16, out_quant=None,
+                     out_group=128, ue8m0_out=False, eps=1e-4, mma="fp8", profile=SM90), **kw)
+
+
+# Each op: (launch function, a function of a seed giving fresh tensor arguments, options).
+CASES = {
+    "act_quant": (launch.act_quant, lambda s: dict(x=_padded(_randn(5, 300, dtype=BF16, seed=s))),
+                  dict(qdtype=FP8, group_size=128, ue8m0=True, eps=1e-4, scale_m_major=True, profile=SM90)),
+    "weight_quant": (launch.weight_quant, lambda s: dict(w=_randn(300, 200, seed=s)),
+                     dict(qdtype=I8, block_n=128, block_k=64, ue8m0=False, eps=1e-4, profile=SM90)),
+    "act_dequant": (launch.act_dequant, lambda s: dict(q=_q(5, 300, seed=s), scale=_randn(3, 5, seed=s).t()),
+                    dict(group_size=128, out_dtype=torch.float16, profile=SM90)),
+    "weight_dequant": (launch.weight_dequant, lambda s: dict(q=_q(300, 200, dtype=I8, seed=s), scale=_randn(3, 2, seed=s)),
+                       dict(block_n=128, block_k=128, out_dtype=BF16, profile=SM90)),
+    "quantized_gelu": (launch.quantized_gelu, lambda s: dict(q=_q(5, 300, seed=s), scale=_randn(5, 3, seed=s)),
+                       dict(group_size=128, approximate="tanh", out_qdtype=I8, ue8m0=False, eps=1e-4, profile=SM90)),
+    "dequant_bias": (launch.dequant_bias,
+                     lambda s: dict(g=_randn(5, 300, seed=s), scale_a=_randn(5, seed=s), scale_b=_randn(300, seed=s),
+                                    bias=_randn(300, seed=s)),
+                     dict(out_dtype=BF16, profile=SM90)),
+    "scaled_mm": (launch.scaled_mm,
+                  lambda s: dict(a=_q(3, 256, seed=s), a_scale=_randn(2, 3, seed=s).t(), b=_q(300, 256, seed=s),
+                                 b_scale=_randn(3, 2, seed=s)),
+                  _gemm_options(out_quant=I8, out_group=64)),
+    # M <= 64: one launch, the GEMM quantizing x itself; M = 65: act_quant, then scaled_mm.
+    "quant_linear": (launch.quant_linear,
+                     lambda s: dict(x=_padded(_randn(3, 256, dtype=BF16, seed=s)), w=_q(300, 256, dtype=I8, seed=s),
+                                    w_scale=_randn(3, 2, seed=s)),
+                     dict(block_n=128, block_k=128, bias=None, activation="silu", out_dtype=torch.float32,
+                          ue8m0=True, eps=1e-4, mma="int8", profile=SM90)),
+    "quant_linear-composed": (launch.quant_linear,
+                              lambda s: dict(x=_randn(65, 256, dtype=BF16, seed=s), w=_q(300, 256, seed=s),
+                                             w_scale=_randn(3, 2, seed=s)),
+                              dict(block_n=128, block_k=128, bias=None, activation=None, out_dtype=BF16,
+                                   ue8m0=False, eps=1e-4, mma="fp8", profile=SM90)),
+}
+
+
+def test_every_cupy_launch_function_is_prepared():
+    assert {impl.op for impl in cupy_backend.IMPLS} == {fn.__name__ for fn, _, _ in CASES.values()}
+    for impl in cupy_backend.IMPLS:
+        assert hasattr(impl.function(), "prepare"), impl.op
+
+
+def test_act_quant_parameters(launches):
+    fn, make, options = CASES["act_quant"]
+    x = make(0)["x"]
+    q, s = fn(x, **options)
+    (run,) = launches
+    assert run.kernel == "quant_kernel" and run.expr == "qc::quant_kernel<__nv_bfloat16, qc::Fp8E4M3, 4, 32, 1>"
+    assert run.block == (256, 1, 1) and run.stream == launches.stream
+    assert run.params == dict(x=x.data_ptr(), ldx=316, q=q.data_ptr(), ldq=300, scale=s.data_ptr(), ss_r=1, ss_c=5,
+                              R=5, C=300, BR=1, BC=128, eps=pytest.approx(1e-4, rel=1e-7), ue8m0=1)
+    assert s.shape == (5, 3) and s.stride() == (1, 5)  # the M-major layout the strides above write
+
+
+def test_gemm_parameters(launches):
+    a, b = _padded(_q(3, 256), 32), _q(300, 256)
+    a_s, b_s = _randn(2, 3).t(), _randn(3, 2)
+    bias = _randn(300)
+    out = launch.scaled_mm(a, a_s, b, b_s, **_gemm_options(bias=bias, activation="gelu_tanh", out_dtype=torch.float16,
+                                                           block_n=96, profile=capability.simulated_profile("sm90")))
+    (run,) = launches
+    p = run.params
+    assert run.kernel == "gemm_kernel"
+    assert {k: p[k] for k in ("a", "lda", "as", "as_m", "as_k", "b", "ldb", "bs", "bs_n", "bs_k", "bias", "out", "ldo")} == dict(
+        a=a.data_ptr(), lda=288, **{"as": a_s.data_ptr()}, as_m=1, as_k=3, b=b.data_ptr(), ldb=256,
+        bs=b_s.data_ptr(), bs_n=2, bs_k=1, bias=bias.data_ptr(), out=out.data_ptr(), ldo=300)
+    assert (p["out_scale"], p["M"], p["N"], p["K"], p["block_n"], p["block_k"]) == (0, 3, 300, 256, 96, 128)
+    assert (p["act"], p["out_kind"], p["ue8m0_out"]) == (2, 2, 0)  # gelu_tanh, fp16
+    assert p["eps"] == pytest.approx(1e-4, rel=1e-7)
+    tile = launch.gemm_tile(3)
+    assert run.grid[:2] == (1, 5) and run.block == (tile.wm * tile.wn * 32, 1, 1)
+    assert run.smem == launch.gemm_stages(tile, SM90.smem_per_block)[1]
+
+
+@pytest.mark.parametrize("op", list(CASES))
+def test_a_kept_run_binds_each_calls_tensors_and_holds_none_of_the_first(launches, op):
+    fn, make, options = CASES[op]
+    first = make(1)
+    alive = [weakref.ref(t) for t in first.values()]
+    run = fn.prepare(**first, **options)
+    compiled = launches.compiled
+    del first
+    gc.collect()
+    assert all(ref() is None for ref in alive), "run keeps a tensor of the first call"
+    for seed in (2, 3):
+        tensors = make(seed)
+        before = len(launches)
+        result = run(**tensors)
+        assert launches.compiled == compiled, "run looked a kernel up again"
+        assert len(launches) - before == (2 if op == "quant_linear-composed" else 1)
+        inputs = [t.data_ptr() for t in tensors.values()]
+        outputs = [o.data_ptr() for o in (result if isinstance(result, tuple) else (result,))]
+        if op == "quant_linear-composed":  # act_quant's outputs are the GEMM's operands
+            quantized = _addresses(launches[-2])
+            assert quantized[0] == inputs[0]
+            inputs = [*quantized[1:], *inputs[1:]]
+        assert _addresses(launches[-1]) == inputs + outputs
+
+
+def _addresses(run) -> list[int]:
+    """The tensor addresses a launch passed (absent tensors, 0, left out), in parameter order."""
+    return [run.params[name] for name, kind in _signature(run.file, run.kernel)
+            if kind == "ptr" and name not in ("ws", "counters") and run.params[name]]
+
+
+@pytest.mark.parametrize("bias_of", [
+    lambda n, s: _randn(n, seed=s),  # fp32, contiguous: read as it is
+    lambda n, s: _randn(n, dtype=BF16, seed=s),  # converted per call
+    lambda n, s: _randn(2 * n, seed=s)[::2],  # fp32 with a stride: converted per call
+], ids=["fp32", "bf16", "strided"])
+@pytest.mark.parametrize("op", ["scaled_mm", "dequant_bias"])
+def test_bias_is_converted_per_call_only_when_needed(launches, op, bias_of):
+    N = 300
+    if op == "scaled_mm":
+        tensors = dict(a=_q(3, 256), a_scale=_randn(3, 2), b=_q(N, 256), b_scale=_randn(3, 2))
+        run = launch.scaled_mm.prepare(**tensors, **_gemm_options(bias=bias_of(N, 0)))
+    else:
+        tensors = dict(g=_randn(5, N), scale_a=_randn(5), scale_b=_randn(N))
+        run = launch.dequant_bias.prepare(**tensors, bias=bias_of(N, 0), out_dtype=BF16, profile=SM90)
+    for seed in (1, 2):
+        bias = bias_of(N, seed)
+        run(**tensors, bias=bias)
+        as_is = bias.dtype == torch.float32 and bias.is_contiguous()
+        assert (launches[-1].params["bias"] == bias.data_ptr()) == as_is
+        assert torch.equal(launches[-1].bias, bias.float())  # this call's bias, never a kept copy
+
+
+@pytest.mark.parametrize("mma,dtype", [("fp8", FP8), ("int8", I8), ("fp16", FP8)])
+def test_the_gemm_runs_the_mma_kind_it_is_given(launches, mma, dtype):
+    a, b = _q(16, 256, dtype=dtype), _q(64, 256, dtype=dtype)
+    launch.scaled_mm(a, _randn(16, 2), b, _randn(1, 2), **_gemm_options(mma=mma))
+    assert launches[-1].expr.startswith(f"qc::gemm_kernel<{launch.MMA_KIND[mma]}, ")
+    other = "int8" if mma != "int8" else "fp8"
+    with pytest.raises(UnsupportedError, match=f"the '{other}' MMA kernel reads"):
+        launch.scaled_mm(a, _randn(16, 2), b, _randn(1, 2), **_gemm_options(mma=other))
+
+
+def test_split_k_takes_the_shared_workspace_or_runs_unsplit(launches, monkeypatch):
+    M, N, K = 1, 256, 7168
+    tensors = dict(a=_q(M, K), a_scale=_randn(M, K // 128), b=_q(N, K), b_scale=_randn(2, K // 128))
+    per_split, splits = launch.gemm_splits(M, N, K, 128, launch.gemm_tile(M), SM90.sm_count)
+    assert splits > 1
+    launch.scaled_mm(**tensors, **_gemm_options())
+    ws, counters = splitk.buffers(torch.device("cpu"), 0, 0)
+    p = launches[-1].params
+    assert launches[-1].grid[2] == splits and p["k_split"] == per_split * 128
+    assert (p["ws"], p["counters"]) == (ws.data_ptr(), counters.data_ptr())
+    monkeypatch.setattr(splitk, "buffers", lambda *args: None)  # as while a stream is being captured
+    run = launch.scaled_mm.prepare(**tensors, **_gemm_options())
+    run(**tensors)
+    p = launches[-1].params
+    assert launches[-1].grid[2] == 1 and p["k_split"] == per_split * splits * 128 >= K
+    assert (p["ws"], p["counters"]) == (0, 0)
+
+
+@pytest.mark.parametrize("M", [1, 16, 33, 64])
+@pytest.mark.parametrize("qdtype,mma", [(FP8, "fp8"), (I8, "int8"), (FP8, "fp16")])
+def test_quant_linear_quantizes_x_in_scaled_mms_schedule(launches, M, qdtype, mma):
+    """M <= 64: one launch of the GEMM reading x itself (act_quant's eps and ue8m0), with the tile, grid
+    and K splits scaled_mm takes for the quantized operands: the same fp32 sums, in the same order."""
+    N, K = 256, 7168
+    x, w, w_s = _randn(M, K, dtype=BF16), _q(N, K, dtype=qdtype), _randn(2, K // 128)
+    out = launch.quant_linear(x, w, w_s, block_n=128, block_k=128, bias=None, activation="gelu", out_dtype=BF16,
+                              ue8m0=True, eps=3e-4, mma=mma, profile=SM90)
+    (fused,) = launches
+    assert fused.expr.endswith(", __nv_bfloat16>")
+    p = fused.params
+    assert (p["a"], p["lda"], p["as"], p["out"], p["a_ue8m0"]) == (x.data_ptr(), K, 0, out.data_ptr(), 1)
+    assert p["a_eps"] == pytest.approx(3e-4, rel=1e-7)
+    launch.scaled_mm(_q(M, K, dtype=qdtype), _randn(M, K // 128), w, w_s, **_gemm_options(
+        activation="gelu", mma=mma, eps=3e-4))
+    plain = launches[-1]
+    assert plain.expr.endswith(", qc::u8>") and fused.expr.rsplit(", ", 1)[0] == plain.expr.rsplit(", ", 1)[0]
+    assert (fused.grid, fused.block) == (plain.grid, plain.block) and plain.grid[2] > 1
+    schedule = ("k_split", "ws", "counters", "M", "N", "K", "block_n", "block_k", "act", "out_kind")
+    assert {k: p[k] for k in schedule} == {k: plain.params[k] for k in schedule}
+    tile = launch.gemm_tile(M)
+    assert fused.smem == plain.smem + 4 * tile.bm * p["k_split"] // 128  # the scale table behind the stages
+
+
+def test_quant_linear_runs_two_launches_where_the_scale_table_does_not_fit(launches):
+    small = SM90.model_copy(update={"smem_per_block": 22 * 1024, "sm_count": 1})  # 2 stages, K unsplit
+    x, w, w_s = _randn(1, 7168, dtype=BF16), _q(256, 7168), _randn(2, 56)
+    launch.quant_linear(x, w, w_s, block_n=128, block_k=128, bias=None, activation=None, out_dtype=BF16,
+                        ue8m0=False, eps=1e-4, mma="fp8", profile=small)
+    assert [r.kernel for r in launches] == ["quant_kernel", "gemm_kernel"]
+    assert launches[-1].expr.endswith(", qc::u8>")
+
+
+def test_launcher_reads_the_stream_per_call_and_makes_its_device_current(launches, monkeypatch):
+    cupy = pytest.importorskip("cupy")
+    entered = []
+
+    class Device:
+        def __init__(self, index):
+            self.index = index
+
+        def __enter__(self):
+            entered.append(self.index)
+
+        def __exit__(self, *exc):
+            return False
+
+    monkeypatch.setattr(cupy.cuda, "Device", Device)
+    fn, make, options = CASES["weight_dequant"]
+    tensors = make(0)
+    run = fn.prepare(**tensors, **options)
+    run(**tensors)
+    assert entered == [] and launches[-1].stream == 11
+    launches.stream, launches.context = 12, 8  # another stream; another device's context is current
+    run(**tensors)
+    assert entered == [0] and launches[-1].stream == 12
+
+
+def test_slot_encoders():
+    assert launcher.i32(-1) == 0xFFFFFFFF and launcher.i32(7) == 7
+    assert launcher.i64(-2) == 2**64 - 2
+    assert launcher.f32(1e-4) == struct.unpack("<I", struct.pack("<f", 1e-4))[0]
+    for bad in (2**31, -2**31 - 1):
+        with pytest.raises(OverflowError):
+            launcher.i32(bad)
+
+
+# ---------------------------------------------------------------- the variants and their MMA kinds
+
+PROFILES = ("cpu", "sm70", "sm75", "sm80", "sm86", "sm89", "sm90", "sm100")
+
+
+def _served(profile: str, fmt: str, out_fmt: str | None) -> tuple[str, str] | None:
+    """(label, mma) of the CuPy GEMM for this call, by the backend's rules: sm_75+; INT8 on s8 MMA;
+    FP8 on e4m3 MMA from sm_89, else expanded to fp16 (w8a16, which re-quantizes to FP8 only); the
+    native kernels re-quantize to either format, to FP8 only from sm_89."""
+    p = capability.simulated_profile(profile)
+    if p.kind != "cuda" or p.compute_capability < (7, 5):
+        return None
+    fp8_mma = p.compute_capability >= (8, 9)
+    if fmt == "fp8_e4m3" and not fp8_mma:
+        return ("cupy[w8a16]", "fp16") if out_fmt != "int8" else None
+    if out_fmt == "fp8_e4m3" and not fp8_mma:
+        return None
+    return "cupy", "int8" if fmt == "int8" else "fp8"
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+@pytest.mark.parametrize("op,out_fmt", [("scaled_mm", None), ("scaled_mm", "fp8_e4m3"), ("scaled_mm", "int8"),
+                                        ("quant_linear", None)])
+@pytest.mark.parametrize("fmt", ["fp8_e4m3", "int8"])
+def test_each_gemm_variant_states_the_mma_kind_it_runs(monkeypatch, profile, op, fmt, out_fmt):
+    monkeypatch.setattr(base, "module_available", lambda name: True)
+    q = Query(op, capability.simulated_profile(profile), fmt, out_fmt, (128, 128, 128) if out_fmt else (128, 128),
+              nk=(256, 512), block_k=128, out_group=128 if out_fmt else 0)
+    expected = _served(profile, fmt, out_fmt)
+    try:
+        impl = registry.select(q, backend="cupy")
+    except UnsupportedError:
+        impl = None
+    assert (impl.label, dict(impl.options)["mma"]) == expected if impl else expected is None
+    explained = registry.explain_query(q, backend="cupy")
+    assert explained.selected == (expected[0] if expected else None)
+    labels = [c.impl for c in explained.candidates]
+    assert len(labels) == len(set(labels)), "one row per label"
+
+
+def test_gemm_variants_pass_mma_to_a_launch_that_takes_it():
+    gemms = [i for i in cupy_backend.IMPLS if i.op in ("scaled_mm", "quant_linear")]
+    assert {dict(i.options)["mma"] for i in gemms} == {"fp8", "int8", "fp16"}
+    assert all(set(dict(i.options)) == {"mma"} for i in gemms)
