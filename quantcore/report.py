@@ -9,7 +9,6 @@ import platform
 from pydantic import BaseModel
 
 from . import capability, measured, opdef, registry
-from .backends.base import Query
 from .opdefs import BUILTIN
 
 # The input formats each built-in op is reported for (`OpDef.formats`; dequant_bias reads the GEMM's
@@ -47,7 +46,7 @@ def build(simulate: str | None = None) -> Report:
     rows = []
     for op in opdef.all_ops():
         for fmt in op.formats:
-            explanation = registry.explain_query(Query(op.name, profile, fmt, blocks=op.report_blocks))
+            explanation = registry.explain_query(registry.Query(op.name, profile, fmt, blocks=op.report_blocks))
             rows += [Row(op=op.name, impl=c.impl, dtype=fmt, status=c.status, numerics=c.numerics,
                          reason="; ".join(c.reasons)) for c in explanation.candidates]
     return Report(device=profile, python=platform.python_version(),

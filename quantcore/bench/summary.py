@@ -7,7 +7,6 @@ from importlib import resources
 from pathlib import Path
 
 from .. import measured, registry
-from ..backends.base import m_bucket
 from .baselines import gemm_floor_bytes
 from .run import BenchResult
 
@@ -142,6 +141,6 @@ def write_priority(result: BenchResult) -> Path:
     """Turn a run into the measured priority table of this GPU model, inside the installed package."""
     weights = ("weight_quant", "weight_dequant")  # no M: one bucket
     table = measured.build([r for r in result.records if r.impl in registry.compared(r.op)],
-                           lambda r: 0 if r.op in weights else m_bucket(r.shape[0]))
+                           lambda r: 0 if r.op in weights else registry.m_bucket(r.shape[0]))
     root = Path(str(resources.files("quantcore").joinpath(measured.DATA)))
     return measured.write(result.device.name, table, f"{result.command} on {result.date}", root)

@@ -9,6 +9,7 @@ longer targets it, so the backend asks for sm_75.
 
 from __future__ import annotations
 
+from ...specs.gemm_query import GemmConstraints
 from ..base import Constraints, Impl
 
 _MEMORY_BOUND = ("act_quant", "act_dequant", "weight_quant", "weight_dequant", "quantized_gelu")
@@ -22,8 +23,8 @@ IMPLS = (
          Constraints(**_BASE, formats=("bfloat16", "float16", "float32", "int32"))),
     # quant_linear: act_quant then scaled_mm, the same variants.
     *(impl for op in ("scaled_mm", "quant_linear") for impl in (
-        Impl(op, "cupy", f"cupy.launch:{op}", Constraints(**_GEMM, fp8_mma=True, int8_mma=True)),
-        Impl(op, "cupy", f"cupy.launch:{op}", Constraints(**_GEMM, max_cc=(8, 9), formats=("fp8_e4m3",)),
+        Impl(op, "cupy", f"cupy.launch:{op}", GemmConstraints(**_GEMM, fp8_mma=True, int8_mma=True)),
+        Impl(op, "cupy", f"cupy.launch:{op}", GemmConstraints(**_GEMM, max_cc=(8, 9), formats=("fp8_e4m3",)),
              variant="w8a16", fallback="FP8 expanded exactly to fp16, fp16 tensor-core MMA with fp32 accumulation"),
     )),
 )

@@ -8,6 +8,7 @@ GEMM decodes FP8 exactly to fp16 and runs fp16 MMA with fp32 accumulation: the `
 
 from __future__ import annotations
 
+from ...specs.gemm_query import GemmConstraints
 from ..base import REDUCED_FP8_ACCUMULATION, Constraints, Impl
 
 _MEMORY_BOUND = ("act_quant", "act_dequant", "weight_quant", "weight_dequant", "quantized_gelu")
@@ -24,10 +25,10 @@ IMPLS = (
          Constraints(**_BASE, formats=("bfloat16", "float16", "float32", "int32"))),
     # quant_linear runs the GEMM's kernels (its activation quantized in their prologue): the same variants.
     *(impl for op in ("scaled_mm", "quant_linear") for impl in (
-        Impl(op, "triton", f"triton.launch:{op}", Constraints(**_GEMM, formats=("int8",), int8_mma=True)),
-        Impl(op, "triton", f"triton.launch:{op}", Constraints(**_GEMM, formats=("fp8_e4m3",), fp8_mma=True),
+        Impl(op, "triton", f"triton.launch:{op}", GemmConstraints(**_GEMM, formats=("int8",), int8_mma=True)),
+        Impl(op, "triton", f"triton.launch:{op}", GemmConstraints(**_GEMM, formats=("fp8_e4m3",), fp8_mma=True),
              numerics=REDUCED_FP8_ACCUMULATION),
-        Impl(op, "triton", f"triton.launch:{op}", Constraints(**_GEMM, formats=("fp8_e4m3",), max_cc=(8, 9)),
+        Impl(op, "triton", f"triton.launch:{op}", GemmConstraints(**_GEMM, formats=("fp8_e4m3",), max_cc=(8, 9)),
              variant="w8a16", fallback="FP8 decoded exactly to fp16, fp16 tensor-core MMA with fp32 accumulation"),
     )),
 )
