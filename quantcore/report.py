@@ -35,6 +35,7 @@ class Report(BaseModel):
     priority: list[str]  # the default order; a shipped measured table refines it per op and M
     measured_priority: bool
     rows: list[Row]
+    plugins: list[registry.Plugin]  # out-of-tree backends found through entry points, loaded or not
 
 
 def build(simulate: str | None = None) -> Report:
@@ -53,7 +54,7 @@ def build(simulate: str | None = None) -> Report:
                   priority=list(registry.DEFAULT_PRIORITY.get(profile.kind, (registry.REFERENCE,))),
                   measured_priority=bool(profile.kind == "cuda" and not profile.simulated_from
                                          and measured.table(profile.name)),
-                  rows=rows)
+                  rows=rows, plugins=list(registry.plugin_status()))
 
 
 def render(report: Report) -> str:
@@ -64,7 +65,10 @@ def render(report: Report) -> str:
            f"bf16 MMA: {'yes' if d.bf16_mma else 'no'}, smem/block: {d.smem_per_block // 1024} KiB"
     vers = ", ".join(f"{k} {v or 'none'}" for k, v in d.versions.items())
     lines = [title, caps, f"python {report.python}, {vers}", f"priority: {' > '.join(report.priority)}"
-             + (" (refined per op and M by this GPU's measured table)" if report.measured_priority else ""), ""]
+             + (" (refined per op and M by this GPU's measured table)" if report.measured_priority else "")]
+    lines += [f"plugin {p.name} ({p.value}): " + (f"failed to load: {p.error}" if p.error else f"{p.impls} implementations")
+              for p in report.plugins]
+    lines.append("")
     widths = (15, 15, 9, 12)
     lines.append(f"{'op':<{widths[0]}} {'impl':<{widths[1]}} {'dtype':<{widths[2]}} {'status':<{widths[3]}} reason")
     for r in report.rows:
