@@ -66,8 +66,8 @@ def render(report: Report) -> str:
     vers = ", ".join(f"{k} {v or 'none'}" for k, v in d.versions.items())
     lines = [title, caps, f"python {report.python}, {vers}", f"priority: {' > '.join(report.priority)}"
              + (" (refined per op and M by this GPU's measured table)" if report.measured_priority else "")]
-    lines += [f"plugin {p.name} ({p.value}): " + (f"failed to load: {p.error}" if p.error else f"{p.impls} implementations")
-              for p in report.plugins]
+    lines += [f"plugin {p.name} ({p.value}): "
+              + (f"failed to load: {p.error}" if p.error else f"{p.impls} implementations") for p in report.plugins]
     lines.append("")
     widths = (15, 15, 9, 12)
     lines.append(f"{'op':<{widths[0]}} {'impl':<{widths[1]}} {'dtype':<{widths[2]}} {'status':<{widths[3]}} reason")

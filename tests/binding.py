@@ -1,42 +1,18 @@
 """What selection names is what runs: a spy on the launches the dispatcher makes (which `Impl`, and
 which keyword arguments beyond the op's contract it passed: the Impl's fixed `options`, its variant),
-a call of every op in each format it is defined for, and the check that `explain()`, `select()`
-and the spied launch agree. Used on the CPU (tests/test_binding.py), under the Triton interpreter
-(tests/backends/test_triton_kernels.py) and on a GPU (tests/gpu/test_binding.py)."""
+and the check that `explain()`, `select()` and the spied launch agree on a call (tests/calls.py).
+Used on the CPU (tests/test_binding.py), under the Triton interpreter
+(tests/backends/test_triton_kernels.py) and on a GPU (tests/gpu/test_binding_gpu.py)."""
 
 from __future__ import annotations
 
 from typing import Any, Callable
 
 import pytest
-import torch
 
 import quantcore
-from helpers import randn
-from quantcore import UnsupportedError, opdef, ops, registry
+from quantcore import UnsupportedError, opdef, registry
 from quantcore.backends.base import Impl
-
-QDTYPES = {"fp8_e4m3": torch.float8_e4m3fn, "int8": torch.int8}
-G_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32, "int32": torch.int32}
-
-
-def call_of(op: str, fmt: str, device: str = "cpu", m: int = 2, n: int = 32, k: int = 512) -> tuple[tuple, dict]:
-    """(args, kwargs) of a call of built-in `op` reading `fmt` on `device`: m rows, an [n, k] weight,
-    128-wide blocks (k a multiple of 512 and n of 16, so that the cuBLAS variant can take the GEMM)."""
-    gen = torch.Generator().manual_seed(0)
-    x, w = randn((m, k), gen=gen, device=device), randn((n, k), gen=gen, device=device)
-    if op == "dequant_bias":
-        g = (torch.randint(-2**20, 2**20, (m, n), generator=gen, dtype=torch.int32).to(device) if fmt == "int32"
-             else randn((m, n), gen=gen, device=device).to(G_DTYPES[fmt]))
-        scales = torch.rand(m, generator=gen).to(device), torch.rand(n, generator=gen).to(device)
-        return (g, *scales, randn((n,), gen=gen, device=device)), {}
-    qdtype = QDTYPES[fmt]
-    if op in ("act_quant", "weight_quant"):
-        return ((x if op == "act_quant" else w),), dict(dtype=qdtype)
-    q, s = ops.act_quant(x, dtype=qdtype, backend="torch")
-    wq, ws = ops.weight_quant(w, dtype=qdtype, backend="torch")
-    return {"act_dequant": (q, s), "weight_dequant": (wq, ws), "scaled_mm": (q, s, wq, ws),
-            "quant_linear": (x, wq, ws), "quantized_gelu": (q, s)}[op], {}
 
 
 def simulate_on_cpu(monkeypatch, name: str) -> None:
@@ -104,6 +80,7 @@ def check_binding(spy: LaunchSpy, op: str, args: tuple, kwargs: dict, backend: s
     except UnsupportedError:
         chosen = None
     assert explained.selected == (chosen.label if chosen else None), (op, backend, str(explained))
+    registry.clear_caches()  # no kept plan from an earlier call: the dispatcher selects and launches anew
     spy.calls.clear()
     run = opdef.get(op).function
     if chosen is None:

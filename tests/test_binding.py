@@ -3,13 +3,14 @@ what `explain()` and `select()` name is the Impl the dispatcher launches, with i
 (the GEMM variants' `mma`). On this CPU machine a GPU profile is simulated by giving CPU tensors
 that profile, and every launch is replaced by the reference (CuPy cannot run here); the Triton
 kernels' own use of the option is checked under the interpreter (tests/backends/test_triton_kernels.py)
-and everything on a GPU by tests/gpu/test_binding.py."""
+and everything on a GPU by tests/gpu/test_binding_gpu.py."""
 
 from __future__ import annotations
 
 import pytest
 
-from binding import LaunchSpy, call_of, check_binding, choices, simulate_on_cpu
+from binding import LaunchSpy, check_binding, choices, simulate_on_cpu
+from calls import call_of
 from quantcore import capability, opdef, registry
 from quantcore.opdefs import BUILTIN
 from quantcore.specs.gemm_query import GemmQuery

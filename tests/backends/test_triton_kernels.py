@@ -28,7 +28,8 @@ from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 import properties  # noqa: E402
-from binding import LaunchSpy, call_of, check_binding, kernel_mma, simulate_on_cpu, spy_triton_gemms  # noqa: E402
+from binding import LaunchSpy, check_binding, kernel_mma, simulate_on_cpu, spy_triton_gemms  # noqa: E402
+from calls import call_of  # noqa: E402
 
 from helpers import (  # noqa: E402
     TAIL_EPS, activation_inputs, check_activation, judge_quantized_gelu, outputs_of_every_op_on_grad_inputs, randn,

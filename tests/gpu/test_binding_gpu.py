@@ -15,7 +15,8 @@ import pytest
 import torch
 
 import quantcore
-from binding import LaunchSpy, call_of, check_binding, choices, kernel_mma, spy_triton_gemms
+from binding import LaunchSpy, check_binding, choices, kernel_mma, spy_triton_gemms
+from calls import call_of
 from quantcore import capability, opdef
 from quantcore.opdefs import BUILTIN
 from quantcore.specs.tolerances import rel_error
