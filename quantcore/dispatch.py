@@ -27,6 +27,7 @@ from typing import Any, Callable, NamedTuple
 import torch
 
 from . import capability, opdef, registry
+from .backends.base import on_reset
 from .registry import BackendChoice
 
 _MAX_PLANS = 4096
@@ -46,6 +47,7 @@ class _Plan(NamedTuple):
 
 
 _plans: dict[tuple, _Plan] = {}
+on_reset(_plans.clear)  # registry.reset(): kept plans are stale after it (the epoch says so) and hold memory
 
 
 def call(op: str, args: tuple, options: dict[str, Any], backend: BackendChoice) -> Any:

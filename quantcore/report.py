@@ -9,7 +9,6 @@ import platform
 from pydantic import BaseModel
 
 from . import capability, measured, opdef, registry
-from .backends.base import Query
 from .opdefs import BUILTIN
 
 # The input formats each built-in op is reported for (`OpDef.formats`; dequant_bias reads the GEMM's
@@ -36,6 +35,7 @@ class Report(BaseModel):
     priority: list[str]  # the default order; a shipped measured table refines it per op and M
     measured_priority: bool
     rows: list[Row]
+    plugins: list[registry.Plugin]  # out-of-tree backends found through entry points, loaded or not
 
 
 def build(simulate: str | None = None) -> Report:
@@ -47,14 +47,14 @@ def build(simulate: str | None = None) -> Report:
     rows = []
     for op in opdef.all_ops():
         for fmt in op.formats:
-            explanation = registry.explain_query(Query(op.name, profile, fmt, blocks=op.report_blocks))
+            explanation = registry.explain_query(registry.Query(op.name, profile, fmt, blocks=op.report_blocks))
             rows += [Row(op=op.name, impl=c.impl, dtype=fmt, status=c.status, numerics=c.numerics,
                          reason="; ".join(c.reasons)) for c in explanation.candidates]
     return Report(device=profile, python=platform.python_version(),
                   priority=list(registry.DEFAULT_PRIORITY.get(profile.kind, (registry.REFERENCE,))),
                   measured_priority=bool(profile.kind == "cuda" and not profile.simulated_from
                                          and measured.table(profile.name)),
-                  rows=rows)
+                  rows=rows, plugins=list(registry.plugin_status()))
 
 
 def render(report: Report) -> str:
@@ -65,7 +65,10 @@ def render(report: Report) -> str:
            f"bf16 MMA: {'yes' if d.bf16_mma else 'no'}, smem/block: {d.smem_per_block // 1024} KiB"
     vers = ", ".join(f"{k} {v or 'none'}" for k, v in d.versions.items())
     lines = [title, caps, f"python {report.python}, {vers}", f"priority: {' > '.join(report.priority)}"
-             + (" (refined per op and M by this GPU's measured table)" if report.measured_priority else ""), ""]
+             + (" (refined per op and M by this GPU's measured table)" if report.measured_priority else "")]
+    lines += [f"plugin {p.name} ({p.value}): "
+              + (f"failed to load: {p.error}" if p.error else f"{p.impls} implementations") for p in report.plugins]
+    lines.append("")
     widths = (15, 15, 9, 12)
     lines.append(f"{'op':<{widths[0]}} {'impl':<{widths[1]}} {'dtype':<{widths[2]}} {'status':<{widths[3]}} reason")
     for r in report.rows:

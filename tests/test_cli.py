@@ -42,7 +42,8 @@ def test_report_json_simulating_sm80():
 def test_report_json_is_stable():
     a, b = report.build(simulate="sm90"), report.build(simulate="sm90")
     assert a.model_dump_json() == b.model_dump_json()
-    assert list(json.loads(a.model_dump_json())) == ["device", "python", "priority", "measured_priority", "rows"]
+    assert list(json.loads(a.model_dump_json())) == ["device", "python", "priority", "measured_priority", "rows",
+                                                     "plugins"]
 
 
 @pytest.mark.parametrize("profile", ["cpu", "sm70", "sm75", "sm80", "sm86", "sm89", "sm90", "sm100"])

@@ -9,7 +9,8 @@ import torch
 
 import quantcore
 from quantcore import capability, opdef, registry, report
-from quantcore.backends.base import Constraints, Impl, Query
+from quantcore.backends.base import Constraints, Impl
+from quantcore.registry import Query
 from quantcore.specs import checks
 from quantcore.specs.base import Prepared, keep
 

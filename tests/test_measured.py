@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 
 from quantcore import measured, registry
-from quantcore.backends.base import Query, m_bucket
+from quantcore.registry import m_bucket
+from quantcore.specs.gemm_query import GemmQuery
 from quantcore.bench.run import Record
 from quantcore.capability import simulated_profile
 
@@ -37,23 +38,24 @@ def test_lookup_takes_the_nearest_bucket_below(monkeypatch, tmp_path):
     assert measured.lookup(H100.name, "scaled_mm", "fp8_e4m3", 16384) == ("torch[cublas]", "triton")
     assert measured.lookup(H100.name, "act_quant", "fp8_e4m3", 64) is None
     # the registry puts measured entries first, then the defaults, the reference last
-    q = Query("scaled_mm", H100, "fp8_e4m3", blocks=(128, 128), m_bucket=4096, nk=(2112, 7168))
+    q = GemmQuery("scaled_mm", H100, "fp8_e4m3", blocks=(128, 128), m_bucket=4096, nk=(2112, 7168))
     assert registry.current_priority(q) == ("torch[cublas]", "triton", "cupy", "torch")
-    assert registry._ordered("scaled_mm", registry.current_priority(q))[0].label == "torch[cublas]"
+    assert registry.table.ordered("scaled_mm", registry.current_priority(q))[0].label == "torch[cublas]"
     # fused epilogues are not what the bench times: they keep the default order
-    fused = Query("scaled_mm", H100, "fp8_e4m3", blocks=(128, 128), m_bucket=4096, nk=(2112, 7168), fused=True)
+    fused = GemmQuery("scaled_mm", H100, "fp8_e4m3", blocks=(128, 128), m_bucket=4096, nk=(2112, 7168), fused=True)
     assert registry.current_priority(fused) == ("triton", "cupy", "torch")
     # a simulated profile never uses the real GPU's measurements
     sim = H100.model_copy(update={"simulated_from": "NVIDIA H100 80GB HBM3"})
-    assert registry.current_priority(Query("scaled_mm", sim, "fp8_e4m3", m_bucket=4096)) == ("triton", "cupy", "torch")
+    plain = GemmQuery("scaled_mm", sim, "fp8_e4m3", m_bucket=4096)
+    assert registry.current_priority(plain) == ("triton", "cupy", "torch")
 
 
 def test_cublas_variant_constraints_are_data():
     cublas = next(i for i in registry.impls("scaled_mm") if i.label == "torch[cublas]")
-    ok = Query("scaled_mm", H100, "fp8_e4m3", blocks=(128, 128), m_bucket=1, nk=(2112, 7168))
+    ok = GemmQuery("scaled_mm", H100, "fp8_e4m3", blocks=(128, 128), m_bucket=1, nk=(2112, 7168))
     assert cublas.not_supported_reasons(ok) == []
-    tail = Query("scaled_mm", H100, "fp8_e4m3", blocks=(128, 128), m_bucket=1, nk=(2112, 7000))
+    tail = GemmQuery("scaled_mm", H100, "fp8_e4m3", blocks=(128, 128), m_bucket=1, nk=(2112, 7000))
     assert cublas.not_supported_reasons(tail) == ["N must be a multiple of 16 and K of 512, got (N, K) = (2112, 7000)"]
-    sm80 = Query("scaled_mm", simulated_profile("sm80"), "int8", blocks=(128, 128), nk=(128, 512))
+    sm80 = GemmQuery("scaled_mm", simulated_profile("sm80"), "int8", blocks=(128, 128), nk=(128, 512))
     assert cublas.not_supported_reasons(sm80) == ["needs compute capability >= 9.0, device is 8.0",
                                                   "format int8 not implemented (has fp8_e4m3)"]

@@ -10,7 +10,9 @@ import torch
 
 import quantcore
 from quantcore import UnsupportedError, capability, ops, registry
-from quantcore.backends.base import Constraints, Impl, Query
+from quantcore.backends.base import Constraints, Impl
+from quantcore.registry import Query
+from quantcore.specs.gemm_query import GemmQuery
 
 PROFILES = ["cpu", "sm70", "sm75", "sm80", "sm86", "sm89", "sm90", "sm100"]
 
@@ -141,9 +143,9 @@ def test_unknown_priority_name_is_refused():
 def test_selection_is_cached():
     q = query("act_quant", "sm90", blocks=(128,))
     registry.select(q)
-    before = registry._select_cached.cache_info().hits
+    before = registry.table.choose.cache_info().hits
     registry.select(q)
-    assert registry._select_cached.cache_info().hits == before + 1
+    assert registry.table.choose.cache_info().hits == before + 1
 
 
 @pytest.mark.parametrize("label,limit", [("triton", 256), ("cupy", 2**31 - 1)])
@@ -151,18 +153,19 @@ def test_gemm_k_blocks_beyond_what_kernels_tile_are_refused(label, limit):
     """A K block of 2^31 would be Triton's K tile (and overflow CuPy's int argument): refused, so the
     registry falls back to the reference, which loops over K blocks without padding."""
     bk = 2**31
-    q = Query("scaled_mm", capability.simulated_profile("sm90"), "int8", None, (128, bk), nk=(64, 100), block_k=bk)
+    q = GemmQuery("scaled_mm", capability.simulated_profile("sm90"), "int8", None, (128, bk), nk=(64, 100),
+                  block_k=bk)
     impl = next(i for i in registry.impls("scaled_mm") if i.label == label)
     assert f"the K block must be at most {limit}, got {bk}" in impl.not_supported_reasons(q)
-    ok = Query("scaled_mm", q.profile, "int8", None, (128, 128), nk=(64, 100), block_k=128)
+    ok = GemmQuery("scaled_mm", q.profile, "int8", None, (128, 128), nk=(64, 100), block_k=128)
     assert not any("K block" in r for r in impl.not_supported_reasons(ok))
 
 
 def test_every_kernel_of_a_label_keeps_its_reason():
     """Triton's INT8 and FP8 GEMMs share the label "triton": forcing an INT8 GEMM with FP8 out_quant
     onto it must report the INT8 kernel's reason, not only the FP8 kernel's."""
-    q = Query("scaled_mm", capability.simulated_profile("sm90"), "int8", "fp8_e4m3", (128, 128, 128),
-              nk=(64, 256), block_k=128, out_group=128)
+    q = GemmQuery("scaled_mm", capability.simulated_profile("sm90"), "int8", "fp8_e4m3", (128, 128, 128),
+                  nk=(64, 256), block_k=128, out_group=128)
     with pytest.raises(UnsupportedError) as err:
         registry.select(q, backend="triton")
     assert err.value.reasons["triton"] == ["format fp8_e4m3 not implemented (has int8)",
@@ -200,8 +203,8 @@ def test_selection_racing_an_unregister_is_not_kept():
 
 
 def test_gemm_block_constraints_are_data():
-    q = Query("scaled_mm", capability.simulated_profile("sm90"), "fp8_e4m3", "int8", (128, 48, 256),
-              block_k=48, out_group=256)
+    q = GemmQuery("scaled_mm", capability.simulated_profile("sm90"), "fp8_e4m3", "int8", (128, 48, 256),
+                  block_k=48, out_group=256)
     cupy = next(i for i in registry.impls("scaled_mm") if i.label == "cupy")
     assert cupy.not_supported_reasons(q)[-2:] == [
         "the K block must be a multiple of 32, got 48",

@@ -3,7 +3,9 @@ tests and the bench compare with the reference."""
 
 from __future__ import annotations
 
-from quantcore import capability, registry
+import torch
+
+from quantcore import capability, dispatch, measured, ops, registry
 from quantcore.backends.triton import configs
 
 
@@ -15,6 +17,16 @@ def test_reset_clears_the_triton_backends_tuned_and_derived_configs():
     assert not configs._tuned
     assert all(f.cache_info().currsize == 0 for f in (configs.tile_2d, configs.block_tiling, configs.decode_config,
                                                        configs.gemm_candidates))
+
+
+def test_reset_rereads_measured_priorities_and_drops_kept_plans():
+    """A table written by `bench --write-priority` is read again; kept plans hold tensors' metadata and
+    launchers that the epoch already made unreachable: their memory is freed."""
+    measured.table("NVIDIA H100 80GB HBM3")
+    ops.act_quant(torch.randn(2, 128))
+    assert measured.table.cache_info().currsize and dispatch._plans
+    registry.reset()
+    assert measured.table.cache_info().currsize == 0 and not dispatch._plans
 
 
 def test_compared_backends_come_from_the_registry():

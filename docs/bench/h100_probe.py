@@ -106,7 +106,7 @@ for fmt, qd in (("fp8", torch.float8_e4m3fn),):
                 cfg = configs.DecodeConfig(max(16, 1 << (M - 1).bit_length()), bn, 4, st, split, per)
                 configs.decode_config = lambda *a, cfg=cfg, **k: cfg
                 try:
-                    us = timing.gpu_time_us(lambda: launch.scaled_mm(a, asc, bq, bs, block_n=128, block_k=128, bias=None, activation=None, out_dtype=torch.bfloat16, out_quant=None, out_group=128, ue8m0_out=False, eps=1e-4, profile=prof))
+                    us = timing.gpu_time_us(lambda: launch.scaled_mm(a, asc, bq, bs, block_n=128, block_k=128, bias=None, activation=None, out_dtype=torch.bfloat16, out_quant=None, out_group=128, ue8m0_out=False, eps=1e-4, profile=prof, mma="fp8"))
                 except Exception as err:
                     us = float("nan"); say("ERR", fmt, M, N, K, bn, st, waves, str(err)[:200])
                 res[(bn, st, waves, split)] = us

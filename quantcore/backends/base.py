@@ -1,7 +1,9 @@
 """`Impl`: one implementation of one op, described by data, launched lazily.
 
 The constraints are plain fields so that one function (`Constraints.reasons`) turns them into the
-reason strings used by the dispatcher, the errors, the report and the tests' skips.
+reason strings used by the dispatcher, the errors, the report and the tests' skips. They read a
+`registry.Query`; an op with features of its own extends both beside its spec (the GEMM's
+`specs.gemm_query.GemmConstraints`).
 """
 
 from __future__ import annotations
@@ -10,11 +12,15 @@ import functools
 import importlib
 import inspect
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
-from ..capability import DeviceProfile, module_available
+from ..capability import module_available
+from . import BACKEND_PACKAGES
+
+if TYPE_CHECKING:  # the registry loads backends: a runtime import would go up a layer
+    from ..registry.query import Query
 
 
 # Measured on the H100: Hopper's FP8 wgmma keeps the running sum of a K block at reduced precision,
@@ -22,29 +28,6 @@ from ..capability import DeviceProfile, module_available
 # cuBLAS's block-wise kernel alike (mma.sync, as in the CuPy backend, stays at ~1e-8). Implementations
 # on that path declare it; the registry warns once and the tests judge them by their own tolerance.
 REDUCED_FP8_ACCUMULATION = "FP8 tensor-core accumulation within each K block at reduced precision (~1e-4 relative)"
-
-
-@dataclass(frozen=True)
-class Query:
-    """What selection looks at: the op, the effective device profile and the static features of a call.
-
-    `fmt` is the quantized format read or written ("fp8_e4m3"/"int8"); `out_fmt` a quantized output
-    format where the op re-quantizes; `blocks` every block/group size of the call as the caller gave it
-    (the scale layout; kernels receive blocks larger than a quantize op's dimension clamped to it);
-    `m_bucket` the rows rounded up to a power of two (measured priorities differ by M); `nk` the
-    GEMM's (N, K).
-    """
-
-    op: str
-    profile: DeviceProfile
-    fmt: str
-    out_fmt: str | None = None
-    blocks: tuple[int, ...] = ()
-    m_bucket: int = 0
-    nk: tuple[int, int] | None = None
-    block_k: int = 0  # the GEMM's K block (= the activation group)
-    out_group: int = 0  # the re-quantization group of a GEMM with out_quant
-    fused: bool = False  # a GEMM with a fused epilogue (bias, activation, re-quantization)
 
 
 @dataclass(frozen=True)
@@ -61,11 +44,6 @@ class Constraints:
     bf16_mma: bool = False
     interpreter: bool = False  # also runs on the CPU under TRITON_INTERPRET=1
     block_sizes: tuple[int, ...] | None = None  # the only block/group sizes supported
-    nk_multiple: tuple[int, int] | None = None  # (N, K) must be multiples of these (vendor kernels' alignment)
-    block_k_multiple: int | None = None  # the GEMM's K block must be a multiple of this (its K tile)
-    block_k_pow2: bool = False  # ... and a power of two (a K tile spans whole K blocks)
-    block_k_max: int | None = None  # ... and at most this (the K tile, or an int32 kernel argument)
-    out_group_max: int | None = None  # re-quantization groups: powers of two up to this (one output tile)
 
     def reasons(self, q: Query) -> list[str]:
         """Why this implementation cannot run `q` (empty when it can)."""
@@ -95,24 +73,7 @@ class Constraints:
                 out.append(f"format {fmt} not implemented (has {', '.join(self.formats)})")
         if self.block_sizes is not None and any(b not in self.block_sizes for b in q.blocks):
             out.append(f"block/group sizes must be {self.block_sizes}, got {q.blocks}")
-        if self.nk_multiple and q.nk and any(d % m for d, m in zip(q.nk, self.nk_multiple)):
-            n, k = self.nk_multiple
-            out.append(f"N must be a multiple of {n} and K of {k}, got (N, K) = {q.nk}")
-        bk = q.block_k
-        if bk and self.block_k_multiple and (bk % self.block_k_multiple or (self.block_k_pow2 and bk & (bk - 1))):
-            kind = "a power of two >= " if self.block_k_pow2 else "a multiple of "
-            out.append(f"the K block must be {kind}{self.block_k_multiple}, got {bk}")
-        if bk and self.block_k_max and bk > self.block_k_max:
-            out.append(f"the K block must be at most {self.block_k_max}, got {bk}")
-        g = q.out_group
-        if self.out_group_max and g and (g > self.out_group_max or g & (g - 1)):
-            out.append(f"re-quantization groups must be powers of two <= {self.out_group_max}, got {g}")
         return out
-
-
-def m_bucket(m: int) -> int:
-    """Rows rounded up to a power of two, capped at 16384: the granularity of measured priorities."""
-    return min(1 << max(m - 1, 0).bit_length(), 16384)
 
 
 def prepared(prepare: Callable[..., Callable[..., Any]]) -> Callable[..., Any]:
@@ -166,7 +127,8 @@ def reset_backends() -> None:
 @functools.lru_cache(maxsize=None)
 def _resolve(launch: str) -> Callable[..., Any]:
     module, _, name = launch.partition(":")
-    return getattr(importlib.import_module(f"quantcore.backends.{module}"), name)
+    builtin = module.partition(".")[0] in BACKEND_PACKAGES
+    return getattr(importlib.import_module(f"quantcore.backends.{module}" if builtin else module), name)
 
 
 def _cc(cc: tuple[int, int]) -> str:
@@ -177,9 +139,12 @@ def _cc(cc: tuple[int, int]) -> str:
 class Impl:
     """One (op, backend) implementation.
 
-    `launch` names the function as "module:function" relative to `quantcore.backends`, resolved on
-    first use so that describing an implementation never imports Triton or CuPy (or is the function
-    itself, for implementations registered from outside). `numerics` is
+    `launch` names the function as "module:function", resolved on first use so that describing an
+    implementation never imports Triton or CuPy: the module relative to `quantcore.backends` for the
+    built-in backends ("triton.launch"), an absolute one for out-of-tree backends; or it is the
+    function itself. `options` are fixed keyword arguments the dispatcher adds to the launch's: they
+    carry the variant the registry chose (the GEMMs' `mma`), so that no launch re-derives it from the
+    device profile. `numerics` is
     "exact" or a short description of how it departs from the contract's arithmetic (an emulated
     path); the registry makes any departure visible.
     """

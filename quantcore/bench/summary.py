@@ -7,7 +7,6 @@ from importlib import resources
 from pathlib import Path
 
 from .. import measured, registry
-from ..backends.base import m_bucket
 from .baselines import gemm_floor_bytes
 from .run import BenchResult
 
@@ -23,6 +22,21 @@ def _cases(result: BenchResult) -> dict[tuple, dict]:
     for r in result.records:
         by_case[(r.op, r.fmt, tuple(r.shape))][r.impl] = r
     return by_case
+
+
+def _ours(by_case: dict[tuple, dict], gemm: bool) -> list[str]:
+    """quantcore's implementations measured in the GEMM cases (or in the others), in the registry's
+    order (`registry.compared`): the tables' per-implementation columns."""
+    found: list[str] = []
+    for (op, _, _), recs in by_case.items():
+        if (op == "scaled_mm") == gemm:
+            found += [i for i in registry.compared(op) if i in recs and i not in found]
+    return found
+
+
+def _cells(recs: dict, impls: list[str], cell) -> str:
+    """`cell(record or None)` for each of `impls`, as table cells each followed by its separator."""
+    return "".join(f"{cell(recs.get(i))} | " for i in impls)
 
 
 def _best(recs: dict, impls) -> object | None:
@@ -45,8 +59,8 @@ def _span(values: list[float]) -> str:
 def targets(result: BenchResult) -> str:
     """The run against the performance targets: memory-bound ops' best fraction of copy bandwidth at
     their largest shape and their least ratio to torch.compile over all shapes; per GEMM format and M,
-    the range over (N, K) of the Triton kernel's and of the fastest quantcore implementation's
-    (cuBLAS variant included, what measured priorities select) speed relative to the vendor kernel."""
+    the range over (N, K) of each quantcore implementation's and of the fastest one's (what measured
+    priorities select) speed relative to the vendor kernel."""
     by_case = _cases(result)
     out = ["| op | fmt | best / copy at the largest shape | least best / torch.compile (shape) |", "|---|---|---|---|"]
     mem = defaultdict(list)
@@ -61,15 +75,17 @@ def targets(result: BenchResult) -> str:
         least = min(ratios, default=None)
         out.append(f"| {op} | {fmt} | {_fmt(best and best.fraction)} ({'x'.join(map(str, largest[0]))}) | "
                    + (f"{least[0]:.2f} ({'x'.join(map(str, least[1]))}) |" if least else "— |"))
-    out += ["", "| fmt | M | triton / vendor over (N, K) | fastest of quantcore / vendor |", "|---|---|---|---|"]
-    gemm = defaultdict(lambda: ([], []))
+    impls = _ours(by_case, gemm=True)
+    out += ["", f"| fmt | M | {''.join(f'{i} / vendor over (N, K) | ' for i in impls)}fastest of quantcore / vendor |",
+            "|---|---|" + "---|" * (len(impls) + 1)]
+    gemm: dict[tuple, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     for (op, fmt, shape), recs in by_case.items():
         if op == "scaled_mm":
             ours = _best(recs, registry.compared(op))
-            gemm[(fmt, shape[0])][0].extend([recs["triton"].vs_vendor] if recs.get("triton") and recs["triton"].vs_vendor else [])
-            gemm[(fmt, shape[0])][1].extend([ours.vs_vendor] if ours and ours.vs_vendor else [])
-    for (fmt, m), (tri, best) in sorted(gemm.items()):
-        out.append(f"| {fmt} | {m} | {_span(tri)} | {_span(best)} |")
+            for name, r in [*((i, recs.get(i)) for i in impls), ("fastest", ours)]:
+                gemm[(fmt, shape[0])][name] += [r.vs_vendor] if r and r.vs_vendor else []
+    for (fmt, m), spans in sorted(gemm.items()):
+        out.append(f"| {fmt} | {m} | {' | '.join(_span(spans[i]) for i in (*impls, 'fastest'))} |")
     return "\n".join(out)
 
 
@@ -83,34 +99,35 @@ def summarize(result: BenchResult) -> str:
            "quantcore.ops host time over calling the implementation directly (µs): "
            + ", ".join(f"{k} {v:.1f}" for k, v in result.dispatch_overhead_us.items()), "", targets(result), ""]
     by_case = _cases(result)
+    mem = _ours(by_case, gemm=False)
     out += ["Times are µs per call, GPU / eager (back-to-back calls, host included).", "",
-            "| op | fmt | shape | triton GB/s | cupy GB/s | best / copy | torch.compile GB/s | best / compile "
-            "| torch ref. GB/s | triton µs | cupy µs | torch.compile µs |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+            f"| op | fmt | shape | {''.join(f'{i} GB/s | ' for i in mem)}best / copy | torch.compile GB/s "
+            f"| best / compile | torch ref. GB/s | {''.join(f'{i} µs | ' for i in mem)}torch.compile µs |",
+            "|---|---|---|" + "---|" * (2 * len(mem) + 5)]
     for (op, fmt, shape), recs in by_case.items():
         if op == "scaled_mm":
             continue
         best = _best(recs, registry.compared(op))
         comp, ref = recs.get("torch.compile"), recs.get("torch")
         ratio = best.rate / comp.rate if best and comp and comp.rate else None
-        out.append(f"| {op} | {fmt} | {'x'.join(map(str, shape))} | {_fmt(recs.get('triton') and recs['triton'].rate, '.0f')} "
-                   f"| {_fmt(recs.get('cupy') and recs['cupy'].rate, '.0f')} | {_fmt(best and best.fraction)} "
+        out.append(f"| {op} | {fmt} | {'x'.join(map(str, shape))} | "
+                   f"{_cells(recs, mem, lambda r: _fmt(r and r.rate, '.0f'))}{_fmt(best and best.fraction)} "
                    f"| {_fmt(comp and comp.rate, '.0f')} | {_fmt(ratio)} | {_fmt(ref and ref.rate, '.0f')} "
-                   f"| {_times(recs.get('triton'))} | {_times(recs.get('cupy'))} | {_times(comp)} |")
-    out += ["", "| fmt | M×N×K | triton TFLOP/s | cupy TFLOP/s | vendor | vendor TFLOP/s | triton / vendor | cupy / vendor "
-            "| dense ceiling TFLOP/s | triton µs | cupy µs | vendor µs |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                   f"| {_cells(recs, mem, _times)}{_times(comp)} |")
+    gemm = _ours(by_case, gemm=True)
+    out += ["", f"| fmt | M×N×K | {''.join(f'{i} TFLOP/s | ' for i in gemm)}vendor | vendor TFLOP/s "
+            f"| {''.join(f'{i} / vendor | ' for i in gemm)}dense ceiling TFLOP/s "
+            f"| {''.join(f'{i} µs | ' for i in gemm)}vendor µs |", "|---|---|" + "---|" * (3 * len(gemm) + 4)]
     for (op, fmt, shape), recs in by_case.items():
         if op != "scaled_mm":
             continue
         vendor_name = "cublas-blockwise" if fmt == "fp8_e4m3" else "torch._int_mm"
         vendor = recs.get(vendor_name)
         dense = recs.get("cublas-fp8-tensorwise") or vendor
-        t, c = recs.get("triton"), recs.get("cupy")
-        out.append(f"| {fmt} | {'x'.join(map(str, shape))} | {_fmt(t and t.rate, '.1f')} | {_fmt(c and c.rate, '.1f')} "
-                   f"| {vendor_name} | {_fmt(vendor and vendor.rate, '.1f')} | {_fmt(t and t.vs_vendor)} "
-                   f"| {_fmt(c and c.vs_vendor)} | {_fmt(dense and dense.rate, '.1f')} "
-                   f"| {_times(t)} | {_times(c)} | {_times(vendor)} |")
+        out.append(f"| {fmt} | {'x'.join(map(str, shape))} | {_cells(recs, gemm, lambda r: _fmt(r and r.rate, '.1f'))}"
+                   f"{vendor_name} | {_fmt(vendor and vendor.rate, '.1f')} "
+                   f"| {_cells(recs, gemm, lambda r: _fmt(r and r.vs_vendor))}{_fmt(dense and dense.rate, '.1f')} "
+                   f"| {_cells(recs, gemm, _times)}{_times(vendor)} |")
     out += ["", decode_gemms(result)]
     notes = sorted({f"{r.op} {r.impl}: {r.note}" for r in result.records if r.note and r.us is None})
     if notes:
@@ -142,6 +159,6 @@ def write_priority(result: BenchResult) -> Path:
     """Turn a run into the measured priority table of this GPU model, inside the installed package."""
     weights = ("weight_quant", "weight_dequant")  # no M: one bucket
     table = measured.build([r for r in result.records if r.impl in registry.compared(r.op)],
-                           lambda r: 0 if r.op in weights else m_bucket(r.shape[0]))
+                           lambda r: 0 if r.op in weights else registry.m_bucket(r.shape[0]))
     root = Path(str(resources.files("quantcore").joinpath(measured.DATA)))
     return measured.write(result.device.name, table, f"{result.command} on {result.date}", root)

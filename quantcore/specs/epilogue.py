@@ -7,7 +7,7 @@ import math
 import torch
 
 from .. import capability
-from ..backends.base import Query, m_bucket
+from ..registry.query import Query, m_bucket
 from ..formats import DEFAULT_EPS, DEFAULT_GROUP, FLOAT_DTYPES, GELU_APPROXIMATIONS, dtype_name
 from . import checks
 from .base import Prepared, leading

@@ -26,7 +26,7 @@ import torch
 from quantcore import UnsupportedError, capability, registry
 from quantcore.backends import base, splitk
 from quantcore.backends import cupy as cupy_backend
-from quantcore.backends.base import Query
+from quantcore.specs.gemm_query import GemmQuery
 from quantcore.backends.cupy import compiler, launch, launcher
 
 FP8, I8, BF16 = torch.float8_e4m3fn, torch.int8, torch.bfloat16
@@ -365,7 +365,8 @@ def _served(profile: str, fmt: str, out_fmt: str | None) -> tuple[str, str] | No
 @pytest.mark.parametrize("fmt", ["fp8_e4m3", "int8"])
 def test_each_gemm_variant_states_the_mma_kind_it_runs(monkeypatch, profile, op, fmt, out_fmt):
     monkeypatch.setattr(base, "module_available", lambda name: True)
-    q = Query(op, capability.simulated_profile(profile), fmt, out_fmt, (128, 128, 128) if out_fmt else (128, 128),
+    blocks = (128, 128, 128) if out_fmt else (128, 128)
+    q = GemmQuery(op, capability.simulated_profile(profile), fmt, out_fmt, blocks,
               nk=(256, 512), block_k=128, out_group=128 if out_fmt else 0)
     expected = _served(profile, fmt, out_fmt)
     try:

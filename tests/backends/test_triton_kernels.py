@@ -28,11 +28,13 @@ from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 import properties  # noqa: E402
+from binding import LaunchSpy, check_binding, kernel_mma, simulate_on_cpu, spy_triton_gemms  # noqa: E402
+from calls import call_of  # noqa: E402
 
 from helpers import (  # noqa: E402
     TAIL_EPS, activation_inputs, check_activation, judge_quantized_gelu, outputs_of_every_op_on_grad_inputs, randn,
     tail_blocks, tail_gemm_operands)
-from quantcore import ops  # noqa: E402
+from quantcore import InvalidInputError, ops  # noqa: E402
 from quantcore.backends import torch as ref  # noqa: E402
 from quantcore.backends.triton import configs, launch  # noqa: E402
 from quantcore.backends.triton.kernels.cast import bf16_encode  # noqa: E402
@@ -367,7 +369,8 @@ def test_scaled_mm_epilogue_activation_on_the_negative_tail(name):
     x = activation_inputs()
     x = x[x != 0][::29].contiguous()  # 0 + (−0) is +0: the epilogue never sees a −0
     a, a_s, b, b_s = tail_gemm_operands(x, I8)
-    out = launch.scaled_mm(a, a_s, b, b_s, profile=SM80, **_gemm_kw(block_n=16, block_k=16, bias=x, activation=name))
+    kw = _gemm_kw(block_n=16, block_k=16, bias=x, activation=name)
+    out = launch.scaled_mm(a, a_s, b, b_s, **_on("sm80", I8), **kw)
     for row in out:
         check_activation(row, x, name)
 
@@ -410,6 +413,13 @@ def _gemm_kw(block_n=128, block_k=128, bias=None, activation=None, out_dtype=tor
 TOL = {FP8: 1e-5, I8: 1e-6}
 
 
+def _on(profile: str, qdtype) -> dict:
+    """The launch's `profile` and the `mma` option of the Triton GEMM variant the registry picks there
+    (tests/test_registry.py): INT8 MMA for INT8; FP8 MMA on sm_89+, FP8 decoded to fp16 below."""
+    p = PROFILES[profile]
+    return dict(profile=p, mma="int8" if qdtype == I8 else "fp8" if p.fp8_mma else "fp16")
+
+
 def _tiled_only(monkeypatch):
     """Send every M to the tiled kernel (the decode kernel otherwise takes M <= 64)."""
     monkeypatch.setattr(configs, "decode_m_max", lambda profile: 0)
@@ -424,7 +434,7 @@ def test_scaled_mm_shapes_and_paths(gen, monkeypatch, kernel, profile, qdtype, M
         _tiled_only(monkeypatch)
     aq, a_s, bq, b_s = _gemm_inputs(gen, M, N, K, qdtype, 128, 128)
     kw = _gemm_kw()
-    got = launch.scaled_mm(aq, a_s, bq, b_s, profile=PROFILES[profile], **kw)
+    got = launch.scaled_mm(aq, a_s, bq, b_s, **_on(profile, qdtype), **kw)
     assert rel_err(got, ref.scaled_mm(aq, a_s, bq, b_s, **kw)) <= TOL[qdtype]
 
 
@@ -440,7 +450,7 @@ def test_scaled_mm_k_steps_and_tma_loads(gen, monkeypatch, qdtype, k_step, tma):
     _tiled_only(monkeypatch)
     kw = _gemm_kw()
     assert launch._tma_ready(aq, bq, SM90)
-    got = launch.scaled_mm(aq, a_s, bq, b_s, profile=SM90, **kw)
+    got = launch.scaled_mm(aq, a_s, bq, b_s, **_on("sm90", qdtype), **kw)
     assert rel_err(got, ref.scaled_mm(aq, a_s, bq, b_s, **kw)) <= TOL[qdtype]
 
 
@@ -450,7 +460,7 @@ def test_scaled_mm_block_shapes(gen, qdtype, block_n, block_k):
     """block_n need not equal block_k nor divide BLOCK_N (scales then gathered per column)."""
     aq, a_s, bq, b_s = _gemm_inputs(gen, 5, 200, 300, qdtype, block_n, block_k)
     kw = _gemm_kw(block_n=block_n, block_k=block_k)
-    got = launch.scaled_mm(aq, a_s.contiguous(), bq, b_s, profile=SM90, **kw)
+    got = launch.scaled_mm(aq, a_s.contiguous(), bq, b_s, **_on("sm90", qdtype), **kw)
     assert rel_err(got, ref.scaled_mm(aq, a_s, bq, b_s, **kw)) <= TOL[qdtype]
 
 
@@ -461,7 +471,7 @@ def test_scaled_mm_epilogue_cast(gen, qdtype, activation, out_dtype, tol):
     aq, a_s, bq, b_s = _gemm_inputs(gen, 7, 200, 129, qdtype, 128, 128)
     bias = randn((1, 200), gen=gen)[0].to(torch.bfloat16)
     kw = _gemm_kw(bias=bias, activation=activation, out_dtype=out_dtype)
-    got = launch.scaled_mm(aq, a_s, bq, b_s, profile=SM90, **kw)
+    got = launch.scaled_mm(aq, a_s, bq, b_s, **_on("sm90", qdtype), **kw)
     assert got.dtype == out_dtype
     assert rel_err(got, ref.scaled_mm(aq, a_s, bq, b_s, **kw)) <= (tol or TOL[qdtype])
 
@@ -473,7 +483,7 @@ def test_scaled_mm_epilogue_requantize(gen, qdtype, out_quant, out_group, ue8m0_
     aq, a_s, bq, b_s = _gemm_inputs(gen, 7, 200, 129, qdtype, 128, 128)
     bias = randn((1, 200), gen=gen)[0]
     kw = _gemm_kw(bias=bias, activation="silu", out_quant=out_quant, out_group=out_group, ue8m0_out=ue8m0_out)
-    q, s = launch.scaled_mm(aq, a_s, bq, b_s, profile=SM80, **kw)
+    q, s = launch.scaled_mm(aq, a_s, bq, b_s, **_on("sm80", qdtype), **kw)
     eq, es = ref.scaled_mm(aq, a_s, bq, b_s, **kw)
     assert q.dtype == out_quant and s.shape == (7, -(-200 // out_group))
     assert float(((s - es).abs() / es).max()) <= 1e-5  # the fp32 accumulators agree to ~1e-7
@@ -487,7 +497,7 @@ def test_scaled_mm_nan_block_poisons_only_its_rows(gen):
     x[2, 7] = float("nan")
     aq, a_s = ref.act_quant(x, qdtype=FP8, group_size=128, ue8m0=False, eps=1e-4, scale_m_major=False)
     _, _, bq, b_s = _gemm_inputs(gen, 1, 64, 256, FP8, 128, 128)
-    got = launch.scaled_mm(aq, a_s, bq, b_s, profile=SM90, **_gemm_kw())
+    got = launch.scaled_mm(aq, a_s, bq, b_s, **_on("sm90", FP8), **_gemm_kw())
     expected = ref.scaled_mm(aq, a_s, bq, b_s, **_gemm_kw())
     assert torch.isnan(got[2]).all() and torch.equal(torch.isnan(got), torch.isnan(expected))
     assert rel_err(got, expected) <= 1e-5
@@ -502,9 +512,9 @@ def test_decode_split_k_sums_in_a_fixed_order(gen, monkeypatch, qdtype, split_k)
     cfg = configs.DecodeConfig(16, 64, 4, 2, split_k, -(-5 // split_k))
     monkeypatch.setattr(configs, "decode_config", lambda *args, **kwargs: cfg)
     kw = _gemm_kw(bias=randn((100,), gen=gen), activation="gelu")
-    first = launch.scaled_mm(aq, a_s, bq, b_s, profile=SM90, **kw)
+    first = launch.scaled_mm(aq, a_s, bq, b_s, **_on("sm90", qdtype), **kw)
     assert rel_err(first, ref.scaled_mm(aq, a_s, bq, b_s, **kw)) <= TOL[qdtype]
-    assert torch.equal(launch.scaled_mm(aq, a_s, bq, b_s, profile=SM90, **kw), first)
+    assert torch.equal(launch.scaled_mm(aq, a_s, bq, b_s, **_on("sm90", qdtype), **kw), first)
 
 
 @pytest.mark.parametrize("profile", ["sm90", "sm80"])
@@ -522,9 +532,60 @@ def test_quant_linear_is_act_quant_then_scaled_mm_bit_for_bit(gen, profile, qdty
                                    scale_m_major=False, profile=PROFILES[profile])
         kw = dict(block_n=block[0], block_k=block[1], bias=bias, activation="silu", out_dtype=torch.float32, eps=1e-4)
         want = launch.scaled_mm(aq, a_s, wq, w_s, out_quant=None, out_group=block[1], ue8m0_out=False,
-                                profile=PROFILES[profile], **kw)
-        got = launch.quant_linear(x, wq, w_s, ue8m0=ue8m0, profile=PROFILES[profile], **kw)
+                                **_on(profile, qdtype), **kw)
+        got = launch.quant_linear(x, wq, w_s, ue8m0=ue8m0, **_on(profile, qdtype), **kw)
         assert torch.equal(got, want)
+
+
+# ---------------------------------------------------------------------------------------------
+# the registry's choice reaches the kernel: the GEMM runs the `mma` it is given, whatever the profile
+
+@pytest.mark.parametrize("kernel", ["decode", "tiled"])
+@pytest.mark.parametrize("profile", ["sm90", "sm80", "cpu"])
+@pytest.mark.parametrize("qdtype,mma", [(I8, "int8"), (FP8, "fp8"), (FP8, "fp16")])
+def test_the_gemm_runs_the_mma_it_is_given_whatever_the_profile(gen, monkeypatch, kernel, profile, qdtype, mma):
+    """FP8 MMA under the sm_80 profile and FP8 decoded to fp16 under sm_90's: the option decides,
+    the profile (which has or lacks FP8 tensor cores) does not."""
+    if kernel == "tiled":
+        _tiled_only(monkeypatch)
+    seen = spy_triton_gemms(monkeypatch)
+    aq, a_s, bq, b_s = _gemm_inputs(gen, 3, 96, 256, qdtype, 128, 128)
+    kw = _gemm_kw()
+    got = launch.scaled_mm(aq, a_s, bq, b_s, profile=PROFILES[profile], mma=mma, **kw)
+    assert [kernel_mma(c) for c in seen] == [mma]
+    assert rel_err(got, ref.scaled_mm(aq, a_s, bq, b_s, **kw)) <= TOL[qdtype]
+
+
+@pytest.mark.parametrize("qdtype,mma", [(I8, "fp8"), (I8, "fp16"), (FP8, "int8"), (FP8, "bf16")])
+def test_an_mma_the_operands_cannot_take_is_refused(gen, qdtype, mma):
+    aq, a_s, bq, b_s = _gemm_inputs(gen, 3, 96, 256, qdtype, 128, 128)
+    with pytest.raises(InvalidInputError, match=f"mma='{mma}' cannot multiply"):
+        launch.scaled_mm(aq, a_s, bq, b_s, profile=SM90, mma=mma, **_gemm_kw())
+
+
+@pytest.mark.filterwarnings("ignore::quantcore.NumericsWarning")
+@pytest.mark.parametrize("m", [2, 70])
+@pytest.mark.parametrize("profile", ["cpu", "sm80", "sm86", "sm89", "sm90", "sm100"])
+@pytest.mark.parametrize("op", ["scaled_mm", "quant_linear"])
+def test_the_kernel_runs_the_variant_the_registry_names(monkeypatch, op, profile, m):
+    """Through the dispatcher, with CPU tensors given each simulated profile: for every `backend=`
+    choice that lands on Triton, `explain()` and `select()` name the Impl launched with its options
+    (binding.check_binding), the kernel compiled is that Impl's `mma`, and it computes the GEMM."""
+    simulate_on_cpu(monkeypatch, profile)
+    spy, seen = LaunchSpy(monkeypatch), spy_triton_gemms(monkeypatch)
+    ran = set()
+    for fmt in ("fp8_e4m3", "int8"):
+        args, kwargs = call_of(op, fmt, m=m, k=256)
+        expected = getattr(ops, op)(*args, backend="torch", **kwargs)
+        for backend in (None, "triton", "triton[w8a16]"):
+            seen.clear()
+            chosen, out = check_binding(spy, op, args, kwargs, backend)
+            if chosen is None or chosen.backend != "triton":
+                continue
+            assert [kernel_mma(c) for c in seen] == [dict(chosen.options)["mma"]], (backend, fmt)
+            assert rel_err(out, expected) <= 1e-2  # bf16 output
+            ran.add((chosen.label, dict(chosen.options)["mma"]))
+    assert ran  # Triton ran under every profile listed (min_cc 8.0, or the interpreter)
 
 
 def test_direct_launches_need_a_known_triton_and_a_gpu():

@@ -20,7 +20,6 @@ from test_parity import FMTS, rand, run
 
 pytestmark = pytest.mark.gpu
 
-BACKENDS = ["triton", "cupy"]
 DECODE_NK = [(2112, 7168), (7168, 2048), (24576, 1536), (4096, 7168), (7168, 16384), (32768, 512)]
 DECODE_SHAPES = [(m, n, k) for m in (1, 4, 16, 64) for n, k in DECODE_NK] + [
     (3, 4000, 1000), (17, 200, 576), (64, 129, 7296), (2, 7168, 127)]
@@ -37,7 +36,7 @@ def exact(backend, profile, *args) -> bool:
         return quantcore.explain("scaled_mm", *args, backend=backend).numerics == "exact"
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", registry.compared("scaled_mm"))
 @pytest.mark.parametrize("qdtype", list(FMTS))
 @pytest.mark.parametrize("mnk", DECODE_SHAPES, ids=lambda s: "x".join(map(str, s)))
 def test_decode_shapes(backend, qdtype, mnk):
@@ -53,7 +52,7 @@ def test_decode_shapes(backend, qdtype, mnk):
 
 
 @pytest.mark.parametrize("profile", [None, "sm80"])
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", registry.compared("quant_linear"))
 @pytest.mark.parametrize("qdtype", list(FMTS))
 @pytest.mark.parametrize("block", [(128, 128), (64, 128)])
 @pytest.mark.parametrize("m", [1, 3, 5, 16, 64, 65, 300])
@@ -83,7 +82,7 @@ def test_split_k_is_deterministic(qdtype):
     assert torch.equal(ops.scaled_mm(a, a_s, b, b_s, out_dtype=torch.float32, backend="triton"), first)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", registry.compared("quant_linear"))
 def test_cuda_graph_replays_the_quantized_linear(backend):
     w, w_s = ops.weight_quant(rand((4096, 7168), seed=7))
     x = rand((1, 7168), seed=8)

@@ -13,8 +13,13 @@ dispatcher passes to the launch: what `explain()` names is what runs.
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 
-from ..base import Constraints, Impl, Query
+from ...specs.gemm_query import GemmConstraints
+from ..base import Constraints, Impl
+
+if TYPE_CHECKING:
+    from ...registry.query import Query
 
 _MEMORY_BOUND = ("act_quant", "act_dequant", "weight_quant", "weight_dequant", "quantized_gelu")
 _BASE = dict(min_cc=(7, 5), requires=("cupy",))
@@ -44,11 +49,11 @@ IMPLS = (
          Constraints(**_BASE, formats=("bfloat16", "float16", "float32", "int32"))),
     # quant_linear: the GEMM quantizing x itself (M <= 64), or act_quant then scaled_mm; the same variants.
     *(impl for op in ("scaled_mm", "quant_linear") for impl in (
-        _NativeGemm(op, "cupy", f"cupy.launch:{op}", Constraints(**_GEMM, formats=("fp8_e4m3",), fp8_mma=True),
+        _NativeGemm(op, "cupy", f"cupy.launch:{op}", GemmConstraints(**_GEMM, formats=("fp8_e4m3",), fp8_mma=True),
                     options=(("mma", "fp8"),)),
-        _NativeGemm(op, "cupy", f"cupy.launch:{op}", Constraints(**_GEMM, formats=("int8",), int8_mma=True),
+        _NativeGemm(op, "cupy", f"cupy.launch:{op}", GemmConstraints(**_GEMM, formats=("int8",), int8_mma=True),
                     options=(("mma", "int8"),)),
-        Impl(op, "cupy", f"cupy.launch:{op}", Constraints(**_GEMM, max_cc=(8, 9), formats=("fp8_e4m3",)),
+        Impl(op, "cupy", f"cupy.launch:{op}", GemmConstraints(**_GEMM, max_cc=(8, 9), formats=("fp8_e4m3",)),
              variant="w8a16", fallback="FP8 expanded exactly to fp16, fp16 tensor-core MMA with fp32 accumulation",
              options=(("mma", "fp16"),)),
     )),

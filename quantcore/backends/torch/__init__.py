@@ -6,6 +6,7 @@ CuPy backends (fresh `torch.empty` buffers) never join the inputs' autograd grap
 
 from __future__ import annotations
 
+from ...specs.gemm_query import GemmConstraints
 from ..base import REDUCED_FP8_ACCUMULATION, Constraints, Impl
 from .epilogue import dequant_bias, quantized_gelu
 from .gemm import quant_linear, scaled_mm
@@ -21,8 +22,8 @@ IMPLS = (
     # cuBLAS's block-wise FP8 GEMM: torch enables it on sm_90 only, for 128x128 blocks, 16-aligned N, K in
     # groups of four K blocks (torch.cublas).
     Impl("scaled_mm", "torch", "torch.cublas:scaled_mm",
-         Constraints(min_cc=(9, 0), max_cc=(10, 0), formats=("fp8_e4m3",), fp8_mma=True, block_sizes=(128,),
-                     nk_multiple=(16, 512)),
+         GemmConstraints(min_cc=(9, 0), max_cc=(10, 0), formats=("fp8_e4m3",), fp8_mma=True, block_sizes=(128,),
+                         nk_multiple=(16, 512)),
          variant="cublas", numerics=REDUCED_FP8_ACCUMULATION),
 )
 

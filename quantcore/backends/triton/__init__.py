@@ -4,10 +4,13 @@ FP8 tensors reach kernels as uint8 bits and are encoded/decoded with integer ari
 kernel also compiles below sm_89, where Triton refuses the fp8e4nv type; only the GEMM names that
 type, behind a compile-time switch taken when the device has FP8 tensor cores. Without them the
 GEMM decodes FP8 exactly to fp16 and runs fp16 MMA with fp32 accumulation: the `w8a16` variant.
+Each GEMM variant passes its MMA kind to the launch as the `mma` option ("int8", "fp8", "fp16": the
+kinds `configs.py` keys tiles on), so that what the registry chose is what runs, whatever the profile.
 """
 
 from __future__ import annotations
 
+from ...specs.gemm_query import GemmConstraints
 from ..base import REDUCED_FP8_ACCUMULATION, Constraints, Impl
 
 _MEMORY_BOUND = ("act_quant", "act_dequant", "weight_quant", "weight_dequant", "quantized_gelu")
@@ -24,10 +27,12 @@ IMPLS = (
          Constraints(**_BASE, formats=("bfloat16", "float16", "float32", "int32"))),
     # quant_linear runs the GEMM's kernels (its activation quantized in their prologue): the same variants.
     *(impl for op in ("scaled_mm", "quant_linear") for impl in (
-        Impl(op, "triton", f"triton.launch:{op}", Constraints(**_GEMM, formats=("int8",), int8_mma=True)),
-        Impl(op, "triton", f"triton.launch:{op}", Constraints(**_GEMM, formats=("fp8_e4m3",), fp8_mma=True),
-             numerics=REDUCED_FP8_ACCUMULATION),
-        Impl(op, "triton", f"triton.launch:{op}", Constraints(**_GEMM, formats=("fp8_e4m3",), max_cc=(8, 9)),
-             variant="w8a16", fallback="FP8 decoded exactly to fp16, fp16 tensor-core MMA with fp32 accumulation"),
+        Impl(op, "triton", f"triton.launch:{op}", GemmConstraints(**_GEMM, formats=("int8",), int8_mma=True),
+             options=(("mma", "int8"),)),
+        Impl(op, "triton", f"triton.launch:{op}", GemmConstraints(**_GEMM, formats=("fp8_e4m3",), fp8_mma=True),
+             numerics=REDUCED_FP8_ACCUMULATION, options=(("mma", "fp8"),)),
+        Impl(op, "triton", f"triton.launch:{op}", GemmConstraints(**_GEMM, formats=("fp8_e4m3",), max_cc=(8, 9)),
+             variant="w8a16", fallback="FP8 decoded exactly to fp16, fp16 tensor-core MMA with fp32 accumulation",
+             options=(("mma", "fp16"),)),
     )),
 )

@@ -22,6 +22,7 @@ except ImportError:  # older Triton: pointer loads only
     TensorDescriptor = None
 
 from ... import capability
+from ...errors import InvalidInputError
 from .. import splitk
 from ..base import prepared
 from . import configs
@@ -35,6 +36,7 @@ from .kernels.quant import block_dequant_kernel, block_quant_kernel
 _KIND = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.int32: "int32",
          torch.float8_e4m3fn: "fp8", torch.int8: "int8"}
 _GROUP_M = 8  # row tiles per L2 group in the GEMM's program order
+_MMA_KINDS = {"int8": ("int8",), "fp8": ("fp8", "fp16")}  # the GEMM variants' `mma` per operand kind
 
 
 _NATIVE_BIAS = (torch.float32, torch.float16, torch.bfloat16)
@@ -207,20 +209,21 @@ def _gemm_outputs(M, N, device, out_dtype, out_quant, out_group):
 
 @prepared
 def scaled_mm(a, a_scale, b, b_scale, *, block_n, block_k, bias, activation, out_dtype, out_quant,
-              out_group, ue8m0_out, eps, profile):
+              out_group, ue8m0_out, eps, profile, mma):
     """Block-scaled GEMM a @ b^T with a fused epilogue.
 
     a [M, K] and b [N, K] fp8_e4m3fn or int8 (same), a_scale [M, ceil(K/Bk)] fp32 and
     b_scale [ceil(N/Bn), ceil(K/Bk)] fp32 (any strides), bias [N] bf16/fp16/fp32 or None, activation
     None/"gelu"/"gelu_tanh"/"silu". Returns out [M, N] out_dtype (bf16/fp16/fp32) when out_quant is
     None, else (q [M, N] out_quant, scale [M, ceil(N/out_group)] fp32) re-quantized per 1×out_group.
-    FP8 runs on FP8 tensor cores when `profile.fp8_mma`, else decoded to fp16 (exact).
+    `mma` is the variant the registry chose: "int8", "fp8" (FP8 tensor cores) or "fp16" (FP8 decoded
+    exactly to fp16); the profile never overrides it.
     block_k must be a power of two >= 16 (it is the K tile); out_group a power of two.
     """
     M, N = a.shape[0], b.shape[0]
     outputs = _gemm_outputs(M, N, a.device, out_dtype, out_quant, out_group)
     gemm = _gemm(a, a_scale, b, b_scale, bias, *outputs(), block_n=block_n, block_k=block_k, activation=activation,
-                 out_group=out_group, ue8m0_out=ue8m0_out, eps=eps, profile=profile)
+                 out_group=out_group, ue8m0_out=ue8m0_out, eps=eps, profile=profile, mma=mma)
 
     def run(a, a_scale, b, b_scale, bias=None):
         out, out_scale = outputs()
@@ -230,18 +233,19 @@ def scaled_mm(a, a_scale, b, b_scale, *, block_n, block_k, bias, activation, out
 
 
 @prepared
-def quant_linear(x, w, w_scale, *, block_n, block_k, bias, activation, out_dtype, ue8m0, eps, profile):
+def quant_linear(x, w, w_scale, *, block_n, block_k, bias, activation, out_dtype, ue8m0, eps, profile, mma):
     """act_quant(x) per 1×block_k group into w's format, then scaled_mm with w: in one launch for the
     few rows of decode (M <= `configs.fused_m_max`: the GEMM's prologue quantizes, bit for bit the two
     ops), else as the two ops above.
 
     x [M, K] bf16/fp16/fp32, w [N, K] fp8_e4m3fn/int8, w_scale [ceil(N/Bn), ceil(K/Bk)] fp32, bias [N]
-    or None -> out [M, N] out_dtype. `ue8m0` and `eps` are the activation quantization's.
+    or None -> out [M, N] out_dtype. `ue8m0` and `eps` are the activation quantization's; `mma` as
+    scaled_mm's.
     """
     (M, K), device = x.shape, x.device
     outputs = _gemm_outputs(M, w.shape[0], device, out_dtype, None, block_k)
     options = dict(block_n=block_n, block_k=block_k, activation=activation, out_group=block_k, ue8m0_out=False,
-                   eps=eps, profile=profile)
+                   eps=eps, profile=profile, mma=mma)
     if M <= configs.fused_m_max(profile):
         gemm = _gemm(x, None, w, w_scale, bias, *outputs(), a_ue8m0=ue8m0, **options)
 
@@ -263,7 +267,7 @@ def quant_linear(x, w, w_scale, *, block_n, block_k, bias, activation, out_dtype
 
 
 def _gemm(a, a_scale, b, b_scale, bias, out, out_scale, *, block_n, block_k, activation, out_group, ue8m0_out, eps,
-          profile, a_ue8m0=False):
+          profile, mma, a_ue8m0=False):
     """A function (a, a_scale, b, b_scale, bias, out, out_scale) running the GEMM for operands laid out as
     these: the decode kernel for M <= the profile's decode bound, else the tiled one. `a` is quantized
     (with a_scale), or a float activation that the decode kernel quantizes itself (a_scale None; a_ue8m0
@@ -273,11 +277,12 @@ def _gemm(a, a_scale, b, b_scale, bias, out, out_scale, *, block_n, block_k, act
     if out.numel() == 0:
         return _nothing
     qfmt = _KIND[b.dtype]
-    use_fp8_mma = qfmt == "fp8" and bool(profile.fp8_mma)
-    mma = "fp8" if use_fp8_mma else ("int8" if qfmt == "int8" else "fp16")
+    if mma not in _MMA_KINDS[qfmt]:
+        raise InvalidInputError(f"triton {qfmt} GEMM: mma={mma!r} cannot multiply {qfmt} operands; expected one of "
+                                f"{_MMA_KINDS[qfmt]} (the Impl's `mma` option)")
     quantized_out = out_scale is not None
     constants = dict(
-        QFMT=qfmt, USE_FP8_MMA=use_fp8_mma, SCALE_BN=block_n,
+        QFMT=qfmt, USE_FP8_MMA=mma == "fp8", SCALE_BN=block_n,
         BIAS=_bias_kind(bias), ACTIVATION=activation or "none",
         OUT=_KIND[out.dtype], OUT_GROUP=out_group if quantized_out else 1, UE8M0_OUT=bool(ue8m0_out),
         HW_FP8=_hw_fp8(profile), BLOCK_K=block_k)

@@ -1,0 +1,29 @@
+"""(op, backend) -> implementation, chosen by data.
+
+- `query`: what selection looks at (`Query`, built by each op's spec).
+- `table`: every implementation (registered, built-in, and out-of-tree ones found through the
+  `quantcore.backends` entry points, `plugins`) and the cached walk that picks one.
+- `priorities`: the order automatic selection tries backends in (default per device kind, measured
+  tables, environment, context, per call); the reference ends every list, so it never dead-ends.
+- `selection`: a call's `backend=` resolved to one implementation, warned about once when its numerics
+  depart from the contract; `clear_caches()` and `reset()`.
+- `explain`: why, for each implementation.
+
+An explicit `backend="triton"` runs that backend or raises `UnsupportedError` with its reasons. What
+`select` returns is what runs: the dispatcher launches it with its fixed `options` (its variant).
+"""
+
+from .explain import Candidate, Explanation, explain_query
+from .plugins import Plugin
+from .priorities import DEFAULT_PRIORITY, PRIORITY_ENV, current_priority, priority, priority_state
+from .query import Query, m_bucket
+from .selection import BackendChoice, NumericsWarning, clear_caches, reset, select
+from .table import (REFERENCE, broken_plugins, compared, epoch, impls, plugin_status, reference, register,
+                    unregister)
+
+__all__ = [
+    "Candidate", "Explanation", "explain_query", "Plugin", "DEFAULT_PRIORITY", "PRIORITY_ENV", "current_priority",
+    "priority", "priority_state", "Query", "m_bucket", "BackendChoice", "NumericsWarning", "clear_caches", "reset",
+    "select", "REFERENCE", "broken_plugins", "compared", "epoch", "impls", "plugin_status", "reference", "register",
+    "unregister",
+]

@@ -1,0 +1,81 @@
+"""Which backends automatic selection tries, in which order.
+
+Priority is a list of backend names: the default per device kind below, refined on a real GPU by its
+measured table, replaced by the environment (`QUANTCORE_PRIORITY=cupy,triton`), by a context
+(`with priority("cupy"):`) or per call (`backend=("cupy", "triton")`). The reference is appended to
+any list that does not place it, so automatic selection never dead-ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from typing import Iterator, Sequence
+
+from .. import capability, measured
+from ..errors import InvalidInputError
+from . import table
+from .query import Query
+
+PRIORITY_ENV = "QUANTCORE_PRIORITY"
+DEFAULT_PRIORITY: dict[str, tuple[str, ...]] = {
+    "cuda": ("triton", "cupy", "torch"),
+    "cpu": ("torch", "triton"),
+}
+
+# A context variable, not a thread-local: each thread and each asyncio task sees its own `priority` blocks.
+_priority: contextvars.ContextVar[tuple[str, ...] | None] = contextvars.ContextVar("quantcore_priority", default=None)
+
+
+@contextlib.contextmanager
+def priority(*backends: str) -> Iterator[None]:
+    """Within the block, automatic selection tries `backends` in this order (reference last)."""
+    check_names(backends, "priority")
+    token = _priority.set(tuple(backends))
+    try:
+        yield
+    finally:
+        _priority.reset(token)
+
+
+def check_names(names: Sequence, argument: str = "backend") -> None:
+    """Every entry names a known backend ("triton") or one of its variants ("torch[cublas]")."""
+    not_str = [n for n in names if not isinstance(n, str)]
+    known = table.backend_names()
+    if not_str:
+        raise InvalidInputError(f"{argument}: backend names must be str, got {not_str!r}; "
+                                f"expected names among {sorted(known)}")
+    bad = [n for n in names if n.partition("[")[0] not in known]
+    if bad:
+        raise InvalidInputError(f"{argument}: unknown {bad}; expected names among {sorted(known)}")
+
+
+def priority_state() -> tuple:
+    """What `current_priority` reads besides the query (context and environment): part of the key
+    under which `quantcore.dispatch` keeps validated plans."""
+    return _priority.get(), capability.environment(PRIORITY_ENV)
+
+
+def current_priority(query: Query) -> tuple[str, ...]:
+    """The priority in force for a call: context, then environment, then the measured table of this
+    GPU model (not while simulating another; not for calls the bench does not time, such as fused GEMM
+    epilogues: an implementation fastest at a plain GEMM may run the epilogue as extra passes), then
+    the default for the device kind."""
+    context, env = priority_state()
+    if context:
+        order = context
+    elif env:
+        order = tuple(n.strip() for n in env.split(",") if n.strip())
+        check_names(order)
+    else:
+        p = query.profile
+        found = None if p.kind != "cuda" or p.simulated_from or not query.timed else measured.lookup(
+            p.name, query.op, query.fmt, query.m_bucket)
+        default = DEFAULT_PRIORITY.get(p.kind, (table.REFERENCE,))
+        order = (*found, *[n for n in default if n not in found]) if found else default
+    return with_reference(order)
+
+
+def with_reference(order: tuple[str, ...]) -> tuple[str, ...]:
+    """The reference ends every priority list unless the list already places it."""
+    return order if table.REFERENCE in order else (*order, table.REFERENCE)
