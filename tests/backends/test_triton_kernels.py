@@ -565,12 +565,13 @@ def test_op_against_the_oracle(op, data):
 def test_decode_configs_split_k_evenly_and_fit_shared_memory():
     for profile in (SM90, SM80, SIMULATED["sm86"], SIMULATED["sm75"]):
         for M, N, K in [(1, 2112, 7168), (64, 7168, 2048), (16, 32768, 512), (4, 7168, 16384), (1, 33, 1)]:
-            for min_block_n in (1, 256):
-                cfg = configs.decode_config(profile, M, N, K, mma="fp8", block_k=128, min_block_n=min_block_n)
+            for min_block_n, mma in ((1, "fp8"), (256, "fp8"), (1, "fp16"), (256, "fp16")):
+                cfg = configs.decode_config(profile, M, N, K, mma=mma, block_k=128, min_block_n=min_block_n)
                 kbs = -(-K // 128)
                 assert cfg.block_m >= max(M, 16) and cfg.block_n >= min_block_n
                 assert (cfg.split_k - 1) * cfg.kb_per_split < kbs <= cfg.split_k * cfg.kb_per_split
                 assert cfg.num_stages * (cfg.block_n + 4 * cfg.block_m) * 128 <= profile.smem_per_block
+                assert cfg.smem_bytes(128, mma) <= profile.smem_per_block or cfg.num_stages == 1
 
 def test_gemm_candidates_fit_shared_memory_and_requant_groups():
     for profile in (SM90, SM80, SIMULATED["sm86"], SIMULATED["sm89"]):
@@ -578,10 +579,10 @@ def test_gemm_candidates_fit_shared_memory_and_requant_groups():
             for mma in ("fp8", "int8", "fp16"):
                 cands = configs.gemm_candidates(profile, M, 7168, 2048, mma=mma, block_k=128, min_block_n=128)
                 assert cands and all(c.block_n >= 128 for c in cands)
-                assert all(c.smem_bytes(128) <= profile.smem_per_block for c in cands)
+                assert all(c.smem_bytes(128, mma) <= profile.smem_per_block for c in cands)
     tiny = SIMULATED["sm75"].model_copy(update={"smem_per_block": 20 * 1024})
     (only,) = configs.gemm_candidates(tiny, 4096, 4096, 4096, mma="int8", block_k=128, min_block_n=1)
-    assert only.smem_bytes(128) <= 20 * 1024
+    assert only.smem_bytes(128, "int8") <= 20 * 1024
 
 
 def test_autotune_picks_the_fastest_candidate_once(monkeypatch):
