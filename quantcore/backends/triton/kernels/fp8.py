@@ -91,23 +91,35 @@ def fp8e4m3_decode_f16(bits):
 
     fp16 rather than bf16 because the interpreter's `tl.dot` multiplies bf16 tensors as raw
     integers, and fp16 MMA is as fast as bf16 MMA on every GPU that lacks FP8 MMA. Compiled kernels
-    decode four codes per 32-bit register (`_PACKED_F16`), the interpreter one code per lane; both
-    give the same value for every code (NaN codes give an fp16 NaN).
+    decode four codes per 32-bit register, the interpreter one code per lane: the same value for
+    every code (an fp16 NaN for a NaN code).
     """
     if PACKED_DECODE:
-        # Declared impure so that Triton does not move the GEMMs' conversions to MMA operand layout
-        # above it (it moves them over pure element-wise code, back to the shared-memory load): the
-        # tile is then decoded once, in the layout it was loaded in, and staged as fp16 in shared
-        # memory, instead of once per MMA fragment by every warp that reads it (2-4 times on sm_80
-        # tiles). Checked in the TTGIR of Triton 3.6 for sm_80 and sm_90.
-        return tl.inline_asm_elementwise(_PACKED_F16, "=r,=r,r", [bits], dtype=tl.float16, is_pure=False, pack=4)
+        return fp8e4m3_decode_f16_packed(bits)
     else:
-        b = bits.to(tl.int16)
-        mag = b & 0x7F
-        # Placing the 7 magnitude bits in fp16's exponent/mantissa field gives the value times 2**-8
-        # (exponent biases 7 vs 15) for normals and subnormals alike; 0x7E00 is an fp16 NaN.
-        h = tl.where(mag == 0x7F, 0x7E00, mag << 7) | ((b & 0x80) << 8)
-        return h.to(tl.float16, bitcast=True) * 256.0
+        return fp8e4m3_decode_f16_lanes(bits)
+
+
+@triton.jit
+def fp8e4m3_decode_f16_packed(bits):
+    """`fp8e4m3_decode_f16` in the packed PTX `_PACKED_F16` (compiled kernels only)."""
+    # Declared impure so that Triton does not move the GEMMs' conversions to MMA operand layout
+    # above it (it moves them over pure element-wise code, back to the shared-memory load): the
+    # tile is then decoded once, in the layout it was loaded in, and staged as fp16 in shared
+    # memory, instead of once per MMA fragment by every warp that reads it (2-4 times on sm_80
+    # tiles). Checked in the TTGIR of Triton 3.6 for sm_80 and sm_90.
+    return tl.inline_asm_elementwise(_PACKED_F16, "=r,=r,r", [bits], dtype=tl.float16, is_pure=False, pack=4)
+
+
+@triton.jit
+def fp8e4m3_decode_f16_lanes(bits):
+    """`fp8e4m3_decode_f16` in integer arithmetic, one code per lane (any GPU and the interpreter)."""
+    b = bits.to(tl.int16)
+    mag = b & 0x7F
+    # Placing the 7 magnitude bits in fp16's exponent/mantissa field gives the value times 2**-8
+    # (exponent biases 7 vs 15) for normals and subnormals alike; 0x7E00 is an fp16 NaN.
+    h = tl.where(mag == 0x7F, 0x7E00, mag << 7) | ((b & 0x80) << 8)
+    return h.to(tl.float16, bitcast=True) * 256.0
 
 
 @triton.jit
