@@ -109,3 +109,15 @@ def test_scaled_mm_under_sm80_is_bit_identical_to_the_integer_decode(tmp_path):
             assert new.dtype == old.dtype and not new.isnan().any(), (op, shape)
             assert torch.equal(new.view(torch.int16 if new.element_size() == 2 else torch.int32),
                                old.view(torch.int16 if old.element_size() == 2 else torch.int32)), (op, shape, kwargs)
+
+
+def test_bench_times_the_fallback_rows_beside_the_baselines():
+    import importlib
+
+    bench_run = importlib.import_module("quantcore.bench.run")  # the module, not the function of that name
+    records = bench_run._gemm_records("fp8_e4m3", torch.float8_e4m3fn, 128, 2112, 7168, True, ("sm80", "sm75"))
+    rows = {r.impl: r for r in records}
+    assert rows["cublas-bf16"].us > 0 and rows["triton"].us > 0  # this GPU's own rows are still there
+    assert rows["triton@sm80"].note == "ran triton[w8a16]" and rows["triton@sm80"].us > 0
+    assert rows["cupy@sm75"].note == "ran cupy[w8a16]" and rows["cupy@sm75"].us > 0
+    assert rows["triton@sm75"].us is None and "cannot run" in rows["triton@sm75"].note  # Triton needs sm_80+
