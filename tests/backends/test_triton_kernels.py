@@ -428,6 +428,33 @@ def test_scaled_mm_shapes_and_paths(gen, monkeypatch, kernel, profile, qdtype, M
     assert rel_err(got, ref.scaled_mm(aq, a_s, bq, b_s, **kw)) <= TOL[qdtype]
 
 
+@pytest.mark.parametrize("M,N,K", [(70, 200, 300), (5, 33, 129)])
+def test_predecoded_w8a16_gemm_is_bit_identical_to_decoding_in_the_kernel(gen, monkeypatch, M, N, K):
+    """From configs.predecode's rows the tiled W8A16 GEMM reads a and b decoded to fp16 once per call
+    (row strides K, whatever the inputs' strides): the same products summed in the same order."""
+    _tiled_only(monkeypatch)
+    aq, a_s, bq, b_s = _gemm_inputs(gen, M, N, K, FP8, 128, 128)
+    aq = strided(aq.view(torch.uint8)).view(FP8)
+    aq.view(torch.uint8)[0, K // 2] = 0x7F  # a NaN code: row 0 is NaN either way
+    kw = _gemm_kw()
+    in_kernel = launch.scaled_mm(aq, a_s, bq, b_s, profile=SM80, **kw)
+    kinds, tiles = [], configs.gemm_config
+    monkeypatch.setattr(configs, "gemm_config", lambda *a, **kw: kinds.append(kw["mma"]) or tiles(*a, **kw))
+    monkeypatch.setattr(configs, "predecode", lambda profile, M, N, K: True)
+    got = launch.scaled_mm(aq, a_s, bq, b_s, profile=SM80, **kw)
+    assert kinds == ["fp16_predecoded"] and bool(got[0].isnan().all())
+    assert_bits_equal(got, in_kernel)
+
+
+def test_predecode_from_its_rows_within_its_bytes():
+    rule = configs._table("default")["predecode"]
+    m, limit = rule["m_min"], rule["max_bytes"]
+    assert configs.predecode(SM80, m, 4096, 7168) and not configs.predecode(SM80, m - 1, 4096, 7168)
+    k = limit // (2 * (m + 4096))
+    assert configs.predecode(SM80, m, 4096, k) and not configs.predecode(SM80, m, 4096, k + 1)
+    assert not configs.predecode(SM90, 2 * m, 4096, 7168)  # GPUs with FP8 MMA have no such rule
+
+
 @pytest.mark.parametrize("qdtype", QDTYPES)
 @pytest.mark.parametrize("k_step", [1, 2])
 @pytest.mark.parametrize("tma", [False, True])
