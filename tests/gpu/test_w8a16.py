@@ -1,7 +1,7 @@
 """The W8A16 GEMM (FP8 decoded to fp16 where the GPU has no FP8 MMA) on the GPU: the packed PTX decode
 against the integer decode for every code, and scaled_mm / quant_linear under simulate("sm80") bit for
-bit what the kernels computed before the packed decode (integer decode per MMA fragment, 128x64 tiles),
-run in a process of their own since the decode route is fixed per process (kernels/fp8.py).
+bit what the kernels computed before the packed decode (integer decode per MMA fragment, 128x64 tiles, no
+predecode), run in a process of their own since the decode route is fixed per process (kernels/fp8.py).
 
 Run on a GPU machine: `python3 -m pytest -m gpu tests/gpu/test_w8a16.py`.
 """
@@ -53,8 +53,8 @@ def test_packed_decode_equals_the_integer_decode_for_every_code():
         assert torch.equal(got.view(torch.int16)[~nan], expected.view(torch.int16)[~nan])
 
 
-# M <= 64 runs the decode kernel (M = 4 and 300 also the fused quantize of quant_linear), the rest the
-# tiled kernel; tails in every dimension.
+# M <= 64 runs the decode kernel (quant_linear there quantizes in its prologue), the rest the tiled kernel,
+# M = 4096 on operands predecoded to fp16 (configs.predecode); tails in every dimension.
 SHAPES = [(1, 2112, 7168), (16, 7168, 2048), (4, 129, 576), (128, 4096, 7168), (300, 1000, 1040),
           (65, 200, 7296), (4096, 2112, 7168)]
 
@@ -67,11 +67,12 @@ _BEFORE = textwrap.dedent('''
     from quantcore.backends.triton import configs
     from quantcore.backends.triton.kernels import fp8
 
-    # The kernels before the packed decode: the integer route (decoded per MMA fragment), their tiles.
+    # The kernels before the packed decode: the integer route (decoded per MMA fragment), their tiles,
+    # no predecode; in the table the launches read under simulate("sm80").
     fp8.PACKED_DECODE = tl.constexpr(False)
-    rule = configs._table("default")["gemm"][0]
-    assert rule["mma"] == "fp16"
-    rule["configs"] = [[128, 64, 8, 3], [64, 128, 8, 3], [64, 64, 4, 3]]
+    table = configs._table(configs._arch(quantcore.capability.simulated_profile("sm80")))
+    next(r for r in table["gemm"] if r["mma"] == "fp16")["configs"] = [[128, 64, 8, 3], [64, 128, 8, 3], [64, 64, 4, 3]]
+    table["predecode"] = None
     cases = torch.load(sys.argv[1])
     with quantcore.simulate("sm80"):
         out = [getattr(ops, op)(*args, backend="triton", **kwargs) for op, args, kwargs in cases]
