@@ -53,7 +53,7 @@ def test_packed_decode_equals_the_integer_decode_for_every_code():
         assert torch.equal(got.view(torch.int16)[~nan], expected.view(torch.int16)[~nan])
 
 
-# M <= 64 runs the decode kernel (quant_linear there quantizes in its prologue), the rest the tiled kernel,
+# M <= 64 runs the decode kernel (quant_linear at M <= 4 quantizes in its prologue), the rest the tiled kernel,
 # M = 4096 on operands predecoded to fp16 (configs.predecode); tails in every dimension.
 SHAPES = [(1, 2112, 7168), (16, 7168, 2048), (4, 129, 576), (128, 4096, 7168), (300, 1000, 1040),
           (65, 200, 7296), (4096, 2112, 7168)]
