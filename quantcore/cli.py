@@ -30,6 +30,9 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--no-progress", action="store_true", help="plain log lines instead of a progress bar")
     bench.add_argument("--write-priority", action="store_true",
                        help="write this GPU's measured priority table into the package's data folder")
+    bench.add_argument("--simulate", metavar="PROFILES", type=_gpu_profiles, default=(),
+                       help="also time the GEMMs as these older (or newer) GPUs, comma-separated, e.g. sm80,sm75: "
+                            f"their fallback paths beside this GPU's baselines ({', '.join(capability.SIMULATED)})")
     e2e = bench.add_argument_group("end-to-end decode (--e2e)")
     e2e.add_argument("--e2e", action="store_true",
                      help="instead of the ops: decode tokens/s of a transformer in bf16, FP8 and INT8, eager and "
@@ -39,6 +42,19 @@ def _parser() -> argparse.ArgumentParser:
     e2e.add_argument("--e2e-batch", type=_positive, nargs="+", metavar="B", help="batch sizes (default 1 8)")
     e2e.add_argument("--e2e-tokens", type=_positive, metavar="N", help="timed decode steps per configuration (default 128)")
     return parser
+
+
+def _gpu_profiles(text: str) -> tuple[str, ...]:
+    """`bench --simulate`: comma-separated GPU profiles, as `quantcore.simulate` names them."""
+    names = tuple(name.strip() for name in text.split(",") if name.strip())
+    try:
+        kinds = {capability.simulated_profile(name).kind for name in names}
+    except InvalidInputError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    if kinds != {"cuda"}:
+        raise argparse.ArgumentTypeError(f"expected GPU profiles, comma-separated ({', '.join(capability.SIMULATED)}), "
+                                         f"got {text!r}")
+    return names
 
 
 def _positive(text: str) -> int:
@@ -87,7 +103,7 @@ def _bench(args: argparse.Namespace, argv: list[str] | None) -> int:
         else:
             result = run(quick=args.quick, only=tuple(args.ops), progress=not args.no_progress, command=command,
                          checkpoint=save if args.json else None, resume=load(args.resume) if args.resume else None,
-                         with_baselines=not args.ours_only)
+                         with_baselines=not args.ours_only, simulate=args.simulate)
     except (UnsupportedError, InvalidInputError, OSError) as err:
         print(f"quantcore: {err}", file=sys.stderr)
         return 2
@@ -117,7 +133,8 @@ def _e2e(args: argparse.Namespace, command: str, save) -> int:
 
     unused = [flag for flag, value in (("--quick", args.quick), ("--ops", args.ops), ("--resume", args.resume),
                                        ("--ours-only", args.ours_only), ("--plot", args.plot),
-                                       ("--write-priority", args.write_priority)) if value]
+                                       ("--write-priority", args.write_priority), ("--simulate", args.simulate))
+              if value]
     if unused:
         print(f"quantcore: {', '.join(unused)}: options of the op bench, not of an end-to-end run", file=sys.stderr)
         return 2

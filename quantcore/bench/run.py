@@ -151,14 +151,31 @@ def _memory_cases(plan: dict) -> list[tuple[str, str, list[int], Callable[[], tu
     return cases
 
 
-def _gemm_records(fmt: str, qdtype, m: int, n: int, k: int, with_baselines: bool) -> list[Record]:
+def _simulated_records(args: tuple, rec: dict, flops: float, ceiling: float | None,
+                       simulate: tuple[str, ...]) -> list[Record]:
+    """quantcore's GEMM backends under each simulated profile: the paths of GPUs without FP8 (or INT8)
+    tensor cores, timed on this one. Rows are named "<backend>@<profile>" (outside what measured
+    priorities rank) and note the implementation that ran."""
+    records = []
+    for profile in simulate:
+        with capability.simulate(profile):
+            for name, (fn, note) in _contenders("scaled_mm", args, {}, False).items():
+                ran = "" if fn is None else f"ran {ops.explain('scaled_mm', *args, backend=name).selected}"
+                records.append(_timed({**rec, "impl": f"{name}@{profile}", "note": note or ran}, fn, flops, "TFLOP/s",
+                                      ceiling))
+    return records
+
+
+def _gemm_records(fmt: str, qdtype, m: int, n: int, k: int, with_baselines: bool,
+                  simulate: tuple[str, ...] = ()) -> list[Record]:
     a, a_s = ops.act_quant(_rand(m, k), dtype=qdtype)
     b, b_s = ops.weight_quant(_rand(n, k), dtype=qdtype)
     flops = baselines.gemm_flops(m, n, k)
     rec = dict(op="scaled_mm", fmt=fmt, shape=[m, n, k])
     if not with_baselines:
         return [_timed({**rec, "impl": name, "note": note}, fn, flops, "TFLOP/s", None)
-                for name, (fn, note) in _contenders("scaled_mm", (a, a_s, b, b_s), {}, False).items()]
+                for name, (fn, note) in _contenders("scaled_mm", (a, a_s, b, b_s), {}, False).items()
+                ] + _simulated_records((a, a_s, b, b_s), rec, flops, None, simulate)
     if fmt == "fp8_e4m3":
         vendor, vendor_note = _try(lambda: baselines.cublas_blockwise_fp8(a, a_s, b, b_s))
         dense, _ = _try(lambda: baselines.cublas_tensorwise_fp8(a, b))
@@ -180,6 +197,7 @@ def _gemm_records(fmt: str, qdtype, m: int, n: int, k: int, with_baselines: bool
         if name == "torch" and flops > REFERENCE_GEMM_FLOPS:
             fn, note = None, f"skipped: the reference computes in float64 ({flops:.1e} FLOP)"
         records.append(_timed({**rec, "impl": name, "note": note}, fn, flops, "TFLOP/s", ceiling))
+    records += _simulated_records((a, a_s, b, b_s), rec, flops, ceiling, simulate)
     vendor_us = records[0].us
     for r in records:
         if vendor_us and r.us:
@@ -211,14 +229,15 @@ def _dispatch_overhead(device: str = "cuda") -> dict[str, float]:
 
 def run(*, quick: bool = False, only: tuple[str, ...] = (), progress: bool = True,
         command: str = "quantcore bench", checkpoint: Callable[[BenchResult], None] | None = None,
-        resume: BenchResult | None = None, with_baselines: bool = True) -> BenchResult:
+        resume: BenchResult | None = None, with_baselines: bool = True, simulate: tuple[str, ...] = ()) -> BenchResult:
     """Measure every op × backend × format on the current GPU beside the baselines.
 
     `checkpoint`, if given, receives the partial result after every case (a long run cut short
     still leaves its measurements); `resume`, such a partial result of the same GPU model, is
     continued: its ceilings are kept and the cases it holds are not measured again.
     `with_baselines=False` times quantcore's implementations only: what measured priorities need,
-    without torch.compile's compilations and the vendor kernels."""
+    without torch.compile's compilations and the vendor kernels. `simulate` ("sm80", "sm75", …) also
+    times the GEMMs under those profiles, beside this GPU's baselines (`_simulated_records`)."""
     if not torch.cuda.is_available():
         raise UnsupportedError("bench: needs a CUDA GPU; run it on a GPU machine")
     device = capability.profile_for("cuda")
@@ -248,7 +267,7 @@ def run(*, quick: bool = False, only: tuple[str, ...] = (), progress: bool = Tru
         if checkpoint:
             checkpoint(result)
     for fmt, qdtype, (m, n, k) in gemms:
-        result.records += _gemm_records(fmt, qdtype, m, n, k, with_baselines)
+        result.records += _gemm_records(fmt, qdtype, m, n, k, with_baselines, simulate)
         bar.step(f"scaled_mm {fmt} {m}x{n}x{k}")
         torch.cuda.empty_cache()
         if checkpoint:

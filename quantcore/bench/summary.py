@@ -129,6 +129,8 @@ def summarize(result: BenchResult) -> str:
                    f"| {_cells(recs, gemm, lambda r: _fmt(r and r.vs_vendor))}{_fmt(dense and dense.rate, '.1f')} "
                    f"| {_cells(recs, gemm, _times)}{_times(vendor)} |")
     out += ["", decode_gemms(result)]
+    if any("@" in r.impl for r in result.records):
+        out += ["", simulated_gemms(result)]
     notes = sorted({f"{r.op} {r.impl}: {r.note}" for r in result.records if r.note and r.us is None})
     if notes:
         out += ["", "not measured:"] + [f"- {n}" for n in notes[:40]]
@@ -152,6 +154,26 @@ def decode_gemms(result: BenchResult) -> str:
         out.append(f"| {fmt} | {'x'.join(map(str, shape))} | {floor_us:.1f} | {ours.impl if ours else '—'} "
                    f"| {_times(ours)} | {_fmt(_ratio(floor_us, us))} | {_times(bf16)} "
                    f"| {_fmt(_ratio(us, bf16 and bf16.us))} | {_fmt(_ratio(eager, bf16 and bf16.eager_us))} |")
+    return "\n".join(out)
+
+
+def simulated_gemms(result: BenchResult) -> str:
+    """GEMMs timed under simulated profiles (`quantcore bench --simulate`, rows "<backend>@<profile>"),
+    each beside this GPU's bf16 GEMM and torch._int_mm of the same shape."""
+    out = ["GEMMs as other GPUs (`--simulate`: their kernels, timed on this GPU); times µs, GPU / eager.", "",
+           "| fmt | M×N×K | as | backend | ran | TFLOP/s | its µs | bf16 GEMM / it | torch._int_mm / it |",
+           "|---|---|---|---|---|---|---|---|---|"]
+    cases = _cases(result)
+    for (op, fmt, shape), recs in cases.items():
+        bf16 = recs.get("cublas-bf16")
+        int_mm = cases.get((op, "int8", shape), {}).get("torch._int_mm")
+        for impl, r in recs.items():
+            if "@" not in impl or r.us is None:
+                continue
+            backend, profile = impl.split("@")
+            out.append(f"| {fmt} | {'x'.join(map(str, shape))} | {profile} | {backend} | {r.note.removeprefix('ran ')} "
+                       f"| {_fmt(r.rate, '.1f')} | {_times(r)} | {_fmt(_ratio(bf16 and bf16.us, r.us))} "
+                       f"| {_fmt(_ratio(int_mm and int_mm.us, r.us))} |")
     return "\n".join(out)
 
 

@@ -17,7 +17,7 @@ except Exception as exc:  # the binding imports, but libnvrtc itself is missing
     pytest.skip(f"NVRTC not loadable: {exc}", allow_module_level=True)
 
 from quantcore import registry  # noqa: E402
-from quantcore.backends.base import Query  # noqa: E402
+from quantcore.specs.gemm_query import GemmQuery  # noqa: E402
 from quantcore.backends.cupy import compiler, launch  # noqa: E402
 from quantcore.capability import simulated_profile  # noqa: E402
 
@@ -52,7 +52,7 @@ DECODE_BM = (16, 32, 64)  # the decode tiles, by rows
 
 def _mma(fmt: str, profile) -> str:
     """The MMA kind of the CuPy GEMM the registry picks for `fmt` on `profile` (its `mma` option)."""
-    query = Query("scaled_mm", profile, fmt, blocks=(128, 128), nk=(4096, 4096), block_k=128)
+    query = GemmQuery("scaled_mm", profile, fmt, blocks=(128, 128), nk=(4096, 4096), block_k=128)
     return dict(registry.select(query, backend="cupy").options)["mma"]
 
 

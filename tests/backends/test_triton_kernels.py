@@ -438,6 +438,33 @@ def test_scaled_mm_shapes_and_paths(gen, monkeypatch, kernel, profile, qdtype, M
     assert rel_err(got, ref.scaled_mm(aq, a_s, bq, b_s, **kw)) <= TOL[qdtype]
 
 
+@pytest.mark.parametrize("M,N,K", [(70, 200, 300), (5, 33, 129)])
+def test_predecoded_w8a16_gemm_is_bit_identical_to_decoding_in_the_kernel(gen, monkeypatch, M, N, K):
+    """From configs.predecode's rows the tiled W8A16 GEMM reads a and b decoded to fp16 once per call
+    (row strides K, whatever the inputs' strides): the same products summed in the same order."""
+    _tiled_only(monkeypatch)
+    aq, a_s, bq, b_s = _gemm_inputs(gen, M, N, K, FP8, 128, 128)
+    aq = strided(aq.view(torch.uint8)).view(FP8)
+    aq.view(torch.uint8)[0, K // 2] = 0x7F  # a NaN code: row 0 is NaN either way
+    kw = _gemm_kw()
+    in_kernel = launch.scaled_mm(aq, a_s, bq, b_s, profile=SM80, **kw)
+    kinds, tiles = [], configs.gemm_config
+    monkeypatch.setattr(configs, "gemm_config", lambda *a, **kw: kinds.append(kw["mma"]) or tiles(*a, **kw))
+    monkeypatch.setattr(configs, "predecode", lambda profile, M, N, K: True)
+    got = launch.scaled_mm(aq, a_s, bq, b_s, profile=SM80, **kw)
+    assert kinds == ["fp16_predecoded"] and bool(got[0].isnan().all())
+    assert_bits_equal(got, in_kernel)
+
+
+def test_predecode_from_its_rows_within_its_bytes():
+    rule = configs._table("default")["predecode"]
+    m, limit = rule["m_min"], rule["max_bytes"]
+    assert configs.predecode(SM80, m, 4096, 7168) and not configs.predecode(SM80, m - 1, 4096, 7168)
+    k = limit // (2 * (m + 4096))
+    assert configs.predecode(SM80, m, 4096, k) and not configs.predecode(SM80, m, 4096, k + 1)
+    assert not configs.predecode(SM90, 2 * m, 4096, 7168)  # GPUs with FP8 MMA have no such rule
+
+
 @pytest.mark.parametrize("qdtype", QDTYPES)
 @pytest.mark.parametrize("k_step", [1, 2])
 @pytest.mark.parametrize("tma", [False, True])
@@ -626,12 +653,13 @@ def test_op_against_the_oracle(op, data):
 def test_decode_configs_split_k_evenly_and_fit_shared_memory():
     for profile in (SM90, SM80, SIMULATED["sm86"], SIMULATED["sm75"]):
         for M, N, K in [(1, 2112, 7168), (64, 7168, 2048), (16, 32768, 512), (4, 7168, 16384), (1, 33, 1)]:
-            for min_block_n in (1, 256):
-                cfg = configs.decode_config(profile, M, N, K, mma="fp8", block_k=128, min_block_n=min_block_n)
+            for min_block_n, mma in ((1, "fp8"), (256, "fp8"), (1, "fp16"), (256, "fp16")):
+                cfg = configs.decode_config(profile, M, N, K, mma=mma, block_k=128, min_block_n=min_block_n)
                 kbs = -(-K // 128)
                 assert cfg.block_m >= max(M, 16) and cfg.block_n >= min_block_n
                 assert (cfg.split_k - 1) * cfg.kb_per_split < kbs <= cfg.split_k * cfg.kb_per_split
                 assert cfg.num_stages * (cfg.block_n + 4 * cfg.block_m) * 128 <= profile.smem_per_block
+                assert cfg.smem_bytes(128, mma) <= profile.smem_per_block or cfg.num_stages == 1
 
 def test_gemm_candidates_fit_shared_memory_and_requant_groups():
     for profile in (SM90, SM80, SIMULATED["sm86"], SIMULATED["sm89"]):
@@ -639,10 +667,10 @@ def test_gemm_candidates_fit_shared_memory_and_requant_groups():
             for mma in ("fp8", "int8", "fp16"):
                 cands = configs.gemm_candidates(profile, M, 7168, 2048, mma=mma, block_k=128, min_block_n=128)
                 assert cands and all(c.block_n >= 128 for c in cands)
-                assert all(c.smem_bytes(128) <= profile.smem_per_block for c in cands)
+                assert all(c.smem_bytes(128, mma) <= profile.smem_per_block for c in cands)
     tiny = SIMULATED["sm75"].model_copy(update={"smem_per_block": 20 * 1024})
     (only,) = configs.gemm_candidates(tiny, 4096, 4096, 4096, mma="int8", block_k=128, min_block_n=1)
-    assert only.smem_bytes(128) <= 20 * 1024
+    assert only.smem_bytes(128, "int8") <= 20 * 1024
 
 
 def test_autotune_picks_the_fastest_candidate_once(monkeypatch):

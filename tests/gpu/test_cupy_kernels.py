@@ -18,7 +18,7 @@ if not torch.cuda.is_available():
 pytest.importorskip("cupy")
 
 from quantcore import capability, registry  # noqa: E402
-from quantcore.backends.base import Query  # noqa: E402
+from quantcore.specs.gemm_query import GemmQuery  # noqa: E402
 from quantcore.backends import torch as ref  # noqa: E402
 from quantcore.backends.cupy import launch  # noqa: E402
 from quantcore.backends.torch.activation import activate  # noqa: E402
@@ -265,7 +265,7 @@ def _cupy_mm(profile):
     profile = _profile(profile) if isinstance(profile, str) else profile
 
     def mm(a, *args, **kwargs):
-        query = Query("scaled_mm", profile, "int8" if a.dtype == I8 else "fp8_e4m3", blocks=(128, 128), block_k=128)
+        query = GemmQuery("scaled_mm", profile, "int8" if a.dtype == I8 else "fp8_e4m3", blocks=(128, 128), block_k=128)
         mma = dict(registry.select(query, backend="cupy").options)["mma"]
         return launch.scaled_mm(a, *args, **kwargs, mma=mma, profile=profile)
     return mm

@@ -75,7 +75,8 @@ def act_dequant(q, scale, *, group_size, out_dtype, profile=None):
     return (qb * scale.unsqueeze(-1)).reshape(M, kb * group_size)[:, :K].to(out_dtype).contiguous()
 
 
-def _weight_blocks(t: torch.Tensor, block_n: int, block_k: int) -> torch.Tensor:
+def weight_blocks(t: torch.Tensor, block_n: int, block_k: int) -> torch.Tensor:
+    """t [N, K] zero-padded to whole blocks as [ceil(N/Bn), Bn, ceil(K/Bk), Bk]."""
     N, K = t.shape
     padded = F.pad(t, (0, -K % block_k, 0, -N % block_n))
     return padded.reshape(math.ceil(N / block_n), block_n, math.ceil(K / block_k), block_k)
@@ -85,7 +86,7 @@ def _weight_blocks(t: torch.Tensor, block_n: int, block_k: int) -> torch.Tensor:
 def weight_quant(w, *, qdtype, block_n, block_k, ue8m0, eps, profile=None):
     """w [N, K] float -> (q [N, K] qdtype, scale [ceil(N/Bn), ceil(K/Bk)] fp32)."""
     N, K = w.shape
-    wb = _weight_blocks(w.float(), block_n, block_k)
+    wb = weight_blocks(w.float(), block_n, block_k)
     scale = block_scale(_amax_blocks(wb, (1, 3)), qdtype, ue8m0, eps)
     q = encode(wb / scale[:, None, :, None], qdtype)
     return q.reshape(q.shape[0] * block_n, -1)[:N, :K].contiguous(), scale
@@ -95,5 +96,5 @@ def weight_quant(w, *, qdtype, block_n, block_k, ue8m0, eps, profile=None):
 def weight_dequant(q, scale, *, block_n, block_k, out_dtype, profile=None):
     """q [N, K], scale [NB, KB] -> fp32(q) * scale cast to out_dtype, [N, K]."""
     N, K = q.shape
-    w = _weight_blocks(q.float(), block_n, block_k) * scale[:, None, :, None]
+    w = weight_blocks(q.float(), block_n, block_k) * scale[:, None, :, None]
     return w.reshape(w.shape[0] * block_n, -1)[:N, :K].to(out_dtype).contiguous()

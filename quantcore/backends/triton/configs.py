@@ -4,7 +4,8 @@
 device, the CPU interpreter included. A file holds:
 
 - `"gemm"`: rules `{"mma", "m_max", "n_max", "k_max", "tma", "configs": [...]}`, tried in order;
-  `mma` ("fp8", "int8", or "fp16" for FP8 decoded to fp16) and the bounds may be null (any). The
+  `mma` ("fp8", "int8", "fp16" for FP8 decoded to fp16 in the kernel, "fp16_predecoded" for FP8
+  decoded to fp16 buffers before it) and the bounds may be null (any). The
   first rule that matches the call's MMA kind and holds M, N and K gives the candidate tiles
   `[BLOCK_M, BLOCK_N, num_warps, num_stages]` or `[..., k_step]` (K blocks multiplied per loop
   iteration, 1 or 2), best first; `"tma": true` loads them through TMA descriptors where the device
@@ -19,6 +20,9 @@ device, the CPU interpreter included. A file holds:
   "n_max", "k_max", "config": [BLOCK_N, num_warps, num_stages], "waves", "min_kb_per_split"}`, the
   first match applies. K is split so that about `waves` programs per SM stream the weight, each
   taking at least `min_kb_per_split` K blocks; stages are cut until the pipeline fits shared memory.
+- `"predecode"`: `{"m_min", "max_bytes"}` or absent: the tiled GEMM on FP8 data without FP8 MMA reads
+  both operands decoded to fp16 once per call from `m_min` rows, where the buffers ((M + N)·K·2
+  bytes) take at most `max_bytes` (`predecode`).
 - `"blocks"`: how much work one program of the memory-bound kernels gets (`elems_per_program`),
   its warps (at most `num_warps`, at least `elems_per_thread` elements each) and how many programs
   per SM to keep at least (`min_waves`).
@@ -53,14 +57,16 @@ class GemmConfig:
     k_step: int = 1
     tma: bool = False
 
-    def smem_bytes(self, block_k: int) -> int:
-        """Shared memory the kernel needs, estimated from the tiles: k_step 8-bit A and B tiles per
-        pipeline stage plus 1 KiB of barriers, or the epilogue's fp32 tile shuffle if larger (it
-        reuses the pipeline's buffers). Checked against Triton 3.6's own count for sm_80/sm_90 on
-        every path (FP8 decoded to fp16 keeps its staging in 8 bits): never below it by more than
-        1 KiB, at most one stage above it."""
-        return max(self.num_stages * self.k_step * (self.block_m + self.block_n) * block_k + 1024,
-                   4 * self.block_m * self.block_n)
+    def smem_bytes(self, block_k: int, mma: str) -> int:
+        """Shared memory the kernel needs, estimated from the tiles: k_step A and B tiles per pipeline
+        stage (8-bit; fp16 when predecoded) plus 1 KiB of barriers (FP8 decoded in the kernel adds its
+        decoded fp16 tiles, see `decoded_bytes`), or the epilogue's fp32 tile shuffle if larger (it
+        reuses the pipeline's buffers). Checked against Triton 3.6's own count for sm_80/sm_90 on every
+        path: never below it by more than 1 KiB, at most one stage (and the 1 KiB) above it."""
+        element = 2 if mma == "fp16_predecoded" else 1
+        staged = self.num_stages * self.k_step * (self.block_m + self.block_n) * block_k * element
+        decoded = decoded_bytes(mma, self.k_step * (self.block_m + self.block_n), block_k)
+        return max(staged + decoded + 1024, 4 * self.block_m * self.block_n)
 
 
 @dataclass(frozen=True)
@@ -74,6 +80,13 @@ class DecodeConfig:
     num_stages: int
     split_k: int
     kb_per_split: int
+
+    def smem_bytes(self, block_k: int, mma: str) -> int:
+        """Shared memory estimate: per stage a weight tile and an activation tile, counted at 4 bytes an
+        element (a float activation quantized in the prologue is staged as it comes), plus FP8's
+        decoded fp16 tiles (`decoded_bytes`) and 1 KiB."""
+        staged = self.num_stages * (self.block_n + 4 * self.block_m) * block_k
+        return staged + decoded_bytes(mma, self.block_n + self.block_m, block_k) + 1024
 
 
 @dataclass(frozen=True)
@@ -89,6 +102,12 @@ class BlockTiling:
     num_warps: int
     grid: tuple[int, int]
     even: bool
+
+
+def decoded_bytes(mma: str, rows: int, block_k: int) -> int:
+    """Shared memory for `rows` rows of one K block decoded from FP8 to fp16 ("fp16" MMA): the kernels
+    decode each tile once and stage it there for the MMA (kernels/fp8.py), beside its 8-bit copy."""
+    return 2 * rows * block_k if mma == "fp16" else 0
 
 
 def _next_pow2(n: int) -> int:
@@ -133,13 +152,22 @@ def gemm_candidates(profile, M: int, N: int, K: int, *, mma: str, block_k: int,
     limit = getattr(profile, "smem_per_block", 0) or 0
     if not limit:
         return tuple(configs)
-    fitting = tuple(c for c in configs if c.smem_bytes(block_k) <= limit)
+    fitting = tuple(c for c in configs if c.smem_bytes(block_k, mma) <= limit)
     if fitting:
         return fitting
-    smallest = min(configs, key=lambda c: c.smem_bytes(block_k))
-    while smallest.num_stages > 1 and smallest.smem_bytes(block_k) > limit:
+    smallest = min(configs, key=lambda c: c.smem_bytes(block_k, mma))
+    while smallest.num_stages > 1 and smallest.smem_bytes(block_k, mma) > limit:
         smallest = replace(smallest, num_stages=smallest.num_stages - 1)
     return (smallest,)
+
+
+def predecode(profile, M: int, N: int, K: int) -> bool:
+    """Whether the tiled GEMM on FP8 data without FP8 MMA reads a and b decoded to fp16 once per call
+    (two buffers, (M + N)·K·2 bytes) instead of decoding each tile in the kernel, which decodes every
+    operand tile again for each output tile that reads it: ceil(N/BLOCK_N) times for a, ceil(M/BLOCK_M)
+    for b. Once M is large the decoding, not the MMA, bounds the in-kernel path."""
+    rule = _table(_arch(profile)).get("predecode")
+    return bool(rule) and M >= rule["m_min"] and (M + N) * K * 2 <= rule["max_bytes"]
 
 
 def decode_m_max(profile) -> int:
@@ -163,16 +191,15 @@ def decode_config(profile, M: int, N: int, K: int, *, mma: str, block_k: int, mi
     block_n, warps, stages = rule["config"]
     block_n = max(block_n, _next_pow2(min_block_n))
     block_m = max(16, _next_pow2(M))
-    # Per stage a weight tile and an activation tile, counted at 4 bytes an element (a float
-    # activation quantized in the prologue is staged as it comes).
-    limit = getattr(profile, "smem_per_block", 0) or 0
-    while limit and stages > 1 and stages * (block_n + 4 * block_m) * block_k + 1024 > limit:
-        stages -= 1
     tiles, kbs = _cdiv(N, block_n), _cdiv(K, block_k)
     wanted = rule["waves"] * (getattr(profile, "sm_count", 0) or 0)
     split = max(1, min(round(wanted / tiles), kbs // rule["min_kb_per_split"]))
     per = _cdiv(kbs, split)
-    return DecodeConfig(block_m, block_n, warps, stages, _cdiv(kbs, per), per)
+    cfg = DecodeConfig(block_m, block_n, warps, stages, _cdiv(kbs, per), per)
+    limit = getattr(profile, "smem_per_block", 0) or 0
+    while limit and cfg.num_stages > 1 and cfg.smem_bytes(block_k, mma) > limit:
+        cfg = replace(cfg, num_stages=cfg.num_stages - 1)
+    return cfg
 
 
 def unsplit(cfg: DecodeConfig) -> DecodeConfig:

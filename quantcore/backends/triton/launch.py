@@ -306,8 +306,12 @@ def _gemm(a, a_scale, b, b_scale, bias, out, out_scale, *, block_n, block_k, act
         return decode
 
     constants.update(GROUP_M=_GROUP_M)
-    scalars = (M, N, K, a.stride(0), b.stride(0), a_scale.stride(0), a_scale.stride(1), b_scale.stride(0),
-               b_scale.stride(1), bias_stride, out.stride(0), out_scale_stride, eps)
+    # FP8 decoded to fp16 once per call (exact), into contiguous buffers the kernel reads as they are.
+    predecoded = mma == "fp16" and configs.predecode(profile, M, N, K)
+    mma = "fp16_predecoded" if predecoded else mma
+    rows = (K, K) if predecoded else (a.stride(0), b.stride(0))
+    scalars = (M, N, K, *rows, a_scale.stride(0), a_scale.stride(1), b_scale.stride(0), b_scale.stride(1),
+               bias_stride, out.stride(0), out_scale_stride, eps)
 
     def tiled(cfg: configs.GemmConfig):
         tma = cfg.tma and _tma_ready(a, b, profile)
@@ -317,6 +321,8 @@ def _gemm(a, a_scale, b, b_scale, bias, out, out_scale, *, block_n, block_k, act
         a_block, b_block = [cfg.block_m, block_k], [cfg.block_n, block_k]
 
         def run(a, a_scale, b, b_scale, bias, out, out_scale):
+            if predecoded:
+                a, b = (t.to(torch.float16, memory_format=torch.contiguous_format) for t in (a, b))
             # Descriptors hold the base addresses: made per call (TMA is only taken for large M).
             a_desc = TensorDescriptor.from_tensor(a, a_block) if tma else None
             b_desc = TensorDescriptor.from_tensor(b, b_block) if tma else None

@@ -44,7 +44,12 @@ def block_dot(a, b, QFMT: tl.constexpr, USE_FP8_MMA: tl.constexpr, TMA: tl.const
             b = b.to(tl.float8e4nv, bitcast=True)
         return tl.dot(a, tl.trans(b))
     else:
-        return tl.dot(fp8e4m3_decode_f16(a), tl.trans(fp8e4m3_decode_f16(b)))
+        # FP8 codes are decoded here, tile by tile; operands the launch decoded once per call arrive as fp16.
+        if a.dtype != tl.float16:
+            a = fp8e4m3_decode_f16(a)
+        if b.dtype != tl.float16:
+            b = fp8e4m3_decode_f16(b)
+        return tl.dot(a, tl.trans(b))
 
 
 @triton.jit
