@@ -447,11 +447,11 @@ def test_predecoded_w8a16_gemm_is_bit_identical_to_decoding_in_the_kernel(gen, m
     aq = strided(aq.view(torch.uint8)).view(FP8)
     aq.view(torch.uint8)[0, K // 2] = 0x7F  # a NaN code: row 0 is NaN either way
     kw = _gemm_kw()
-    in_kernel = launch.scaled_mm(aq, a_s, bq, b_s, profile=SM80, **kw)
+    in_kernel = launch.scaled_mm(aq, a_s, bq, b_s, **_on("sm80", FP8), **kw)
     kinds, tiles = [], configs.gemm_config
     monkeypatch.setattr(configs, "gemm_config", lambda *a, **kw: kinds.append(kw["mma"]) or tiles(*a, **kw))
     monkeypatch.setattr(configs, "predecode", lambda profile, M, N, K: True)
-    got = launch.scaled_mm(aq, a_s, bq, b_s, profile=SM80, **kw)
+    got = launch.scaled_mm(aq, a_s, bq, b_s, **_on("sm80", FP8), **kw)
     assert kinds == ["fp16_predecoded"] and bool(got[0].isnan().all())
     assert_bits_equal(got, in_kernel)
 
