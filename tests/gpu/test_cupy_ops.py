@@ -69,8 +69,9 @@ CASES = {
                                 rand((1000,), torch.float32, s + 2).abs(), rand((1000,), seed=s + 3)),
                      dict(out_dtype=torch.float32), _equal),
     # M = 1 on 2112 x 7168: split K; a bf16 bias, converted per call.
-    "scaled_mm": (lambda s: (*_gemm_operands(1, 2112, 7168, FP8, s), rand((2112,), seed=s + 2)),
-                  dict(activation="silu", out_dtype=torch.float32), _gemm_close("fp8_e4m3", torch.float32)),
+    "scaled_mm": (lambda s: _gemm_operands(1, 2112, 7168, FP8, s),
+                  dict(bias=rand((2112,), seed=2), activation="silu", out_dtype=torch.float32),
+                  _gemm_close("fp8_e4m3", torch.float32)),
     "quant_linear": (lambda s: (rand((1, 7168), seed=s), *ops.weight_quant(rand((2112, 7168), seed=s + 1), dtype=I8,
                                                                               backend="torch")),
                      dict(out_dtype=torch.bfloat16), _gemm_close("int8", torch.bfloat16)),

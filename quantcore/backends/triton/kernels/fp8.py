@@ -78,11 +78,14 @@ def fp8e4m3_encode_as(v, HW: tl.constexpr):
 
 @triton.jit
 def fp8e4m3_decode_f32(bits, HW: tl.constexpr):
-    """e4m3fn bits -> fp32, exactly: the conversion instruction when HW (sm_89+), else the fp16 route."""
+    """e4m3fn bits -> fp32, exactly: the conversion instruction when HW (sm_89+), else the fp16 route
+    one code per lane. The packed route needs 4 codes per thread, which the memory-bound kernels'
+    small tiles do not always give (Triton refuses to compile it then: a 5×1 act_dequant on the H100
+    under simulate("sm80")), and these kernels are bound by memory, not by the decode."""
     if HW:
         return bits.to(tl.float8e4nv, bitcast=True).to(tl.float32)
     else:
-        return fp8e4m3_decode_f16(bits).to(tl.float32)
+        return fp8e4m3_decode_f16_lanes(bits).to(tl.float32)
 
 
 @triton.jit
