@@ -8,7 +8,6 @@ from __future__ import annotations
 import math
 
 import pytest
-import torch
 
 nvrtc = pytest.importorskip("cupy_backends.cuda.libs.nvrtc")
 try:
@@ -60,17 +59,16 @@ def _gemm_names(arch: int) -> tuple[str, ...]:
     """What the launcher instantiates on this architecture: every tile (the decode tiles with
     BN = 64, and BN = 128 for 128-wide re-quantize groups; the large tile) at the profile's stage
     count, FP8 and INT8 as the registry binds them, with the cp.async loader, and the byte loader for
-    one decode and the large tile; and quant_linear's decode tiles that quantize a bf16 or fp32 x."""
+    one decode and the large tile."""
     profile = simulated_profile(f"sm{arch}")
     names = []
     for fmt in ("fp8_e4m3", "int8"):
         kind = _mma(fmt, profile)
-        for m, group, aligned, x in (*((m, g, True, None) for m in (*DECODE_BM, 4096) for g in (None, 128)),
-                                     (1, None, False, None), (4096, None, False, None),
-                                     (1, None, True, torch.bfloat16), (64, None, False, torch.float32)):
+        for m, group, aligned in (*((m, g, True) for m in (*DECODE_BM, 4096) for g in (None, 128)),
+                                  (1, None, False), (4096, None, False)):
             tile = launch.gemm_tile(m, group)
             stages, _ = launch.gemm_stages(tile, profile.smem_per_block)
-            names.append(launch.gemm_kernel_name(kind, tile, stages, aligned, x))
+            names.append(launch.gemm_kernel_name(kind, tile, stages, aligned))
     return tuple(dict.fromkeys(names))
 
 

@@ -47,7 +47,7 @@ IMPLS = (
     *(Impl(op, "cupy", f"cupy.launch:{op}", Constraints(**_BASE)) for op in _MEMORY_BOUND),
     Impl("dequant_bias", "cupy", "cupy.launch:dequant_bias",
          Constraints(**_BASE, formats=("bfloat16", "float16", "float32", "int32"))),
-    # quant_linear: the GEMM quantizing x itself (M <= 64), or act_quant then scaled_mm; the same variants.
+    # quant_linear: act_quant then scaled_mm, the same variants.
     *(impl for op in ("scaled_mm", "quant_linear") for impl in (
         _NativeGemm(op, "cupy", f"cupy.launch:{op}", GemmConstraints(**_GEMM, formats=("fp8_e4m3",), fp8_mma=True),
                     options=(("mma", "fp8"),)),

@@ -11,7 +11,7 @@ Every function is `prepared` (backends/base.py): its body runs once per kept pla
 depends only on shapes, strides, dtypes, device, options and the inputs' 16-byte alignment (tiles,
 stages, splits, vector widths, grids, the compiled kernel and its constant arguments, packed in a
 `launcher.Launcher`); the `run` it returns allocates the outputs, reads the tensors' addresses and
-launches once (`quant_linear` above M = 64: twice, act_quant then scaled_mm).
+launches once (`quant_linear`: twice).
 
 Constraints beyond the contract (declared as data in `__init__.py`, where the registry checks them):
 
@@ -353,74 +353,45 @@ def gemm_splits(M: int, N: int, K: int, block_k: int, tile: GemmTile, sm_count: 
     return per_split, math.ceil(kblocks / per_split)
 
 
-def gemm_kernel_name(mma: str, tile: GemmTile, stages: int, aligned: bool, a_dtype: torch.dtype | None = None) -> str:
-    """The gemm.cu template instantiation for one configuration; `mma` is "fp8", "int8" or "fp16";
-    `a_dtype` the float dtype of an activation the kernel quantizes itself (None: 8-bit codes)."""
+def gemm_kernel_name(mma: str, tile: GemmTile, stages: int, aligned: bool) -> str:
+    """The gemm.cu template instantiation for one configuration; `mma` is "fp8", "int8" or "fp16"."""
     bm, bn, wm, wn, bk, _ = tile
-    a = "qc::u8" if a_dtype is None else _CTYPE[a_dtype]
     return (f"qc::gemm_kernel<{MMA_KIND[mma]}, {bm}, {bn}, {wm}, {wn}, {bk}, {stages}, "
-            f"{'true' if aligned else 'false'}, {a}>")
+            f"{'true' if aligned else 'false'}>")
 
 
 def _gemm(a, a_scale, b, b_scale, *, block_n, block_k, activation, out_kind, out_group, ue8m0_out, eps,
-          mma, profile, a_eps=0.0, a_ue8m0=False) -> Callable[..., None] | None:
+          mma, profile) -> Callable[..., None]:
     """The gemm.cu launch for operands laid out as these and an output of dtype `out_kind` (re-quantized
     per 1 x out_group when 8-bit): a function of the addresses of a, a_scale, b, b_scale, bias (0:
-    none), out and out's scale (0: none). With `a_scale` None, `a` is a float activation that the
-    kernel quantizes per 1 x block_k group into b's format with act_quant's `a_eps` and `a_ue8m0`
-    (the launch then takes no a_scale address); None when that kernel's scale table does not fit the
-    profile's shared memory."""
+    none), out and out's scale (0: none)."""
     M, K = a.shape
     N = b.shape[0]
     if M == 0 or N == 0:
         return _nothing
-    if b.dtype != _MMA_READS[mma]:
-        raise UnsupportedError(f"cupy scaled_mm: the {mma!r} MMA kernel reads {_MMA_READS[mma]}, got {b.dtype}")
-    quantize_a = a_scale is None
+    if a.dtype != _MMA_READS[mma]:
+        raise UnsupportedError(f"cupy scaled_mm: the {mma!r} MMA kernel reads {_MMA_READS[mma]}, got {a.dtype}")
     requant = out_kind in _QTYPE
     tile = gemm_tile(M, out_group if requant else None)
     stages, smem = gemm_stages(tile, profile.smem_per_block)
     lda, ldb = _row_stride(a), _row_stride(b)
-    # The byte loads' alignment: 8-bit rows of b (and of a, unless a is quantized on its way in).
-    aligned = all(v % 16 == 0 for v in (K, ldb, b.data_ptr(), *(() if quantize_a else (lda, a.data_ptr()))))
+    aligned = all(v % 16 == 0 for v in (K, lda, ldb, a.data_ptr(), b.data_ptr()))
     kb_per_split, splits = gemm_splits(M, N, K, block_k, tile, max(1, profile.sm_count))
     tiles = math.ceil(M / tile.bm) * math.ceil(N / tile.bn)
     # The plan keeps the workspace's addresses: a replaced pair stays allocated (backends/splitk.py).
     pair = splitk.buffers(a.device, tiles * splits * tile.bm * tile.bn, tiles) if splits > 1 else None
     if pair is None:  # unsplit, or the buffers cannot grow now (a stream being captured): this plan runs unsplit
         kb_per_split, splits = kb_per_split * splits, 1
-    if quantize_a:  # the scale table of a program's rows and K blocks, behind the stages
-        smem = max(smem, stages * (tile.bm + tile.bn) * tile.bk + 4 * tile.bm * kb_per_split)
-        if smem > (profile.smem_per_block or 48 * 1024):
-            return None
     ws, counters = pair or (None, None)
-    a_scale_args = (i64(0), i64(0), i64(0)) if quantize_a else (POINTER, i64(a_scale.stride(0)), i64(a_scale.stride(1)))
-    args = (POINTER, i64(lda), *a_scale_args,
+    args = (POINTER, i64(lda), POINTER, i64(a_scale.stride(0)), i64(a_scale.stride(1)),
             POINTER, i64(ldb), POINTER, i64(b_scale.stride(0)), i64(b_scale.stride(1)),
             POINTER, POINTER, i64(N), POINTER, i64(math.ceil(N / out_group) if requant else 0), i64(1),
             i64(_address(ws)), i64(_address(counters)),
             i32(M), i32(N), i32(K), i32(block_n), i32(block_k), i32(kb_per_split * block_k),
             i32(_ACTIVATION[activation]), i32(_OUT_KIND[out_kind]), i32(out_group or 1), i32(bool(ue8m0_out)),
-            f32(eps), f32(a_eps), i32(bool(a_ue8m0)))
-    name = gemm_kernel_name(mma, tile, stages, aligned, a.dtype if quantize_a else None)
-    return _kernel("gemm.cu", name, profile, a.device, (math.ceil(M / tile.bm), math.ceil(N / tile.bn), splits),
-                   (tile.wm * tile.wn * 32,), args, smem)
-
-
-def _gemm_call(M: int, N: int, out_kind, groups: int, bias, device: torch.device):
-    """call(launch, bias, *operand addresses) for a `_gemm` launch: allocates out [M, N] out_kind (and
-    its [M, groups] fp32 scale when groups), gives the kernel the bias as fp32 (converted per call
-    where it is not already, `_fp32_bias`), launches, and returns out or (out, scale)."""
-    as_is = _fp32_bias(bias)
-
-    def call(launch, bias, *operands):
-        out = torch.empty((M, N), dtype=out_kind, device=device)
-        out_scale = torch.empty((M, groups), dtype=torch.float32, device=device) if groups else None
-        if not as_is:
-            bias = bias.to(torch.float32).contiguous()
-        launch(*operands, _address(bias), out.data_ptr(), _address(out_scale))
-        return out if out_scale is None else (out, out_scale)
-    return call
+            f32(eps))
+    return _kernel("gemm.cu", gemm_kernel_name(mma, tile, stages, aligned), profile, a.device,
+                   (math.ceil(M / tile.bm), math.ceil(N / tile.bn), splits), (tile.wm * tile.wn * 32,), args, smem)
 
 
 @prepared
@@ -437,50 +408,43 @@ def scaled_mm(a, a_scale, b, b_scale, *, block_n, block_k, bias, activation, out
     re-quantizing, out_group a power of two <= 128. When K is split, the partials are summed in split
     order (docs/numerics.md), so results are bit-for-bit the same from run to run on one device.
     """
+    M, N, device = a.shape[0], b.shape[0], a.device
     out_kind = out_dtype if out_quant is None else out_quant
-    groups = math.ceil(b.shape[0] / out_group) if out_quant is not None else 0
+    groups = math.ceil(N / out_group) if out_quant is not None else 0
     launch = _gemm(a, a_scale, b, b_scale, block_n=block_n, block_k=block_k, activation=activation,
                    out_kind=out_kind, out_group=out_group, ue8m0_out=ue8m0_out, eps=eps, mma=mma, profile=profile)
-    call = _gemm_call(a.shape[0], b.shape[0], out_kind, groups, bias, a.device)
+    as_is = _fp32_bias(bias)
 
     def run(a, a_scale, b, b_scale, bias=None):
-        return call(launch, bias, a.data_ptr(), a_scale.data_ptr(), b.data_ptr(), b_scale.data_ptr())
+        out = torch.empty((M, N), dtype=out_kind, device=device)
+        out_scale = torch.empty((M, groups), dtype=torch.float32, device=device) if groups else None
+        if not as_is:
+            bias = bias.to(torch.float32).contiguous()
+        launch(a.data_ptr(), a_scale.data_ptr(), b.data_ptr(), b_scale.data_ptr(), _address(bias), out.data_ptr(),
+               _address(out_scale))
+        return out if out_scale is None else (out, out_scale)
     return run
-
-
-_FUSED_M_MAX = 64  # the decode tiles: all rows in one row tile, so each program quantizes its K range once
 
 
 @prepared
 def quant_linear(x, w, w_scale, *, block_n, block_k, bias, activation, out_dtype, ue8m0, eps, mma, profile):
-    """act_quant(x) per 1 x block_k group into w's format, then scaled_mm with w, bit for bit the two
-    ops: for M <= 64 in one launch, the GEMM quantizing x in its prologue and on its way into shared
-    memory (where its scale table fits); otherwise the two launches.
+    """act_quant(x) per 1 x block_k group into w's format, then scaled_mm with w: two launches, bit for
+    bit the two ops (the GEMM reads the activation through cp.async as 8-bit codes).
 
     x [M, K] bf16/fp16/fp32, w [N, K] fp8_e4m3fn/int8, w_scale [ceil(N/Bn), ceil(K/Bk)] fp32, bias [N]
     float or None -> out [M, N] out_dtype. `ue8m0` and `eps` are the activation quantization's; `mma`
     as for scaled_mm.
     """
     (M, K), device = x.shape, x.device
-    options = dict(block_n=block_n, block_k=block_k, activation=activation, out_group=block_k, ue8m0_out=False,
-                   eps=eps, mma=mma, profile=profile)
-    fused = None
-    if M <= _FUSED_M_MAX:
-        fused = _gemm(x, None, w, w_scale, out_kind=out_dtype, a_eps=eps, a_ue8m0=ue8m0, **options)
-    if fused is not None:
-        call = _gemm_call(M, w.shape[0], out_dtype, 0, bias, device)
-
-        def run(x, w, w_scale, bias=None):
-            return call(fused, bias, x.data_ptr(), w.data_ptr(), w_scale.data_ptr())
-        return run
-
     quantize = act_quant.prepare(x, qdtype=w.dtype, group_size=block_k, ue8m0=ue8m0, eps=eps, scale_m_major=False,
                                  profile=profile)
     # act_quant's outputs as the GEMM will see them (fresh, contiguous): only their layout is used.
     a = torch.empty((M, K), dtype=w.dtype, device=device)
     a_scale = torch.empty((M, math.ceil(K / block_k)), dtype=torch.float32, device=device)
-    gemm = scaled_mm.prepare(a, a_scale, w, w_scale, bias=bias, out_dtype=out_dtype, out_quant=None, **options)
+    gemm = scaled_mm.prepare(a, a_scale, w, w_scale, block_n=block_n, block_k=block_k, bias=bias,
+                             activation=activation, out_dtype=out_dtype, out_quant=None, out_group=block_k,
+                             ue8m0_out=False, eps=eps, mma=mma, profile=profile)
 
-    def composed(x, w, w_scale, bias=None):
+    def run(x, w, w_scale, bias=None):
         return gemm(*quantize(x), w, w_scale, bias)
-    return composed
+    return run

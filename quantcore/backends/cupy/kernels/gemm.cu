@@ -14,13 +14,6 @@
 // Every K block's dot product lives in its own accumulator and is folded into the fp32 result with
 // its two scales at the block's end, so block_k only has to be a multiple of the 32-wide MMA step.
 //
-// A is the element type of a: 8-bit codes (u8) with their scales in as, or a float activation
-// (float, __nv_bfloat16, __half) that the kernel quantizes itself per 1 x block_k group into the
-// format KIND reads (quant_linear): a prologue computes each row's group scales over the program's
-// K range into shared memory, and A's loader encodes each stage on its way in, with act_quant's
-// formulas (eps a_eps, ue8m0 a_ue8m0), so that the result is act_quant followed by this GEMM, bit for
-// bit.
-//
 // Split-K runs in the same launch: blockIdx.z takes a contiguous range of K blocks, every (split,
 // tile) program stores its fp32 partial tile in a workspace and counts itself in a per-tile counter;
 // the program that counts last sums the partials in split order 0, 1, ... (so the result does not
@@ -35,8 +28,6 @@ enum OutKind { kOutF32 = 0, kOutBF16 = 1, kOutF16 = 2, kOutFp8 = 3, kOutInt8 = 4
 
 template <bool C, class A, class B> struct Select { typedef A type; };
 template <class A, class B> struct Select<false, A, B> { typedef B type; };
-template <class A, class B> struct IsSame { static constexpr bool value = false; };
-template <class A> struct IsSame<A, A> { static constexpr bool value = true; };
 
 // ---------------------------------------------------------------- shared-memory traffic
 
@@ -95,18 +86,18 @@ __device__ __forceinline__ void ldmatrix_x4(u32 (&r)[4], u32 addr) {
                : "r"(addr));
 }
 
-// The part of a stage a thread fills: THREADS is a multiple of a row's CH 16-byte chunks, so a thread
-// always fills the same 16-byte column of rows r0, r0 + RSTEP, ...: one source pointer and one
-// shared offset, set up once (RSTEP is a multiple of 8 rows, which the swizzle repeats after). T is
-// the source's element type; a chunk holds 16 of them, as 16 bytes of codes.
-template <class T, int ROWS, int BK, int THREADS> struct RowSlots {
+// Copies rows [row0, row0 + ROWS) x K bytes [k0, k0 + BK) of a K-contiguous matrix into a stage;
+// rows >= nrows and bytes >= kend read as zero. THREADS is a multiple of a row's CH chunks, so a
+// thread always copies the same 16-byte column of rows r0, r0 + RSTEP, ...: one source pointer and
+// one shared offset, set up once (RSTEP is a multiple of 8 rows, which the swizzle repeats after).
+template <int ROWS, int BK, int THREADS, bool ALIGNED> struct RowLoader {
   static constexpr int CH = BK / 16, RSTEP = THREADS / CH, ITERS = (ROWS + RSTEP - 1) / RSTEP;
   static_assert(THREADS % CH == 0 && RSTEP % 8 == 0, "a thread's rows are 8-row multiples apart");
-  const T* src;    // row r0, K element kch
+  const u8* src;   // row r0, K byte kch
   long long step;  // RSTEP rows
   int r0, rows, dst, kch;  // first row; rows of the matrix from r0 on; shared offset; K offset
 
-  __device__ __forceinline__ RowSlots(const T* base, long long ld, int row0, int nrows) {
+  __device__ __forceinline__ RowLoader(const u8* base, long long ld, int row0, int nrows) {
     r0 = threadIdx.x / CH;
     kch = threadIdx.x % CH * 16;
     src = base + (long long)(row0 + r0) * ld + kch;
@@ -116,55 +107,14 @@ template <class T, int ROWS, int BK, int THREADS> struct RowSlots {
     rows = nrows - row0 - r0;
     dst = swizzle<BK>(r0, kch / 16);
   }
-};
-
-// Copies rows [row0, row0 + ROWS) x K bytes [k0, k0 + BK) of a K-contiguous 8-bit matrix into a
-// stage; rows >= nrows and bytes >= kend read as zero.
-template <int ROWS, int BK, int THREADS, bool ALIGNED> struct RowLoader : RowSlots<u8, ROWS, BK, THREADS> {
-  typedef RowSlots<u8, ROWS, BK, THREADS> S;
-  using S::S;
 
   __device__ __forceinline__ void load(u8* stage, int k0, int kend) const {
-    const int kvalid = min(max(kend - k0 - this->kch, 0), 16);
-    const u8* p = this->src + k0;
+    const int kvalid = min(max(kend - k0 - kch, 0), 16);
+    const u8* p = src + k0;
 #pragma unroll
-    for (int i = 0; i < S::ITERS; ++i, p += this->step) {
-      if (ROWS % S::RSTEP != 0 && this->r0 + i * S::RSTEP >= ROWS) break;
-      copy_chunk<ALIGNED>(stage + this->dst + i * S::RSTEP * BK, p, i * S::RSTEP < this->rows ? kvalid : 0);
-    }
-  }
-};
-
-// RowLoader for a float activation, quantized on its way into the stage: plain loads, 16 codes, one
-// 16-byte shared store per chunk. A chunk lies in one K block (block_k is a multiple of 32 and
-// chunks start 16-aligned from the split's first K block, kz0), whose scale the prologue left in
-// `table` (nkb per row).
-template <class T, class Q, int ROWS, int BK, int THREADS> struct QuantRowLoader : RowSlots<T, ROWS, BK, THREADS> {
-  typedef RowSlots<T, ROWS, BK, THREADS> S;
-  const float* scales;  // row r0's
-  int nkb, kz0, block_k;
-
-  __device__ __forceinline__ QuantRowLoader(const T* base, long long ld, int row0, int nrows, const float* table,
-                                            int nkb_, int kz0_, int block_k_)
-      : S(base, ld, row0, nrows), scales(table + this->r0 * nkb_), nkb(nkb_), kz0(kz0_), block_k(block_k_) {}
-
-  __device__ __forceinline__ void load(u8* stage, int k0, int kend) const {
-    const int kvalid = min(max(kend - k0 - this->kch, 0), 16);
-    const int kb = (k0 + this->kch - kz0) / block_k;
-    const T* p = this->src + k0;
-#pragma unroll
-    for (int i = 0; i < S::ITERS; ++i, p += this->step) {
-      if (ROWS % S::RSTEP != 0 && this->r0 + i * S::RSTEP >= ROWS) break;
-      u8 v[16];
-      if (i * S::RSTEP < this->rows && kvalid > 0) {
-        const float s = scales[i * S::RSTEP * nkb + kb];
-#pragma unroll
-        for (int j = 0; j < 16; ++j) v[j] = j < kvalid ? (u8)Q::encode(__fdiv_rn(to_f32(p[j]), s)) : 0;
-      } else {
-#pragma unroll
-        for (int j = 0; j < 16; ++j) v[j] = 0;
-      }
-      store_vec(stage + this->dst + i * S::RSTEP * BK, v);
+    for (int i = 0; i < ITERS; ++i, p += step) {
+      if (ROWS % RSTEP != 0 && r0 + i * RSTEP >= ROWS) break;
+      copy_chunk<ALIGNED>(stage + dst + i * RSTEP * BK, p, i * RSTEP < rows ? kvalid : 0);
     }
   }
 };
@@ -365,17 +315,14 @@ __device__ __forceinline__ void load_cg8(const float* p, float (&v)[8]) {
 // split (gridDim.z == 1) the tile is finished in place. Otherwise ws holds a BM x BN fp32 slot per
 // (tile, split), tile-major (rows past M are never touched), and counters one int per tile
 // (gridDim.x * gridDim.y of them), all zero at launch; the launch leaves them zero again.
-template <int KIND, int BM, int BN, int WM, int WN, int BK, int STAGES, bool ALIGNED, class A>
+template <int KIND, int BM, int BN, int WM, int WN, int BK, int STAGES, bool ALIGNED>
 __global__ void __launch_bounds__(WM * WN * 32)
-gemm_kernel(const A* __restrict__ a, long long lda, const float* __restrict__ as, long long as_m, long long as_k,
+gemm_kernel(const u8* __restrict__ a, long long lda, const float* __restrict__ as, long long as_m, long long as_k,
             const u8* __restrict__ b, long long ldb, const float* __restrict__ bs, long long bs_n, long long bs_k,
             const float* __restrict__ bias, void* __restrict__ out, long long ldo, float* __restrict__ out_scale,
             long long os_m, long long os_n, float* ws, int* counters, int M, int N, int K, int block_n,
-            int block_k, int k_split, int act, int out_kind, int out_group, int ue8m0_out, float eps, float a_eps,
-            int a_ue8m0) {
+            int block_k, int k_split, int act, int out_kind, int out_group, int ue8m0_out, float eps) {
   static_assert(KIND != kMmaE4M3 || __CUDA_ARCH__ >= 890, "FP8 tensor-core MMA needs sm_89 or newer");
-  constexpr bool QUANTIZE_A = !IsSame<A, u8>::value;
-  typedef typename Select<KIND == kMmaS8, Int8, Fp8E4M3>::type QA;
   typedef Mma<KIND> MMA;
   typedef typename MMA::acc_t acc_t;
   constexpr int THREADS = WM * WN * 32, WTM = BM / WM, WTN = BN / WN, MT = WTM / 16, NT = WTN / 8;
@@ -393,27 +340,7 @@ gemm_kernel(const A* __restrict__ a, long long lda, const float* __restrict__ as
   const int kz0 = blockIdx.z * k_split, kz1 = min(K, kz0 + k_split);
   const int KT = (kz1 - kz0 + BK - 1) / BK;
 
-  // Quantizing A: the scale of every (row, K block) of this program's K range, in shared memory
-  // behind the stages (a warp per pair, act_quant's NaN-aware amax and block_scale).
-  const int nkb = k_split / block_k;
-  float* const a_table = reinterpret_cast<float*>(smem + STAGES * (BM + BN) * BK);
-  if constexpr (QUANTIZE_A) {
-    const int nblk = (kz1 - kz0 + block_k - 1) / block_k, nrow = min(BM, M - m0);
-    for (int p = warp; p < nrow * nblk; p += THREADS / 32) {
-      const int r = p / nblk, j = p - r * nblk, k1 = min(kz0 + (j + 1) * block_k, K);
-      const A* row = a + (long long)(m0 + r) * lda;
-      u32 amax = 0;
-      for (int k = kz0 + j * block_k + lane; k < k1; k += 32) amax = max(amax, abs_bits(to_f32(row[k])));
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) amax = max(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-      if (lane == 0) a_table[r * nkb + j] = block_scale(amax, a_eps, QA::qmax, a_ue8m0 != 0);
-    }
-    __syncthreads();
-  }
-  const auto load_a = [&] {
-    if constexpr (QUANTIZE_A) return QuantRowLoader<A, QA, BM, BK, THREADS>(a, lda, m0, M, a_table, nkb, kz0, block_k);
-    else return RowLoader<BM, BK, THREADS, ALIGNED>(a, lda, m0, M);
-  }();
+  const RowLoader<BM, BK, THREADS, ALIGNED> load_a(a, lda, m0, M);
   const RowLoader<BN, BK, THREADS, ALIGNED> load_b(b, ldb, n0, N);
   auto load_tile = [&](int kt) {
     const int stage = kt % STAGES, k0 = kz0 + kt * BK;
@@ -435,8 +362,7 @@ gemm_kernel(const A* __restrict__ a, long long lda, const float* __restrict__ as
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int m = m0 + wm * WTM + mt * 16 + g + 8 * h;
-      if constexpr (QUANTIZE_A) ap[mt][h] = m < M ? a_table + (m - m0) * nkb : nullptr;
-      else ap[mt][h] = m < M ? as + m * as_m : nullptr;
+      ap[mt][h] = m < M ? as + m * as_m : nullptr;
       pin(ap[mt][h]);
     }
 #pragma unroll
@@ -461,9 +387,7 @@ gemm_kernel(const A* __restrict__ a, long long lda, const float* __restrict__ as
   // Position in K blocks, kept by counting (k_split is a multiple of block_k, so kz0 starts a
   // block): kin bytes of the current block are behind the step; ao and bo are its scale offsets.
   int kin = 0;
-  // (A's own scale table starts at this program's first K block, one float per block.)
-  const long long a_step = QUANTIZE_A ? 1 : as_k;
-  long long ao = QUANTIZE_A ? 0 : kz0 / block_k * as_k, bo = kz0 / block_k * bs_k;
+  long long ao = kz0 / block_k * as_k, bo = kz0 / block_k * bs_k;
   for (int kt = 0; kt < KT; ++kt) {
     cp_async_wait<STAGES - 2>();
     __syncthreads();  // stage kt landed for everyone; stage kt - 1 is free to refill
@@ -480,10 +404,7 @@ gemm_kernel(const A* __restrict__ a, long long lda, const float* __restrict__ as
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            if constexpr (QUANTIZE_A) sa[mt][h] = ap[mt][h] ? ap[mt][h][ao] : 0.f;
-            else sa[mt][h] = ap[mt][h] ? __ldg(ap[mt][h] + ao) : 0.f;
-          }
+          for (int h = 0; h < 2; ++h) sa[mt][h] = ap[mt][h] ? __ldg(ap[mt][h] + ao) : 0.f;
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
@@ -525,7 +446,7 @@ gemm_kernel(const A* __restrict__ a, long long lda, const float* __restrict__ as
               blk[mt][nt][i] = 0;
             }
         kin = 0;
-        ao += a_step;
+        ao += as_k;
         bo += bs_k;
       }
     }
