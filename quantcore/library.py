@@ -2,9 +2,10 @@
 
 Importing this module registers `torch.ops.quantcore.<name>` for act_quant, act_dequant,
 weight_quant, weight_dequant, scaled_mm, scaled_mm_quant (the re-quantized-output GEMM: one op per
-return type, where `ops.scaled_mm` returns either), quant_linear, dequant_bias and quantized_gelu. `import
-quantcore` does not import it, so plain use of `quantcore.ops` never pays for the registration;
-`quantcore.nn` does.
+return type, where `ops.scaled_mm` returns either), quant_linear, dequant_bias and quantized_gelu.
+`import quantcore` imports it, so a program saved with `torch.export.save` loads in a process that
+imports quantcore alone; registering costs about 10 ms of the import, which torch's own second
+dominates.
 
 Each op takes the same arguments as its `quantcore.ops` function, with these differences, all forced
 by the schema language: dtypes are `torch.dtype` values ("auto" is resolved by the caller, e.g.
