@@ -87,6 +87,7 @@ def test_scaled_mm(gen, qdtype, lead, N, K):
     check(qc.scaled_mm_quant.default, (a, a_s, b, b_s, bias), dict(out_quant=qdtype, activation="silu"))
     check(qc.scaled_mm_quant.default, (a, a_s, b, b_s), dict(out_quant=INT8, out_group_size=64,
                                                              out_scale_fmt="ue8m0"))
+    check(qc.scaled_mm.default, (a, a_s, b, b_s, bias.requires_grad_()), dict(activation="gelu"))
 
 
 @pytest.mark.parametrize("qdtype", QDTYPES)
@@ -97,6 +98,9 @@ def test_quant_linear(gen, qdtype, lead, N, K):
     check(qc.quant_linear.default, (x, w, w_s))
     check(qc.quant_linear.default, (x, w, w_s, randn((N,), gen=gen)), dict(activation="gelu_tanh",
                                                                           out_dtype=torch.float32))
+    # With inputs requiring grad, opcheck also compares AOTAutograd's gradients with eager autograd's.
+    check(qc.quant_linear.default, (x.requires_grad_(), w, w_s, randn((N,), gen=gen).requires_grad_()),
+          dict(activation="silu"))
 
 
 @pytest.mark.parametrize("lead", [(5,), (2, 3)])
