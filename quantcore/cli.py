@@ -6,12 +6,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import capability
+from . import __version__, capability
 from .errors import InvalidInputError
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="quantcore", description="Block-wise FP8/INT8 quantization ops.")
+    parser.add_argument("--version", action="version", version=f"quantcore {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     rep = sub.add_parser("report", help="which implementation runs each op on this machine, and why")
     rep.add_argument("--json", action="store_true", help="print the report as JSON")
