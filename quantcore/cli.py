@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from . import __version__, capability
 from .errors import InvalidInputError
@@ -29,8 +30,10 @@ def _parser() -> argparse.ArgumentParser:
                        help="measure nothing: summarize, plot or --write-priority a saved run")
     bench.add_argument("--plot", metavar="PATH", help="write a PNG of achieved vs ceiling")
     bench.add_argument("--no-progress", action="store_true", help="plain log lines instead of a progress bar")
-    bench.add_argument("--write-priority", action="store_true",
-                       help="write this GPU's measured priority table into the package's data folder")
+    bench.add_argument("--write-priority", nargs="?", const="", metavar="DIR",
+                       help="write the run's measured priority table for its GPU model into DIR, by default "
+                            "the user data folder the registry reads ($QUANTCORE_DATA_DIR/priority, else "
+                            "e.g. ~/.local/share/quantcore/priority); never into the installed package")
     e2e = bench.add_argument_group("end-to-end decode (--e2e)")
     e2e.add_argument("--e2e", action="store_true",
                      help="instead of the ops: decode tokens/s of a transformer in bf16, FP8 and INT8, eager and "
@@ -66,6 +69,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _bench(args: argparse.Namespace, argv: list[str] | None) -> int:
+    from . import measured
     from .bench import BenchResult, run
     from .bench.summary import summarize, write_priority
     from .errors import UnsupportedError
@@ -98,8 +102,11 @@ def _bench(args: argparse.Namespace, argv: list[str] | None) -> int:
         from .bench.plot import plot
 
         plot(result, args.plot)
-    if args.write_priority:
-        print(f"wrote {write_priority(result)}")
+    if args.write_priority is not None:
+        path = write_priority(result, Path(args.write_priority) if args.write_priority else None)
+        read = measured.user_folder()
+        print(f"wrote {path}" + ("" if path.parent == read else f" (the registry reads tables from {read}: copy it "
+                                                                 "there to use it)"))
     print(summarize(result))
     return 0
 
@@ -118,7 +125,7 @@ def _e2e(args: argparse.Namespace, command: str, save) -> int:
 
     unused = [flag for flag, value in (("--quick", args.quick), ("--ops", args.ops), ("--resume", args.resume),
                                        ("--ours-only", args.ours_only), ("--plot", args.plot),
-                                       ("--write-priority", args.write_priority)) if value]
+                                       ("--write-priority", args.write_priority is not None)) if value]
     if unused:
         print(f"quantcore: {', '.join(unused)}: options of the op bench, not of an end-to-end run", file=sys.stderr)
         return 2

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -124,3 +125,20 @@ def test_saved_runs_keep_the_versions_of_the_machine_that_measured(tmp_path):
     data.pop("versions")
     data["device"]["versions"] = {"torch": "2.11.0+cu130", "triton": "3.6.0"}
     assert BenchResult.model_validate(data).versions == {"torch": "2.11.0+cu130", "triton": "3.6.0"}
+
+
+def test_write_priority_from_a_saved_run_goes_to_the_user_data_folder(tmp_path, monkeypatch, capsys):
+    from quantcore import measured
+
+    monkeypatch.setenv("QUANTCORE_DATA_DIR", str(tmp_path / "data"))
+    package = Path(quantcore.__file__).parent
+    before = sorted(package.rglob("*.json"))
+    assert main(["bench", "--from-json", str(_saved_run(tmp_path)), "--write-priority"]) == 0
+    written = tmp_path / "data" / "priority" / "h100-simulated.json"
+    assert f"wrote {written}\n" in capsys.readouterr().out
+    assert json.loads(written.read_text())["priority"]["act_quant/fp8_e4m3"] == {"4096": ["triton", "cupy"]}
+    assert sorted(package.rglob("*.json")) == before  # nothing written into the installed package
+    assert measured.load("H100 (simulated)").path == str(written)
+    assert main(["bench", "--from-json", str(_saved_run(tmp_path)), "--write-priority", str(tmp_path / "out")]) == 0
+    assert "the registry reads tables from" in capsys.readouterr().out
+    assert (tmp_path / "out" / "h100-simulated.json").is_file()
