@@ -25,9 +25,12 @@ DATA = "data/priority"
 
 @dataclass(frozen=True)
 class Table:
-    """One GPU model's measured priorities: {"op/format": {M bucket: labels}}, read from `path`
+    """One GPU model's measured priorities: {"op/format": {M bucket: labels}}, for GPU `device` of
+    architecture `arch` ("sm_90"; None in tables written before it was recorded), read from `path`
     (`shipped`: the package's own table, else the user's)."""
 
+    device: str
+    arch: str | None
     path: str
     shipped: bool
     priority: dict[str, dict[int, tuple[str, ...]]]
@@ -48,15 +51,22 @@ def load(device_name: str) -> Table | None:
     return _load(device_slug(device_name), str(user_folder()))
 
 
+def tables() -> list[Table]:
+    """Every GPU model's table in force (the user's before the shipped one), by file name."""
+    folders = (Path(str(resources.files("quantcore").joinpath(DATA))), user_folder())
+    slugs = sorted({p.stem for folder in folders if folder.is_dir() for p in folder.glob("*.json")})
+    return [t for t in (_load(slug, str(user_folder())) for slug in slugs) if t is not None]
+
+
 @functools.lru_cache(maxsize=None)
 def _load(slug: str, folder: str) -> Table | None:
     user = Path(folder) / f"{slug}.json"
     shipped = resources.files("quantcore").joinpath(f"{DATA}/{slug}.json")
     for path, is_shipped in ((user, False), (shipped, True)):
         if path.is_file():
-            data = json.loads(path.read_text())["priority"]
-            return Table(str(path), is_shipped, {key: {int(m): tuple(order) for m, order in by_m.items()}
-                                                 for key, by_m in data.items()})
+            data = json.loads(path.read_text())
+            priority = {key: {int(m): tuple(order) for m, order in by_m.items()} for key, by_m in data["priority"].items()}
+            return Table(data.get("device", slug), data.get("arch"), str(path), is_shipped, priority)
     return None
 
 
@@ -102,11 +112,12 @@ def build(records, m_of) -> dict[str, dict[str, list[str]]]:
     return dict(out)
 
 
-def write(device_name: str, priority: dict, source: str, root: Path | None = None) -> Path:
-    """Write a priority table for `device_name` into folder `root` (default `user_folder()`, which
-    the registry reads) as `<device slug>.json`, whole or not at all, and return its path."""
+def write(device_name: str, priority: dict, source: str, root: Path | None = None, arch: str | None = None) -> Path:
+    """Write a priority table for `device_name` (of architecture `arch`, "sm_90") into folder `root`
+    (default `user_folder()`, which the registry reads) as `<device slug>.json`, whole or not at all,
+    and return its path."""
     path = (user_folder() if root is None else Path(root)) / f"{device_slug(device_name)}.json"
-    text = json.dumps({"device": device_name, "source": source, "priority": priority}, indent=1) + "\n"
+    text = json.dumps({"device": device_name, "arch": arch, "source": source, "priority": priority}, indent=1) + "\n"
     userdirs.write_atomically(path, text.encode())
     forget()
     return path

@@ -268,13 +268,14 @@ def select(query: Query, backend: BackendChoice = None) -> Impl:
     """The implementation that runs `query` (cached per query and priority)."""
     explicit, order = _resolve_choice(query, backend)
     impl = _select_cached(query, explicit, order, _epoch)
-    if impl.numerics != "exact":
+    numerics = impl.numerics_on(query.profile)
+    if numerics != "exact":
         key = (query.op, impl.label, query.profile.arch)
         if key not in _warned:
             _warned.add(key)
             warnings.warn(
                 f"quantcore.{query.op}: {impl.label} on {query.profile.arch} computes {query.fmt} "
-                f"with changed numerics: {impl.numerics}",
+                f"with changed numerics: {numerics}",
                 NumericsWarning,
                 stacklevel=3,
             )
@@ -322,11 +323,12 @@ def explain_query(query: Query, backend: BackendChoice = None) -> Explanation:
                 why = ["not in the priority list"]
             else:
                 why = ["lower priority"]
-        candidates.append(Candidate(impl=impl.label, status=status, numerics=impl.numerics, reasons=why))
+        candidates.append(Candidate(impl=impl.label, status=status, numerics=impl.numerics_on(query.profile),
+                                    reasons=why))
     p = query.profile
     device = p.name + (f" simulated on {p.simulated_from}" if p.simulated_from else "")
     return Explanation(
         op=query.op, device=device, arch=p.arch, format=query.fmt,
-        selected=chosen.label if chosen else None, numerics=chosen.numerics if chosen else None,
+        selected=chosen.label if chosen else None, numerics=chosen.numerics_on(p) if chosen else None,
         candidates=candidates,
     )

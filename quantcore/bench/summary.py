@@ -143,6 +143,6 @@ def write_priority(result: BenchResult, root: Path | None = None) -> Path:
     weights = ("weight_quant", "weight_dequant")  # no M: one bucket
     table = measured.build([r for r in result.records if r.impl in registry.compared(r.op)],
                            lambda r: 0 if r.op in weights else m_bucket(r.shape[0]))
-    path = measured.write(result.device.name, table, f"{result.command} on {result.date}", root)
+    path = measured.write(result.device.name, table, f"{result.command} on {result.date}", root, result.device.arch)
     registry.clear_caches()  # selections and kept plans made under the previous table
     return path

@@ -1,4 +1,5 @@
-"""How close an implementation must come to a float64 computation of the same function (DESIGN.md).
+"""How close an implementation must come to a float64 computation of the same function
+(docs/numerics.md, "Tolerances").
 
 Quantize and dequantize are bit-exact. GEMM-like outputs are judged by relative Frobenius error,
 per (input format, output dtype). Re-quantized outputs are judged element by element after
