@@ -96,8 +96,11 @@ class OpDef:
 
 
 def requires_grad(*tensors: Any) -> bool:
-    """Whether any argument is a tensor that requires grad."""
-    return any(getattr(t, "requires_grad", False) for t in tensors)
+    """Whether any argument is a tensor that requires grad (a loop: cheaper than any() over a generator)."""
+    for t in tensors:
+        if getattr(t, "requires_grad", False):
+            return True
+    return False
 
 
 def _with_gradient(*args: Any) -> Any:
