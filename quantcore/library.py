@@ -41,9 +41,10 @@ NAMESPACE = "quantcore"
 
 
 def _backend(name: str | None):
-    """The schema's `str?` backend as `quantcore.ops` takes it: "cupy,triton" becomes a priority tuple."""
+    """The schema's `str?` backend as `quantcore.ops` takes it: a string with a comma is a priority
+    tuple ("cupy,triton"; "triton," is a priority of one, which falls back to the reference)."""
     if name is not None and "," in name:
-        return tuple(part.strip() for part in name.split(","))
+        return tuple(part.strip() for part in name.split(",") if part.strip())
     return name
 
 
@@ -105,9 +106,10 @@ CUSTOM_OPS: dict[str, torch.library.CustomOpDef] = {
 
 
 def _schema_backend(backend: Any) -> Any:
-    """`quantcore.ops`'s backend argument as the schema's `str?`: a priority list joined by commas."""
+    """`quantcore.ops`'s backend argument as the schema's `str?`: a priority list joined by commas,
+    with a trailing one so that a list of one stays a priority (`_backend`)."""
     if isinstance(backend, (list, tuple)) and all(isinstance(b, str) for b in backend):
-        return ",".join(backend)
+        return ",".join(backend) + ","
     return backend
 
 

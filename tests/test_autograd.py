@@ -69,6 +69,13 @@ def test_eager_gradients_are_the_custom_ops(gen):
     assert all(torch.equal(a, b) for a, b in zip(eager, custom))
 
 
+def test_a_priority_list_keeps_falling_back_on_the_gradient_path(gen):
+    w, ws = weight(gen, 40, 200, INT8, (128, 128))
+    x = randn((3, 200), gen=gen).requires_grad_()
+    y = ops.quant_linear(x, w, ws, backend=("cupy",))  # no CuPy kernel runs on the CPU: the reference does
+    assert y.requires_grad and torch.equal(y, ops.quant_linear(x.detach(), w, ws, backend="torch"))
+
+
 def test_forward_is_unchanged_by_grad_mode(gen):
     w, ws = weight(gen, 40, 200, FP8, (128, 128))
     x = randn((3, 200), gen=gen)
