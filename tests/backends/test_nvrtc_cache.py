@@ -60,14 +60,14 @@ def cache(tmp_path, monkeypatch):
 
 def test_a_later_process_reads_the_cache_instead_of_calling_nvrtc(tmp_path):
     first = finished(in_process("compile", tmp_path))
-    assert len(list((tmp_path / "nvrtc").glob("*.json"))) == 1
+    assert len(list((tmp_path / "nvrtc").glob("*.json.gz"))) == 1
     assert finished(in_process("offline", tmp_path)) == first
 
 
 def test_processes_compiling_at_once_leave_one_whole_file(tmp_path):
     # NVRTC names internal symbols per process, so each process's PTX differs: the file is one of them.
     outputs = {finished(p) for p in [in_process("compile", tmp_path) for _ in range(4)]}
-    assert [p.suffix for p in (tmp_path / "nvrtc").iterdir()] == [".json"]  # no temporary file left
+    assert [p.name.endswith(".json.gz") for p in (tmp_path / "nvrtc").iterdir()] == [True]  # no temporary file
     assert finished(in_process("offline", tmp_path)) in outputs
 
 
@@ -96,13 +96,13 @@ def test_every_input_of_the_output_is_in_the_key(cache, monkeypatch):
     monkeypatch.setattr(compiler, "_header_version", lambda folder: 99000)  # the CUDA headers' version
     compile_(*KERNEL)
     assert len(calls) == 1 + len(variants) + 3
-    assert len(list((folder / "nvrtc").glob("*.json"))) == len(calls)
+    assert len(list((folder / "nvrtc").glob("*.json.gz"))) == len(calls)
 
 
 def test_a_damaged_file_is_compiled_again(cache):
     folder, calls = cache
     expected = compiler.compile_source(*KERNEL)
-    (path,) = (folder / "nvrtc").glob("*.json")
+    (path,) = (folder / "nvrtc").glob("*.json.gz")
     path.write_bytes(path.read_bytes()[:100])
     compiler._compiled.clear()
     assert compiler.compile_source(*KERNEL) == expected and len(calls) == 2

@@ -16,7 +16,7 @@ mangled name. Sources are compiled without fast math (the numerics contract want
 no flush-to-zero). CuPy is imported only inside functions, so `import quantcore` never needs it.
 
 Compilations are cached in memory and on disk, under `quantcore.userdirs.cache_dir()/nvrtc`
-(`QUANTCORE_CACHE_DIR` moves it), one JSON file per compilation named by the SHA-256 of everything
+(`QUANTCORE_CACHE_DIR` moves it), one gzipped JSON file per compilation named by the SHA-256 of everything
 that determines NVRTC's output: the kernel sources and headers, the file, the options (architecture
 and include folder among them), the instantiations, cubin or not, NVRTC's version and the CUDA
 headers' version. A GEMM instantiation costs NVRTC 1.5-2 s; a later process reads it back instead.
@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import base64
 import functools
+import gzip
 import hashlib
 import importlib.resources
 import json
@@ -215,17 +216,17 @@ def cache_path(digest: str, filename: str, opts: tuple[str, ...], exprs: tuple[s
     headers = [_header_version(Path(d)) for d in include_dirs()]
     parts = [digest, filename, *opts, "\1", *exprs, "\1", f"nvrtc {nvrtc_version()}", f"headers {headers}"]
     name = hashlib.sha256("\0".join(parts).encode()).hexdigest()
-    return userdirs.cache_dir() / "nvrtc" / f"{name}.json"
+    return userdirs.cache_dir() / "nvrtc" / f"{name}.json.gz"
 
 
 def _read(path: Path, exprs: tuple[str, ...]) -> Compiled | None:
     """A cached compilation, or None where there is none, it cannot be read, or it lacks an instantiation."""
     try:
-        data = json.loads(path.read_bytes())
+        data = json.loads(gzip.decompress(path.read_bytes()))
         result = Compiled(ptx=base64.b64decode(data["ptx"]),
                           cubin=None if data["cubin"] is None else base64.b64decode(data["cubin"]),
                           lowered=dict(data["lowered"]), log=str(data["log"]))
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, EOFError, ValueError, KeyError, TypeError):  # gzip raises OSError/EOFError when cut short
         return None
     return result if set(exprs) <= set(result.lowered) else None
 
@@ -234,7 +235,8 @@ def _write(path: Path, result: Compiled) -> None:
     data = {"ptx": base64.b64encode(result.ptx).decode(), "lowered": result.lowered, "log": result.log,
             "cubin": None if result.cubin is None else base64.b64encode(result.cubin).decode()}
     try:
-        userdirs.write_atomically(path, json.dumps(data).encode())
+        # PTX compresses about tenfold: a GEMM file's instantiations are megabytes of text.
+        userdirs.write_atomically(path, gzip.compress(json.dumps(data).encode(), mtime=0))
     except OSError:  # a read-only or full cache folder: the compile stands, the next process repeats it
         pass
 
