@@ -4,22 +4,37 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from pathlib import Path
 
-from . import capability
+from . import __version__, capability
+from .bench.shapes import OPS
 from .errors import InvalidInputError
+from .report import SCHEMA, STATUS_HELP
+
+SIGPIPE_EXIT = 141  # 128 + SIGPIPE: what a command killed by a closed pipe returns
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="quantcore", description="Block-wise FP8/INT8 quantization ops.")
+    parser.add_argument("--version", action="version", version=f"quantcore {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    rep = sub.add_parser("report", help="which implementation runs each op on this machine, and why")
-    rep.add_argument("--json", action="store_true", help="print the report as JSON")
+    rep = sub.add_parser("report", help="which implementation runs each op on this machine, and why",
+                         formatter_class=argparse.RawDescriptionHelpFormatter,
+                         epilog=f"status of each implementation (per op and dtype):\n{STATUS_HELP}\n\n"
+                                "Where a measured priority table refines the order (real GPUs; for a simulated "
+                                "GPU, the real GPUs of its\narchitecture that have one), the report also lists "
+                                "which implementation runs per range of M (rows).")
+    rep.add_argument("--json", action="store_true",
+                     help=f"print the report as JSON (schema_version {SCHEMA}; \"simulated\": true for a simulated "
+                          "profile)")
     rep.add_argument("--simulate", metavar="PROFILE",
                      help=f"describe another device: cpu, {', '.join(capability.SIMULATED)}")
     bench = sub.add_parser("bench", help="time every op and backend on this GPU beside the baselines")
     bench.add_argument("--quick", action="store_true", help="a small shape set")
-    bench.add_argument("--ops", nargs="*", default=(), help="only these ops")
+    bench.add_argument("--ops", nargs="+", default=(), choices=OPS, metavar="OP",
+                       help=f"only these ops, among: {', '.join(OPS)}")
     bench.add_argument("--json", metavar="PATH", help="write the results as JSON (also after every case)")
     bench.add_argument("--resume", metavar="PATH", help="continue the partial JSON of an interrupted run")
     bench.add_argument("--ours-only", action="store_true",
@@ -27,9 +42,13 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--from-json", metavar="PATH",
                        help="measure nothing: summarize, plot or --write-priority a saved run")
     bench.add_argument("--plot", metavar="PATH", help="write a PNG of achieved vs ceiling")
-    bench.add_argument("--no-progress", action="store_true", help="plain log lines instead of a progress bar")
-    bench.add_argument("--write-priority", action="store_true",
-                       help="write this GPU's measured priority table into the package's data folder")
+    bench.add_argument("--no-progress", action="store_true",
+                       help="one plain line per case on stderr instead of a tqdm bar (plain lines are also what "
+                            "a run prints where stderr is no terminal or tqdm is not installed)")
+    bench.add_argument("--write-priority", nargs="?", const="", metavar="DIR",
+                       help="write the run's measured priority table for its GPU model into DIR, by default "
+                            "the user data folder the registry reads ($QUANTCORE_DATA_DIR/priority, else "
+                            "e.g. ~/.local/share/quantcore/priority); never into the installed package")
     bench.add_argument("--simulate", metavar="PROFILES", type=_gpu_profiles, default=(),
                        help="also time the GEMMs as these older (or newer) GPUs, comma-separated, e.g. sm80,sm75: "
                             f"their fallback paths beside this GPU's baselines ({', '.join(capability.SIMULATED)})")
@@ -66,6 +85,16 @@ def _positive(text: str) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `quantcore` console script and `python -m quantcore`."""
+    try:
+        return _main(argv)
+    except BrokenPipeError:
+        # The reader went away (`quantcore report | head -1`): stop quietly, and keep Python's exit-time
+        # flush of stdout from raising again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return SIGPIPE_EXIT
+
+
+def _main(argv: list[str] | None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "bench":
         return _bench(args, argv)
@@ -81,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _bench(args: argparse.Namespace, argv: list[str] | None) -> int:
+    from . import measured
     from .bench import BenchResult, run
     from .bench.summary import summarize, write_priority
     from .errors import UnsupportedError
@@ -98,6 +128,9 @@ def _bench(args: argparse.Namespace, argv: list[str] | None) -> int:
     try:
         if args.e2e or (args.from_json and _is_e2e_file(args.from_json)):
             return _e2e(args, command, save)
+        if args.plot and not capability.module_available("matplotlib"):  # before a run that would end without it
+            print("quantcore: --plot needs matplotlib: pip install 'quantcore[bench]' (or matplotlib)", file=sys.stderr)
+            return 2
         if args.from_json:
             result = load(args.from_json)
         else:
@@ -113,8 +146,11 @@ def _bench(args: argparse.Namespace, argv: list[str] | None) -> int:
         from .bench.plot import plot
 
         plot(result, args.plot)
-    if args.write_priority:
-        print(f"wrote {write_priority(result)}")
+    if args.write_priority is not None:
+        path = write_priority(result, Path(args.write_priority) if args.write_priority else None)
+        read = measured.user_folder()
+        print(f"wrote {path}" + ("" if path.parent == read else f" (the registry reads tables from {read}: copy it "
+                                                                 "there to use it)"))
     print(summarize(result))
     return 0
 
@@ -133,8 +169,8 @@ def _e2e(args: argparse.Namespace, command: str, save) -> int:
 
     unused = [flag for flag, value in (("--quick", args.quick), ("--ops", args.ops), ("--resume", args.resume),
                                        ("--ours-only", args.ours_only), ("--plot", args.plot),
-                                       ("--write-priority", args.write_priority), ("--simulate", args.simulate))
-              if value]
+                                       ("--write-priority", args.write_priority is not None),
+                                       ("--simulate", args.simulate)) if value]
     if unused:
         print(f"quantcore: {', '.join(unused)}: options of the op bench, not of an end-to-end run", file=sys.stderr)
         return 2

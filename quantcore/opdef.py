@@ -2,9 +2,10 @@
 
 An op is its public function's signature and docstring (a stub whose body is never run), the spec
 that validates a call and normalises it to the backend contract, the keyword arguments its launch
-functions take (the contract), its `torch.library` custom ops (schema and fake kernel: one per
-return type) and the formats the report shows. `define` turns the stub into the public function,
-generated so that a call costs what a hand-written `dispatch.call(...)` line costs.
+functions take (the contract), its `torch.library` custom ops (schema, fake kernel and, where it
+has one, gradient: one custom op per return type) and the formats the report shows. The stub
+becomes the public function, generated so that a call costs what a hand-written
+`dispatch.call(...)` line costs (plus one `torch.is_grad_enabled()` for a differentiable op).
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from __future__ import annotations
 import inspect
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
+
+import torch
 
 from .errors import InvalidInputError
 
@@ -26,16 +29,40 @@ def contiguous(out: Any, options: dict[str, Any]) -> Any:
     return out.contiguous()
 
 
+def always(options: dict[str, Any]) -> bool:
+    """A gradient that holds for every call of its op."""
+    return True
+
+
+@dataclass(frozen=True)
+class Gradient:
+    """How a custom op differentiates. `inputs` name the tensor arguments that get a gradient; any
+    other tensor argument that requires grad is refused in the forward (`InvalidInputError`): its
+    gradient is not defined. `backward(tensors, options, grad, needs)` receives the op's tensor
+    arguments by name, its keyword-only arguments as the schema has them, the output's gradient and
+    the names whose gradient is wanted; it returns {name: gradient}. It must be traceable (only
+    torch ops and `torch.ops.quantcore.*` calls), so that compiled training graphs hold it too.
+    `applies(options)` says whether a `quantcore.ops` call with these options is this custom op's
+    (the public `scaled_mm` is either of two custom ops); `hint` ends the refusal's message."""
+
+    inputs: tuple[str, ...]
+    backward: Callable[..., dict[str, Any]]
+    applies: Callable[[dict[str, Any]], bool] = always
+    hint: str = ""  # appended to the refusal: where a gradient for what was refused can be had
+
+
 @dataclass(frozen=True)
 class CustomOp:
     """One `torch.ops.quantcore.<name>`: its schema, its fake kernel (the outputs' shapes, dtypes and
-    strides from the inputs' alone) and `layout(out, options)`, which gives the real outputs the
-    fake's strides."""
+    strides from the inputs' alone), `layout(out, options)`, which gives the real outputs the
+    fake's strides, and its `gradient`; without one the op is not differentiable and its outputs never
+    require grad."""
 
     name: str
     schema: str
     fake: Callable[..., Any]
     layout: Callable[[Any, dict[str, Any]], Any] = contiguous
+    gradient: Gradient | None = None
 
 
 @dataclass(frozen=True)
@@ -62,11 +89,32 @@ class OpDef:
     def name(self) -> str:
         return self.stub.__name__
 
+    @property
+    def differentiable(self) -> bool:
+        """Whether some call of this op has a gradient (one of its custom ops has a `Gradient`)."""
+        return any(c.gradient is not None for c in self.custom_ops)
+
+
+def requires_grad(*tensors: Any) -> bool:
+    """Whether any argument is a tensor that requires grad (a loop: cheaper than any() over a generator)."""
+    for t in tensors:
+        if getattr(t, "requires_grad", False):
+            return True
+    return False
+
+
+def _with_gradient(*args: Any) -> Any:
+    from .library import call_with_gradient  # the library layer registers ops defined here
+
+    return call_with_gradient(*args)
+
 
 def _generate(op: OpDef) -> Callable[..., Any]:
     """The public function of `op`: the stub's signature, defaults, annotations and docstring, with
     the body `return call(name, (tensors...), {options...}, backend)` compiled from source so that no
-    argument binding happens at call time."""
+    argument binding happens at call time. A differentiable op first asks `torch.is_grad_enabled()`
+    (the inference path's only extra cost) and, when an input requires grad, runs through its custom
+    op so that autograd records the call."""
     from .dispatch import call  # dispatch looks ops up here: imported when the first op is defined
 
     params = inspect.signature(op.stub).parameters
@@ -84,9 +132,12 @@ def _generate(op: OpDef) -> Callable[..., Any]:
     options = ", ".join(f"{n!r}: {n}" for n in params if n not in op.tensors and n != BACKEND_ARG)
     tensors = "".join(f"{t}, " for t in op.tensors)
     # The stub's module globals too, so that `typing.get_type_hints` resolves the copied annotations.
-    namespace = {**op.stub.__globals__, "_call": call, "_defaults": {n: p.default for n, p in params.items()}}
-    exec(f"def {op.name}({', '.join(source)}):\n"
-         f"    return _call({op.name!r}, ({tensors}), {{{options}}}, {BACKEND_ARG})\n", namespace)
+    namespace = {**op.stub.__globals__, "_call": call, "_defaults": {n: p.default for n, p in params.items()},
+                 "_grad_enabled": torch.is_grad_enabled, "_requires_grad": requires_grad, "_with_gradient": _with_gradient}
+    arguments = f"{op.name!r}, ({tensors}), {{{options}}}, {BACKEND_ARG}"
+    grad = (f"    if _grad_enabled() and _requires_grad({tensors}):\n        return _with_gradient({arguments})\n"
+            if op.differentiable else "")
+    exec(f"def {op.name}({', '.join(source)}):\n{grad}    return _call({arguments})\n", namespace)
     fn = namespace[op.name]
     fn.__doc__, fn.__annotations__ = op.stub.__doc__, dict(op.stub.__annotations__)
     fn.__module__, fn.__qualname__ = "quantcore.ops", op.name

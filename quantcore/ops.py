@@ -4,8 +4,13 @@ signature (`dispatch.py`), so repeated calls with same-shaped inputs skip straig
 
 `backend=None` (or "auto") chooses automatically; a name ("triton", "cupy", "torch") forces that
 backend and raises `UnsupportedError` with its reasons when it cannot run; a sequence of names sets
-the priority for this call. Scales are dequantization multipliers: x ≈ q * scale. The ops are
-inference-only: their outputs never require grad, whatever the backend and the inputs.
+the priority for this call. Scales are dequantization multipliers: x ≈ q * scale.
+
+Gradients (docs/numerics.md): `quant_linear` gives x and bias one, `scaled_mm` with a float output
+bias, straight through the activation quantization and the dequantized weight; with grad mode on and
+an input requiring grad they run through their `torch.ops.quantcore` custom op, which autograd
+records. Their quantized codes and scales are refused in the forward when they require grad. The
+other ops' outputs never require grad, whatever the backend and the inputs.
 """
 
 from __future__ import annotations

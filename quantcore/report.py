@@ -1,41 +1,74 @@
 """The capability report: for this machine (or a simulated profile), every op × backend × dtype with
-its status and a one-line reason. Built from the registry's own reasons; never imports a backend's
-kernels, so a missing Triton or CuPy shows up as a reason rather than a crash."""
+its status and a one-line reason, the priority in force and where it comes from, and, where a
+measured table refines the priority, which implementation runs each op per range of M (rows). Built
+from the registry's own reasons; never imports a backend's kernels, so a missing Triton or CuPy
+shows up as a reason rather than a crash."""
 
 from __future__ import annotations
 
 import platform
+import textwrap
 
 from pydantic import BaseModel
 
 from . import capability, measured, opdef, registry
 from .opdefs import BUILTIN
 
+SCHEMA = 2  # the JSON's layout version: bumped whenever a field changes meaning or is removed
+
 # The input formats each built-in op is reported for (`OpDef.formats`; dequant_bias reads the GEMM's
 # output dtype). `build` reports every defined op, those added with `opdef.register_op` too.
 REPORTED_FORMATS: dict[str, tuple[str, ...]] = {op.name: op.formats for op in BUILTIN}
 
+STATUSES = {
+    "selected": "runs here: the first implementation of the priority in force with nothing against it",
+    "fallback": "runs here in place of a native path that cannot (a stand-in variant such as triton[w8a16] "
+                "on GPUs without FP8 tensor cores, or a later backend because the earlier ones cannot run)",
+    "available": "could run here, but one earlier in the priority runs",
+    "unavailable": "cannot run here; the reason says why",
+}
+NUMERICS_HELP = "the implementation departs from the numerics contract as described (warned once when it runs)"
+STATUS_HELP = "\n".join(textwrap.fill(text, 100, initial_indent=f"  {name:<15} ", subsequent_indent=" " * 18)
+                        for name, text in (*STATUSES.items(), ("[numerics: …]", NUMERICS_HELP)))
+
 
 class Row(BaseModel):
-    """One op × implementation × dtype cell."""
+    """One op × implementation × dtype cell, for the smallest M where a measured table applies."""
 
     op: str
     impl: str
     dtype: str
-    status: str
+    status: str  # one of STATUSES
     numerics: str
     reason: str
+
+
+class MRange(BaseModel):
+    """What runs an op and dtype for calls of `m_min` to `m_max` rows (None: no upper end) on GPU
+    model `device`, whose measured table `table` refines the priority."""
+
+    device: str
+    table: str
+    op: str
+    dtype: str
+    m_min: int
+    m_max: int | None
+    selected: str | None
 
 
 class Report(BaseModel):
     """Everything `quantcore report` prints; `--json` dumps this model."""
 
+    schema_version: int = SCHEMA
     device: capability.DeviceProfile  # includes the library versions
+    simulated: bool  # a simulated profile (--simulate, QUANTCORE_SIMULATE), not the hardware itself
     python: str
-    priority: list[str]  # the default order; a shipped measured table refines it per op and M
-    measured_priority: bool
+    priority: list[str]  # the priority in force before measured tables (reference last)
+    priority_source: str  # where it comes from: "QUANTCORE_PRIORITY", "quantcore.priority()" or the default
+    measured_table: str | None  # the table refining the priority on this device, or None
     rows: list[Row]
     plugins: list[registry.Plugin]  # out-of-tree backends found through entry points, loaded or not
+    by_m: list[MRange]  # per M, from the measured tables (for a simulated GPU: real GPUs of its architecture)
 
 
 def build(simulate: str | None = None) -> Report:
@@ -44,35 +77,105 @@ def build(simulate: str | None = None) -> Report:
         with capability.simulate(simulate):
             return build()
     profile = capability.report_profile()
+    simulated = capability.active_simulation() is not None
+    priority, source = _priority_in_force(profile)
+    refined = profile.kind == "cuda" and source == "default"  # an explicit priority overrides measured tables
+    own = measured.load(profile.name) if refined and not simulated else None
+    # A simulated GPU is never refined: show what real GPUs of its architecture with a table select.
+    tables = [own] if own else [t for t in measured.tables() if t.arch == profile.arch] if refined and simulated else []
     rows = []
     for op in opdef.all_ops():
         for fmt in op.formats:
-            explanation = registry.explain_query(registry.Query(op.name, profile, fmt, blocks=op.report_blocks))
+            candidates = registry.explain_query(registry.Query(op.name, profile, fmt, blocks=op.report_blocks)).candidates
             rows += [Row(op=op.name, impl=c.impl, dtype=fmt, status=c.status, numerics=c.numerics,
-                         reason="; ".join(c.reasons)) for c in explanation.candidates]
-    return Report(device=profile, python=platform.python_version(),
-                  priority=list(registry.DEFAULT_PRIORITY.get(profile.kind, (registry.REFERENCE,))),
-                  measured_priority=bool(profile.kind == "cuda" and not profile.simulated_from
-                                         and measured.table(profile.name)),
-                  rows=rows, plugins=list(registry.plugin_status()))
+                         reason=_reason(c, candidates, priority)) for c in candidates]
+    return Report(device=profile, simulated=simulated, python=platform.python_version(), priority=list(priority),
+                  priority_source=source, measured_table=own.path if own else None, rows=rows,
+                  by_m=[r for table in tables for r in _by_m(profile, table)],
+                  plugins=list(registry.plugin_status()))
+
+
+def _priority_in_force(profile: capability.DeviceProfile) -> tuple[tuple[str, ...], str]:
+    """(the priority before measured tables, reference last; where it comes from)."""
+    context, env = registry.priority_state()
+    if context:
+        order, source = context, "quantcore.priority()"
+    elif env and env.strip(","):
+        order, source = tuple(n.strip() for n in env.split(",") if n.strip()), "QUANTCORE_PRIORITY"
+    else:
+        order, source = registry.DEFAULT_PRIORITY.get(profile.kind, (registry.REFERENCE,)), "default"
+    return (order if registry.REFERENCE in order else (*order, registry.REFERENCE)), source
+
+
+def _by_m(profile: capability.DeviceProfile, table: measured.Table) -> list[MRange]:
+    """Per op and dtype of `table`, the M ranges over which one implementation runs (merged where the
+    selection does not change), as the registry selects on a GPU named as the table's."""
+    gpu = profile.model_copy(update={"name": table.device, "simulated_from": None})
+    out = []
+    for op in opdef.all_ops():
+        for fmt in op.formats:
+            buckets = sorted(table.priority.get(f"{op.name}/{fmt}", ()))
+            for i, bucket in enumerate(buckets):
+                query = registry.Query(op.name, gpu, fmt, blocks=op.report_blocks, m_bucket=bucket)
+                selected = registry.explain_query(query).selected
+                # A bucket b holds the calls whose rows round up to b..(next bucket)/2 (registry lookup).
+                m_min = 1 if i == 0 else bucket // 2 + 1
+                m_max = buckets[i + 1] // 2 if i + 1 < len(buckets) else None
+                if out and (out[-1].op, out[-1].dtype, out[-1].selected) == (op.name, fmt, selected):
+                    out[-1].m_max = m_max
+                else:
+                    out.append(MRange(device=table.device, table=table.path, op=op.name, dtype=fmt, m_min=m_min,
+                                      m_max=m_max, selected=selected))
+    return out
+
+
+def _reason(c: registry.Candidate, candidates: list[registry.Candidate], priority: tuple[str, ...]) -> str:
+    """The candidate's reasons, or for one that runs with none given, why it is the one."""
+    if c.reasons:
+        return "; ".join(c.reasons)
+    if c.status == "fallback":
+        before = [d.impl for d in candidates[:candidates.index(c)] if d.status == "unavailable"]
+        return f"runs because {', '.join(before)} cannot run here (see {'its' if len(before) == 1 else 'their'} reasons)"
+    return f"first of {' > '.join(priority)} that can run here"
+
+
+def _span(r: MRange) -> str:
+    return f"M {r.m_min}+" if r.m_max is None else f"M {r.m_min}-{r.m_max}"
 
 
 def render(report: Report) -> str:
     """The report as aligned text."""
     d = report.device
-    title = f"device: {d.name} ({d.arch})" + (f", simulated on {d.simulated_from}" if d.simulated_from else "")
+    title = f"device: {d.name} ({d.arch})" + (f", simulated on {d.simulated_from}" if d.simulated_from else
+                                              ", a simulated profile" if report.simulated else "")
     caps = f"fp8 MMA: {'yes' if d.fp8_mma else 'no'}, int8 MMA: {'yes' if d.int8_mma else 'no'}, " \
            f"bf16 MMA: {'yes' if d.bf16_mma else 'no'}, smem/block: {d.smem_per_block // 1024} KiB"
     vers = ", ".join(f"{k} {v or 'none'}" for k, v in d.versions.items())
-    lines = [title, caps, f"python {report.python}, {vers}", f"priority: {' > '.join(report.priority)}"
-             + (" (refined per op and M by this GPU's measured table)" if report.measured_priority else "")]
+    source = {"default": f"default for {d.kind}"}.get(report.priority_source, f"from {report.priority_source}")
+    lines = [title, caps, f"python {report.python}, {vers}", f"priority: {' > '.join(report.priority)} ({source})"]
+    if report.measured_table:
+        lines.append(f"measured table: {report.measured_table} (refines the priority per op and M: below; the "
+                     "rows show the smallest M)")
+    elif report.priority_source != "default" and d.kind == "cuda":
+        lines.append(f"measured tables: not used, {report.priority_source} sets the order")
+    elif report.simulated and report.by_m:
+        lines.append(f"measured tables: not used for a simulated {d.arch}; below, what real {d.arch} GPUs with one "
+                     "select per M")
     lines += [f"plugin {p.name} ({p.value}): "
               + (f"failed to load: {p.error}" if p.error else f"{p.impls} implementations") for p in report.plugins]
-    lines.append("")
     widths = (15, 15, 9, 12)
-    lines.append(f"{'op':<{widths[0]}} {'impl':<{widths[1]}} {'dtype':<{widths[2]}} {'status':<{widths[3]}} reason")
+    lines += ["", f"{'op':<{widths[0]}} {'impl':<{widths[1]}} {'dtype':<{widths[2]}} {'status':<{widths[3]}} reason"]
     for r in report.rows:
         numerics = f" [numerics: {r.numerics}]" if r.numerics != "exact" else ""
         lines.append(f"{r.op:<{widths[0]}} {r.impl:<{widths[1]}} {r.dtype:<{widths[2]}} {r.status:<{widths[3]}} "
                      f"{r.reason}{numerics}")
+    for table in dict.fromkeys((r.device, r.table) for r in report.by_m):
+        lines += ["", f"per M on {table[0]} (measured table {table[1]}):"]
+        per_op: dict[tuple[str, str], list[MRange]] = {}
+        for r in report.by_m:
+            if (r.device, r.table) == table:
+                per_op.setdefault((r.op, r.dtype), []).append(r)
+        for (op, dtype), ranges in per_op.items():
+            spans = "; ".join(f"{_span(r)}: {r.selected or 'nothing'}" for r in ranges)
+            lines.append(f"{op:<{widths[0]}} {dtype:<{widths[2]}} {spans if len(ranges) > 1 else ranges[0].selected}")
     return "\n".join(lines)

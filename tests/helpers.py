@@ -20,28 +20,53 @@ def randn(shape, dtype=torch.float32, gen=None, scale=1.0, device="cpu"):
     return x.to(dtype).to(device)
 
 
+# The ops whose outputs carry a gradient (quant_linear: x and bias; scaled_mm with a float output: bias).
+DIFFERENTIABLE = ("scaled_mm", "quant_linear")
+
+
 def outputs_of_every_op_on_grad_inputs(backend: str) -> dict[str, tuple]:
-    """Every op run on `backend` with each float input (values, scales, bias) requiring grad; the
-    outputs per op, as tuples. Small shapes with tails, so the Triton interpreter is quick too."""
+    """Every op run on `backend` with each float input that it accepts requiring grad (values, scales,
+    bias: all but the differentiable ops' codes and scales, which they refuse); the outputs per op, as
+    tuples. Small shapes with tails, so the Triton interpreter is quick too."""
     gen = torch.Generator().manual_seed(7)
     x = randn((3, 40), gen=gen).requires_grad_()
     w = randn((24, 40), gen=gen).requires_grad_()
     q, s = ops.act_quant(x.detach(), dtype=torch.int8, group_size=16, backend=backend)
     wq, ws = ops.weight_quant(w.detach(), dtype=torch.int8, block_size=(16, 16), backend=backend)
-    s, ws = s.clone().requires_grad_(), ws.clone().requires_grad_()
+    s_grad, ws_grad = s.clone().requires_grad_(), ws.clone().requires_grad_()
     bias = randn((24,), gen=gen).requires_grad_()
     mm = dict(block_size=(16, 16), bias=bias, activation="gelu", backend=backend)
     out = {
         "act_quant": ops.act_quant(x, dtype=torch.int8, group_size=16, backend=backend),
-        "act_dequant": ops.act_dequant(q, s, group_size=16, backend=backend),
+        "act_dequant": ops.act_dequant(q, s_grad, group_size=16, backend=backend),
         "weight_quant": ops.weight_quant(w, block_size=(16, 16), backend=backend),
-        "weight_dequant": ops.weight_dequant(wq, ws, block_size=(16, 16), backend=backend),
+        "weight_dequant": ops.weight_dequant(wq, ws_grad, block_size=(16, 16), backend=backend),
         "scaled_mm": ops.scaled_mm(q, s, wq, ws, out_dtype=torch.float32, **mm),
-        "scaled_mm+requant": ops.scaled_mm(q, s, wq, ws, out_quant=torch.int8, out_group_size=16, **mm),
-        "dequant_bias": ops.dequant_bias(x[:, :24], s[:, 0], bias, bias, backend=backend),
-        "quantized_gelu": ops.quantized_gelu(q, s, group_size=16, backend=backend),
+        "scaled_mm+requant": ops.scaled_mm(q, s_grad, wq, ws_grad, out_quant=torch.int8, out_group_size=16, **mm),
+        "quant_linear": ops.quant_linear(x, wq, ws, bias, block_size=(16, 16), backend=backend),
+        "dequant_bias": ops.dequant_bias(x[:, :24], s_grad[:, 0], bias, bias, backend=backend),
+        "quantized_gelu": ops.quantized_gelu(q, s_grad, group_size=16, backend=backend),
     }
     return {op: o if isinstance(o, tuple) else (o,) for op, o in out.items()}
+
+
+# The epilogue's activations as torch evaluates them, for autograd references.
+TORCH_ACTIVATIONS = {None: lambda t: t, "gelu": torch.nn.functional.gelu, "silu": torch.nn.functional.silu,
+                     "gelu_tanh": lambda t: torch.nn.functional.gelu(t, approximate="tanh")}
+
+
+def reference_quant_linear(x, w, w_scale, bias, activation, block):
+    """act(dequant(quant(x)) @ dequant(w)^T + bias) in fp32 with autograd: the quantization straight
+    through (its value, the gradient of the identity), the weight dequantized. Returns (y, x', bias')
+    with x' and bias' fresh leaves."""
+    x = x.detach().clone().requires_grad_()
+    bias = None if bias is None else bias.detach().clone().requires_grad_()
+    q, s = ops.act_quant(x.detach(), dtype=w.dtype, group_size=block[1])
+    xd = ops.act_dequant(q, s, group_size=block[1], out_dtype=torch.float32)
+    x_ste = x.float() + (xd - x.float()).detach()
+    pre = x_ste @ ops.weight_dequant(w, w_scale, block_size=block, out_dtype=torch.float32).t()
+    y = TORCH_ACTIVATIONS[activation](pre if bias is None else pre + bias.float())
+    return y, x, bias
 
 
 def activation_inputs() -> torch.Tensor:

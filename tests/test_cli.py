@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import importlib.machinery
+import io
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -36,14 +39,15 @@ def test_report_json_simulating_sm80():
     assert "FP8 tensor cores" in rows[("scaled_mm", "triton", "fp8_e4m3")]["reason"]
     assert rows[("scaled_mm", "torch", "int8")]["status"] in ("available", "selected", "fallback")
     statuses = {r["status"] for r in data["rows"]}
-    assert statuses <= {"selected", "available", "fallback", "unavailable"}
+    assert statuses <= set(report.STATUSES)
+    assert data["simulated"] is True and data["schema_version"] == report.SCHEMA
 
 
 def test_report_json_is_stable():
     a, b = report.build(simulate="sm90"), report.build(simulate="sm90")
     assert a.model_dump_json() == b.model_dump_json()
-    assert list(json.loads(a.model_dump_json())) == ["device", "python", "priority", "measured_priority", "rows",
-                                                     "plugins"]
+    assert list(json.loads(a.model_dump_json())) == ["schema_version", "device", "simulated", "python", "priority",
+                                                     "priority_source", "measured_table", "rows", "plugins", "by_m"]
 
 
 @pytest.mark.parametrize("profile", ["cpu", "sm70", "sm75", "sm80", "sm86", "sm89", "sm90", "sm100"])
@@ -125,3 +129,82 @@ def test_saved_runs_keep_the_versions_of_the_machine_that_measured(tmp_path):
     data.pop("versions")
     data["device"]["versions"] = {"torch": "2.11.0+cu130", "triton": "3.6.0"}
     assert BenchResult.model_validate(data).versions == {"torch": "2.11.0+cu130", "triton": "3.6.0"}
+
+
+def test_write_priority_from_a_saved_run_goes_to_the_user_data_folder(tmp_path, monkeypatch, capsys):
+    from quantcore import measured
+
+    monkeypatch.setenv("QUANTCORE_DATA_DIR", str(tmp_path / "data"))
+    package = Path(quantcore.__file__).parent
+    before = sorted(package.rglob("*.json"))
+    assert main(["bench", "--from-json", str(_saved_run(tmp_path)), "--write-priority"]) == 0
+    written = tmp_path / "data" / "priority" / "h100-simulated.json"
+    assert f"wrote {written}\n" in capsys.readouterr().out
+    assert json.loads(written.read_text())["priority"]["act_quant/fp8_e4m3"] == {"4096": ["triton", "cupy"]}
+    assert sorted(package.rglob("*.json")) == before  # nothing written into the installed package
+    assert measured.load("H100 (simulated)").path == str(written)
+    assert main(["bench", "--from-json", str(_saved_run(tmp_path)), "--write-priority", str(tmp_path / "out")]) == 0
+    assert "the registry reads tables from" in capsys.readouterr().out
+    assert (tmp_path / "out" / "h100-simulated.json").is_file()
+
+
+def test_bench_ops_are_choices_listed_in_help(capsys):
+    from quantcore.bench.shapes import OPS
+
+    with pytest.raises(SystemExit):
+        main(["bench", "--help"])
+    text = capsys.readouterr().out
+    assert all(op in text for op in OPS)
+    with pytest.raises(SystemExit) as exit_:
+        main(["bench", "--ops", "quant_linaer"])
+    assert exit_.value.code == 2 and "invalid choice: 'quant_linaer'" in capsys.readouterr().err
+
+
+def test_plot_without_matplotlib_is_refused_before_anything_runs(tmp_path, monkeypatch, capsys):
+    real = quantcore.capability.module_available
+    monkeypatch.setattr(quantcore.capability, "module_available", lambda name: name != "matplotlib" and real(name))
+    for args in (["--from-json", str(_saved_run(tmp_path))], []):  # a saved run; a measurement (no GPU here)
+        assert main(["bench", *args, "--plot", str(tmp_path / "run.png")]) == 2
+        err = capsys.readouterr().err
+        assert "--plot needs matplotlib" in err and "GPU" not in err
+    assert not (tmp_path / "run.png").exists()
+
+
+class _Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_progress_is_plain_lines_off_a_terminal_and_a_tqdm_bar_on_one(monkeypatch):
+    from quantcore.bench.run import Progress
+
+    updates = []
+
+    class FakeTqdm:  # records what a bar would show
+        def __init__(self, total, file, **kwargs):
+            updates.append(("total", total))
+
+        def set_postfix_str(self, label, refresh):
+            updates.append(("label", label))
+
+        def update(self, n):
+            updates.append(("update", n))
+
+        def close(self):
+            updates.append(("close",))
+
+    fake = type(sys)("tqdm")
+    fake.__spec__, fake.tqdm = importlib.machinery.ModuleSpec("tqdm", None), FakeTqdm
+    monkeypatch.setitem(sys.modules, "tqdm", fake)
+    for stream, bar in ((io.StringIO(), True), (_Terminal(), False)):  # a pipe or a log; --no-progress
+        progress = Progress(2, bar, stream)
+        progress.step("act_quant fp8_e4m3 [1, 7168]")
+        progress.step("scaled_mm int8 1x2112x7168")
+        lines = stream.getvalue().splitlines()
+        assert len(lines) == 2 and "\r" not in stream.getvalue()
+        assert lines[1].endswith("] 2/2 scaled_mm int8 1x2112x7168")
+    assert updates == []
+    progress = Progress(2, True, _Terminal())
+    progress.step("a")
+    progress.step("b")
+    assert updates == [("total", 2), ("label", "a"), ("update", 1), ("label", "b"), ("update", 1), ("close",)]

@@ -87,6 +87,7 @@ def test_scaled_mm(gen, qdtype, lead, N, K):
     check(qc.scaled_mm_quant.default, (a, a_s, b, b_s, bias), dict(out_quant=qdtype, activation="silu"))
     check(qc.scaled_mm_quant.default, (a, a_s, b, b_s), dict(out_quant=INT8, out_group_size=64,
                                                              out_scale_fmt="ue8m0"))
+    check(qc.scaled_mm.default, (a, a_s, b, b_s, bias.requires_grad_()), dict(activation="gelu"))
 
 
 @pytest.mark.parametrize("qdtype", QDTYPES)
@@ -97,6 +98,9 @@ def test_quant_linear(gen, qdtype, lead, N, K):
     check(qc.quant_linear.default, (x, w, w_s))
     check(qc.quant_linear.default, (x, w, w_s, randn((N,), gen=gen)), dict(activation="gelu_tanh",
                                                                           out_dtype=torch.float32))
+    # With inputs requiring grad, opcheck also compares AOTAutograd's gradients with eager autograd's.
+    check(qc.quant_linear.default, (x.requires_grad_(), w, w_s, randn((N,), gen=gen).requires_grad_()),
+          dict(activation="silu"))
 
 
 @pytest.mark.parametrize("lead", [(5,), (2, 3)])
@@ -209,7 +213,28 @@ def test_backend_argument(gen):
     assert all(torch.equal(a, b) for a, b in zip(forced, priority))
 
 
-def test_import_quantcore_does_not_register():
-    code = "import sys, quantcore; print('quantcore.library' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "False"
+# The loading process imports quantcore alone, with Triton and CuPy unimportable.
+_LOAD_EXPORTED = """
+import sys
+for name in ("triton", "cupy", "cupy_backends"):
+    sys.modules[name] = None
+import torch
+import quantcore
+program = torch.export.load(sys.argv[1])
+x, expected = torch.load(sys.argv[2])
+y = program.module()(x)
+print(torch.equal(y, expected), tuple(y.shape), "quantcore.library" in sys.modules)
+"""
+
+
+def test_exported_program_loads_and_runs_after_import_quantcore(gen, tmp_path):
+    model = OpsModel(gen)
+    x = randn((2, 5, 200), gen=gen)
+    program = torch.export.export(model, (x,), dynamic_shapes=({1: torch.export.Dim("m")},))
+    torch.export.save(program, tmp_path / "model.pt2")
+    other = randn((2, 9, 200), gen=gen)  # another M: the saved graph is dynamic in it
+    torch.save((other, model(other)), tmp_path / "io.pt")
+    out = subprocess.run([sys.executable, "-c", _LOAD_EXPORTED, str(tmp_path / "model.pt2"), str(tmp_path / "io.pt")],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["True", "(2,", "9,", "200)", "True"]

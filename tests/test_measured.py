@@ -59,3 +59,17 @@ def test_cublas_variant_constraints_are_data():
     sm80 = GemmQuery("scaled_mm", simulated_profile("sm80"), "int8", blocks=(128, 128), nk=(128, 512))
     assert cublas.not_supported_reasons(sm80) == ["needs compute capability >= 9.0, device is 8.0",
                                                   "format int8 not implemented (has fp8_e4m3)"]
+
+
+def test_written_tables_go_to_the_user_data_folder_and_take_precedence(monkeypatch, tmp_path):
+    monkeypatch.setenv("QUANTCORE_DATA_DIR", str(tmp_path))
+    shipped = measured.load(H100.name)
+    assert shipped.shipped and shipped.priority["scaled_mm/fp8_e4m3"][128][0] == "torch[cublas]"
+    path = measured.write(H100.name, {"scaled_mm/fp8_e4m3": {"1": ["cupy", "triton"]}}, "test")
+    assert path == tmp_path / "priority" / "nvidia-h100-80gb-hbm3.json"
+    found = measured.load(H100.name)
+    assert found.path == str(path) and not found.shipped
+    q = GemmQuery("scaled_mm", H100, "fp8_e4m3", blocks=(128, 128), m_bucket=4096, nk=(2112, 7168))
+    assert registry.current_priority(q) == ("cupy", "triton", "torch")
+    monkeypatch.setenv("QUANTCORE_DATA_DIR", str(tmp_path / "elsewhere"))
+    assert measured.load(H100.name) == shipped

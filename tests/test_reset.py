@@ -24,9 +24,9 @@ def test_reset_rereads_measured_priorities_and_drops_kept_plans():
     launchers that the epoch already made unreachable: their memory is freed."""
     measured.table("NVIDIA H100 80GB HBM3")
     ops.act_quant(torch.randn(2, 128))
-    assert measured.table.cache_info().currsize and dispatch._plans
+    assert measured._load.cache_info().currsize and dispatch._plans
     registry.reset()
-    assert measured.table.cache_info().currsize == 0 and not dispatch._plans
+    assert measured._load.cache_info().currsize == 0 and not dispatch._plans
 
 
 def test_compared_backends_come_from_the_registry():

@@ -28,6 +28,9 @@ if TYPE_CHECKING:  # the registry loads backends: a runtime import would go up a
 # cuBLAS's block-wise kernel alike (mma.sync, as in the CuPy backend, stays at ~1e-8). Implementations
 # on that path declare it; the registry warns once and the tests judge them by their own tolerance.
 REDUCED_FP8_ACCUMULATION = "FP8 tensor-core accumulation within each K block at reduced precision (~1e-4 relative)"
+# Departures that the GPU's tensor cores cause: on the CPU (Triton's interpreter, whose tl.dot is an fp32
+# numpy product) the same kernel computes the contract exactly.
+TENSOR_CORE_NUMERICS = (REDUCED_FP8_ACCUMULATION,)
 
 
 @dataclass(frozen=True)
@@ -166,6 +169,11 @@ class Impl:
     def not_supported_reasons(self, query: Query) -> list[str]:
         """Reasons this implementation cannot run `query`; empty when it can."""
         return self.constraints.reasons(query)
+
+    def numerics_on(self, profile: DeviceProfile) -> str:
+        """`numerics` where it runs on `profile`: "exact" on the CPU for a departure that only GPU
+        tensor cores cause (`TENSOR_CORE_NUMERICS`)."""
+        return "exact" if profile.kind == "cpu" and self.numerics in TENSOR_CORE_NUMERICS else self.numerics
 
     def function(self) -> Callable[..., Any]:
         """The launch function (imports the backend's kernels on first call)."""

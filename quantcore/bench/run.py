@@ -56,20 +56,30 @@ class BenchResult(BaseModel):
         return data
 
 
-class _Progress:
-    def __init__(self, total: int, enabled: bool):
-        self.total, self.done, self.enabled, self.start = total, 0, enabled, time.perf_counter()
+class Progress:
+    """A run's progress on `stream` (stderr): a tqdm bar where `bar` is asked for, the stream is a
+    terminal and tqdm is installed; one plain line per case otherwise (logs, pipes, CI)."""
+
+    def __init__(self, total: int, bar: bool, stream=None):
+        self.stream = sys.stderr if stream is None else stream
+        self.total, self.done, self.start = total, 0, time.perf_counter()
+        self.bar = None
+        if bar and self.stream.isatty() and capability.module_available("tqdm"):
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, file=self.stream, unit="case", dynamic_ncols=True)
 
     def step(self, label: str) -> None:
+        """One more case done, `label` naming it."""
         self.done += 1
-        if not self.enabled:
-            print(f"[{time.perf_counter() - self.start:7.1f}s] {self.done}/{self.total} {label}", flush=True)
-        else:
-            filled = int(30 * self.done / max(self.total, 1))
-            sys.stderr.write(f"\r[{'#' * filled}{'.' * (30 - filled)}] {self.done}/{self.total} {label:<48}")
-            sys.stderr.flush()
-            if self.done == self.total:
-                sys.stderr.write("\n")
+        if self.bar is None:
+            print(f"[{time.perf_counter() - self.start:7.1f}s] {self.done}/{self.total} {label}", file=self.stream,
+                  flush=True)
+            return
+        self.bar.set_postfix_str(label, refresh=False)
+        self.bar.update(1)
+        if self.done == self.total:
+            self.bar.close()
 
 
 def _rand(*shape, dtype=torch.bfloat16, device="cuda"):
@@ -230,7 +240,8 @@ def _dispatch_overhead(device: str = "cuda") -> dict[str, float]:
 def run(*, quick: bool = False, only: tuple[str, ...] = (), progress: bool = True,
         command: str = "quantcore bench", checkpoint: Callable[[BenchResult], None] | None = None,
         resume: BenchResult | None = None, with_baselines: bool = True, simulate: tuple[str, ...] = ()) -> BenchResult:
-    """Measure every op × backend × format on the current GPU beside the baselines.
+    """Measure every op × backend × format on the current GPU beside the baselines (`only`: those of
+    `shapes.OPS` to measure; `progress`: a bar where stderr is a terminal with tqdm, else plain lines).
 
     `checkpoint`, if given, receives the partial result after every case (a long run cut short
     still leaves its measurements); `resume`, such a partial result of the same GPU model, is
@@ -238,6 +249,9 @@ def run(*, quick: bool = False, only: tuple[str, ...] = (), progress: bool = Tru
     `with_baselines=False` times quantcore's implementations only: what measured priorities need,
     without torch.compile's compilations and the vendor kernels. `simulate` ("sm80", "sm75", …) also
     times the GEMMs under those profiles, beside this GPU's baselines (`_simulated_records`)."""
+    unknown = [op for op in only if op not in shapes.OPS]
+    if unknown:
+        raise InvalidInputError(f"bench: unknown op(s) {unknown}; the bench measures {', '.join(shapes.OPS)}")
     if not torch.cuda.is_available():
         raise UnsupportedError("bench: needs a CUDA GPU; run it on a GPU machine")
     device = capability.profile_for("cuda")
@@ -250,7 +264,7 @@ def run(*, quick: bool = False, only: tuple[str, ...] = (), progress: bool = Tru
     gemms = [] if only and "scaled_mm" not in only else [
         (fmt, qdtype, mnk) for fmt, qdtype in (("fp8_e4m3", torch.float8_e4m3fn), ("int8", torch.int8))
         for mnk in plan["gemm"] if ("scaled_mm", fmt, mnk) not in done]
-    bar = _Progress(len(mem) + len(gemms), progress)
+    bar = Progress(len(mem) + len(gemms), progress)
     if resume is not None:
         result = resume.model_copy(update={"command": f"{resume.command}; resumed by {command}",
                                            "records": list(resume.records)})

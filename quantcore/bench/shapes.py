@@ -4,6 +4,9 @@ The GEMM rows M = 1, 4, 16 and 64 are decode batches: the summary judges them ag
 
 from __future__ import annotations
 
+# The ops the bench measures (quant_linear is act_quant + scaled_mm, measured as those).
+OPS = ("act_quant", "act_dequant", "quantized_gelu", "weight_quant", "weight_dequant", "dequant_bias", "scaled_mm")
+
 DEEPSEEK_M = (1, 4, 16, 64, 128, 512, 4096, 16384)
 DEEPSEEK_NK = ((2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048))
 EPILOGUE_N = (2560, 3840, 13824)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from importlib import resources
 from pathlib import Path
 
 from .. import measured, registry
@@ -177,10 +176,12 @@ def simulated_gemms(result: BenchResult) -> str:
     return "\n".join(out)
 
 
-def write_priority(result: BenchResult) -> Path:
-    """Turn a run into the measured priority table of this GPU model, inside the installed package."""
+def write_priority(result: BenchResult, root: Path | None = None) -> Path:
+    """Turn a run into the measured priority table of its GPU model, written into folder `root`
+    (default: the user's data folder, which the registry reads; never the installed package)."""
     weights = ("weight_quant", "weight_dequant")  # no M: one bucket
     table = measured.build([r for r in result.records if r.impl in registry.compared(r.op)],
                            lambda r: 0 if r.op in weights else registry.m_bucket(r.shape[0]))
-    root = Path(str(resources.files("quantcore").joinpath(measured.DATA)))
-    return measured.write(result.device.name, table, f"{result.command} on {result.date}", root)
+    path = measured.write(result.device.name, table, f"{result.command} on {result.date}", root, result.device.arch)
+    registry.clear_caches()  # selections and kept plans made under the previous table
+    return path

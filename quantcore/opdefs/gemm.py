@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import torch
 
-from .. import specs
+from .. import gradients, specs
 from ..formats import DEFAULT_BLOCK, DEFAULT_EPS, DEFAULT_GROUP
-from ..opdef import CustomOp, OpDef
+from ..opdef import CustomOp, Gradient, OpDef
 from ..registry import BackendChoice
 from .schema import BACKEND, BLOCK, EPS, F32, QUANT_FORMATS, blocks
 
@@ -49,7 +49,9 @@ SCALED_MM = OpDef(
      "profile"),
     QUANT_FORMATS, DEFAULT_BLOCK,
     (CustomOp("scaled_mm", f"({_GEMM_ARGS}, *, str? activation=None, ScalarType out_dtype=bfloat16, {BLOCK}, "
-                           f"{BACKEND}) -> Tensor", _scaled_mm_fake),
+                           f"{BACKEND}) -> Tensor", _scaled_mm_fake,
+              gradient=Gradient(("bias",), gradients.scaled_mm, lambda options: options["out_quant"] is None,
+                                " (quant_linear takes the float activation and gives it a gradient)")),
      CustomOp("scaled_mm_quant", f'({_GEMM_ARGS}, *, ScalarType out_quant, str? activation=None, {BLOCK}, '
                                  f'int out_group_size={DEFAULT_GROUP}, str out_scale_fmt="fp32", {EPS}, '
                                  f"{BACKEND}) -> (Tensor, Tensor)", _scaled_mm_quant_fake)))
@@ -80,4 +82,4 @@ QUANT_LINEAR = OpDef(
     QUANT_FORMATS, DEFAULT_BLOCK,
     (CustomOp("quant_linear", f'(Tensor x, Tensor w, Tensor w_scale, Tensor? bias=None, *, str? activation=None, '
                               f'ScalarType out_dtype=bfloat16, {BLOCK}, str scale_fmt="fp32", {EPS}, {BACKEND}) '
-                              "-> Tensor", _quant_linear_fake),))
+                              "-> Tensor", _quant_linear_fake, gradient=Gradient(("x", "bias"), gradients.quant_linear)),))

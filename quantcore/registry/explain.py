@@ -91,11 +91,12 @@ def explain_query(query: Query, backend: BackendChoice = None) -> Explanation:
                 why = ["not in the priority list"]
             else:
                 why = ["lower priority"]
-        candidates.append(Candidate(impl=impl.label, status=status, numerics=impl.numerics, reasons=why))
+        candidates.append(Candidate(impl=impl.label, status=status, numerics=impl.numerics_on(query.profile),
+                                    reasons=why))
     p = query.profile
     device = p.name + (f" simulated on {p.simulated_from}" if p.simulated_from else "")
     return Explanation(
         op=query.op, device=device, arch=p.arch, format=query.fmt,
         selected=chosen.label if chosen else None, options=dict(chosen.options) if chosen else {},
-        numerics=chosen.numerics if chosen else None, candidates=candidates, broken_plugins=table.broken_plugins(),
+        numerics=chosen.numerics_on(query.profile) if chosen else None, candidates=candidates, broken_plugins=table.broken_plugins(),
     )

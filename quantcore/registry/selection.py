@@ -47,13 +47,14 @@ def select(query: Query, backend: BackendChoice = None) -> Impl:
     fixed `options`, which carry its variant (the Triton GEMM's `mma`, for one) to the launch."""
     explicit, order = resolve_choice(query, backend)
     impl = table.choose(query, explicit, order, table.epoch())
-    if impl.numerics != "exact":
+    numerics = impl.numerics_on(query.profile)
+    if numerics != "exact":
         key = (query.op, impl.label, query.profile.arch)
         if key not in _warned:
             _warned.add(key)
             warnings.warn(
                 f"quantcore.{query.op}: {impl.label} on {query.profile.arch} computes {query.fmt} "
-                f"with changed numerics: {impl.numerics}",
+                f"with changed numerics: {numerics}",
                 NumericsWarning,
                 stacklevel=3,
             )
@@ -74,5 +75,5 @@ def reset() -> None:
     (compiled kernels keyed by their source and target, the device's properties) are kept."""
     table.forget()
     clear_caches()
-    measured.table.cache_clear()
+    measured.forget()
     reset_backends()

@@ -1,4 +1,5 @@
-"""How close an implementation must come to a float64 computation of the same function (DESIGN.md).
+"""How close an implementation must come to a float64 computation of the same function
+(docs/numerics.md, "Tolerances").
 
 Quantize and dequantize are bit-exact. GEMM-like outputs are judged by relative Frobenius error,
 per (input format, output dtype). Re-quantized outputs are judged element by element after
@@ -16,6 +17,10 @@ LOW_PRECISION_OUT = {torch.bfloat16: 1e-2, torch.float16: 1e-2}
 # FP8 tensor-core paths that keep a K block's running sum at the MMA's reduced precision (Hopper
 # wgmma: Triton and cuBLAS) declare it in their `numerics`; measured 1.1-1.3e-4 on the H100.
 REDUCED_ACCUMULATION_FP32_OUT = 3e-4
+# Input gradients of quant_linear / scaled_mm against torch autograd of the straight-through float
+# function (dequantized weight): act' at two computations of the pre-activation (the op's GEMM, an fp32
+# matmul of dequantized values), then a matmul in the gradient's dtype. Relative Frobenius error.
+GRADIENT = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 1e-2}
 REQUANT_SCALE_RTOL = 1e-5  # a re-quantized block's scale follows its amax, itself an fp32-rounded GEMM value
 # Elementwise activations in fp32: ulps of the exact value, counting the input's rounding amplified by
 # the function's condition number. Measured on the CPU: up to ~5 for the reference and the Triton

@@ -32,8 +32,8 @@ from binding import LaunchSpy, check_binding, kernel_mma, simulate_on_cpu, spy_t
 from calls import call_of  # noqa: E402
 
 from helpers import (  # noqa: E402
-    TAIL_EPS, activation_inputs, check_activation, judge_quantized_gelu, outputs_of_every_op_on_grad_inputs, randn,
-    tail_blocks, tail_gemm_operands)
+    DIFFERENTIABLE, TAIL_EPS, activation_inputs, check_activation, judge_quantized_gelu,
+    outputs_of_every_op_on_grad_inputs, randn, reference_quant_linear, tail_blocks, tail_gemm_operands)
 from quantcore import InvalidInputError, ops  # noqa: E402
 from quantcore.backends import torch as ref  # noqa: E402
 from quantcore.backends.triton import configs, launch  # noqa: E402
@@ -623,10 +623,25 @@ def test_direct_launches_need_a_known_triton_and_a_gpu():
     assert not direct.version_supported("nightly")
     assert not direct.enabled()  # the interpreter runs every launch through the JIT
 
-def test_outputs_never_require_grad():
-    """The same rule as the reference's (tests/test_inference_only.py): inference-only outputs."""
+def test_only_the_differentiable_ops_outputs_require_grad():
+    """The same rule as the reference's (tests/test_autograd.py)."""
     for op, tensors in outputs_of_every_op_on_grad_inputs("triton").items():
-        assert [t.requires_grad for t in tensors] == [False] * len(tensors), op
+        assert [t.requires_grad for t in tensors] == [op in DIFFERENTIABLE] * len(tensors), op
+
+
+@pytest.mark.parametrize("qdtype", [torch.int8, torch.float8_e4m3fn])
+def test_quant_linear_gradients_on_triton(gen, qdtype):
+    """Forward, the backward's recomputed pre-activation and dequantized weight all on Triton."""
+    from quantcore.specs.tolerances import GRADIENT, rel_error
+
+    w, ws = ops.weight_quant(randn((40, 100), gen=gen), dtype=qdtype, block_size=(32, 32))
+    x, bias = randn((3, 100), gen=gen).requires_grad_(), randn((40,), gen=gen).requires_grad_()
+    y = ops.quant_linear(x, w, ws, bias, activation="gelu", out_dtype=torch.float32, block_size=(32, 32),
+                         backend="triton")
+    grad_out = randn((3, 40), gen=gen)
+    ref, rx, rb = reference_quant_linear(x, w, ws, bias, "gelu", (32, 32))
+    for got, want in zip(torch.autograd.grad(y, (x, bias), grad_out), torch.autograd.grad(ref, (rx, rb), grad_out)):
+        assert rel_error(got, want) <= GRADIENT[torch.float32]
 
 
 # ---------------------------------------------------------------------------------------------

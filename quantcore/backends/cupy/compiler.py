@@ -14,13 +14,25 @@ Kernels are C++ templates; each launch names one instantiation (e.g.
 ``"qc::quant_kernel<float, qc::Int8, 4, 32, 1>"``), which NVRTC instantiates and reports under its
 mangled name. Sources are compiled without fast math (the numerics contract wants IEEE division and
 no flush-to-zero). CuPy is imported only inside functions, so `import quantcore` never needs it.
+
+Compilations are cached in memory and on disk, under `quantcore.userdirs.cache_dir()/nvrtc`
+(`QUANTCORE_CACHE_DIR` moves it), one gzipped JSON file per compilation named by the SHA-256 of everything
+that determines NVRTC's output: the kernel sources and headers, the file, the options (architecture
+and include folder among them), the instantiations, cubin or not, NVRTC's version and the CUDA
+headers' version. A GEMM instantiation costs NVRTC 1.5-2 s; a later process reads it back instead.
+Files are written whole through a rename, so processes compiling at the same time never read a
+partial one; an unreadable file counts as a miss, and a cache folder that cannot be written only
+costs the next process the compile.
 """
 
 from __future__ import annotations
 
+import base64
 import functools
+import gzip
 import hashlib
 import importlib.resources
+import json
 import os
 import re
 import site
@@ -30,6 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
+from ... import userdirs
 from ...errors import QuantcoreError, UnsupportedError
 
 KERNEL_SUFFIXES = (".cu", ".cuh")
@@ -169,8 +182,8 @@ def compile_source(filename: str, arch: Any, name_expressions: Iterable[str] = (
                    options: Iterable[str] = (), *, cubin: bool = False) -> Compiled:
     """Compile kernels/`filename` for `arch` ((9, 0), 90 or "sm_90") and instantiate each template
     in `name_expressions`. Works without a GPU. `cubin=True` targets the real `sm_XY` (PTX is kept
-    too); otherwise the virtual `compute_XY`. Results are cached per (source text, arch, options,
-    expressions). Raises KernelCompileError with NVRTC's log when the source does not compile."""
+    too); otherwise the virtual `compute_XY`. Results are cached in memory and on disk (the module's
+    docstring says how). Raises KernelCompileError with NVRTC's log when the source does not compile."""
     sources = kernel_sources()
     if filename not in sources:
         raise KernelCompileError(f"no kernel source {filename!r}; have {', '.join(kernel_files())}")
@@ -186,6 +199,51 @@ def compile_source(filename: str, arch: Any, name_expressions: Iterable[str] = (
     nvrtc = _nvrtc()
     if number not in supported_archs():
         raise UnsupportedError(f"NVRTC {'.'.join(map(str, nvrtc_version()))} cannot compile for sm_{number}")
+    path = cache_path(digest, filename, opts, exprs)
+    result = _read(path, exprs)
+    if result is None:
+        result = _compile(nvrtc, sources, filename, target, opts, exprs, cubin)
+        _write(path, result)
+    with _lock:
+        _compiled[key] = result
+    return result
+
+
+def cache_path(digest: str, filename: str, opts: tuple[str, ...], exprs: tuple[str, ...]) -> Path:
+    """The disk cache's file for one compilation: named by a hash of the sources' `digest`, the file,
+    the options (the target `compute_XY`/`sm_XY` and the include folder among them), the
+    instantiations, NVRTC's version and the version of the CUDA headers NVRTC sees."""
+    headers = [_header_version(Path(d)) for d in include_dirs()]
+    parts = [digest, filename, *opts, "\1", *exprs, "\1", f"nvrtc {nvrtc_version()}", f"headers {headers}"]
+    name = hashlib.sha256("\0".join(parts).encode()).hexdigest()
+    return userdirs.cache_dir() / "nvrtc" / f"{name}.json.gz"
+
+
+def _read(path: Path, exprs: tuple[str, ...]) -> Compiled | None:
+    """A cached compilation, or None where there is none, it cannot be read, or it lacks an instantiation."""
+    try:
+        data = json.loads(gzip.decompress(path.read_bytes()))
+        result = Compiled(ptx=base64.b64decode(data["ptx"]),
+                          cubin=None if data["cubin"] is None else base64.b64decode(data["cubin"]),
+                          lowered=dict(data["lowered"]), log=str(data["log"]))
+    except (OSError, EOFError, ValueError, KeyError, TypeError):  # gzip raises OSError/EOFError when cut short
+        return None
+    return result if set(exprs) <= set(result.lowered) else None
+
+
+def _write(path: Path, result: Compiled) -> None:
+    data = {"ptx": base64.b64encode(result.ptx).decode(), "lowered": result.lowered, "log": result.log,
+            "cubin": None if result.cubin is None else base64.b64encode(result.cubin).decode()}
+    try:
+        # PTX compresses about tenfold: a GEMM file's instantiations are megabytes of text.
+        userdirs.write_atomically(path, gzip.compress(json.dumps(data).encode(), mtime=0))
+    except OSError:  # a read-only or full cache folder: the compile stands, the next process repeats it
+        pass
+
+
+def _compile(nvrtc, sources: dict[str, str], filename: str, target: str, opts: tuple[str, ...],
+             exprs: tuple[str, ...], cubin: bool) -> Compiled:
+    """One NVRTC compilation (raising KernelCompileError with NVRTC's log when it fails)."""
     headers = {k: v for k, v in sources.items() if k.endswith(".cuh")}
     prog = nvrtc.createProgram(sources[filename], filename, [v.encode() for v in headers.values()],
                                [k.encode() for k in headers])
@@ -197,7 +255,7 @@ def compile_source(filename: str, arch: Any, name_expressions: Iterable[str] = (
         except nvrtc.NVRTCError as exc:
             raise KernelCompileError(f"NVRTC failed on {filename} for {target} ({exc})",
                                      _text(nvrtc.getProgramLog(prog))) from None
-        result = Compiled(
+        return Compiled(
             ptx=nvrtc.getPTX(prog),
             cubin=nvrtc.getCUBIN(prog) if cubin else None,
             lowered={expr: _text(nvrtc.getLoweredName(prog, expr)) for expr in exprs},
@@ -205,9 +263,6 @@ def compile_source(filename: str, arch: Any, name_expressions: Iterable[str] = (
         )
     finally:
         nvrtc.destroyProgram(prog)
-    with _lock:
-        _compiled[key] = result
-    return result
 
 
 def _text(value: Any) -> str:

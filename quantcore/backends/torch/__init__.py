@@ -1,8 +1,9 @@
 """The torch reference backend: every op, on any device torch runs on, computing the numerics contract
 exactly. It is the last entry of every priority list and the oracle of the parity tests.
 
-Its functions run under `torch.no_grad()`: the ops are inference-only, and outputs of the Triton and
-CuPy backends (fresh `torch.empty` buffers) never join the inputs' autograd graph either."""
+Its functions run under `torch.no_grad()`: like the Triton and CuPy backends' outputs (fresh
+`torch.empty` buffers), its outputs never join the inputs' autograd graph; gradients are recorded
+above the backends, by the custom ops (`quantcore/gradients.py`)."""
 
 from __future__ import annotations
 
