@@ -141,7 +141,9 @@ def _measure(rows: list[Row], base: nn.Module, batches: list[int], make_step: Ca
                     done(rows[-1])
     for batch in batches:
         for mode in MODES:
-            timed: dict[str, tuple[Row, Callable[[], object]]] = {}
+            # Each entry keeps its step (and through it the decode state) alive: a captured graph replays
+            # into the state's memory, which must not be freed and handed to the next format's state.
+            timed: dict[str, tuple[Row, Callable[[], object], Callable[[], object]]] = {}
             for name, module in modules.items():
                 row = Row(dtype=name, batch=batch, mode=mode, weight_bytes=weight_bytes(module))
                 try:
@@ -150,14 +152,14 @@ def _measure(rows: list[Row], base: nn.Module, batches: list[int], make_step: Ca
                         if mode == "graph" and not graphs:
                             row.note = "skipped: CUDA graphs need a CUDA device"
                         else:
-                            timed[name] = row, (_warm_eager if mode == "eager" else _warm_graph)(step, cfg)
+                            timed[name] = row, (_warm_eager if mode == "eager" else _warm_graph)(step, cfg), step
                 except Exception as err:  # a failed kernel or capture is this row's result
                     row.note = error_note(err, 300)
                 if name not in timed:
                     _record(row, rows, copy_gbps, done)
             best: dict[str, float] = {}
             for _ in range(ROUNDS):
-                for name, (row, run) in list(timed.items()):
+                for name, (row, run, _) in list(timed.items()):
                     try:
                         with torch.inference_mode():
                             best[name] = min(best.get(name, float("inf")), timing.loop_us(run, cfg.tokens))
@@ -166,7 +168,7 @@ def _measure(rows: list[Row], base: nn.Module, batches: list[int], make_step: Ca
                         del timed[name]
                         best.pop(name, None)
                         _record(row, rows, copy_gbps, done)
-            for name, (row, _) in timed.items():  # bf16 first: the others' ratios need it
+            for name, (row, *_) in timed.items():  # bf16 first: the others' ratios need it
                 row.step_us = best[name]
                 _record(row, rows, copy_gbps, done)
             timed.clear()  # frees the states (and the graphs' memory pools) before the next configuration
