@@ -71,7 +71,9 @@ class OpDef:
     absent), passed to the spec positionally; every other argument but `backend` is an option.
     `launch_args` are the keyword names the dispatcher passes a launch function (the spec's
     `Prepared.kwargs`; an implementation's fixed `options` come on top). `formats` are the input formats
-    the report lists, with `report_blocks` as the block sizes of its queries."""
+    the report lists, with `report_blocks` as the block sizes of its queries. `example(fmt, device="cpu",
+    m=2, n=32, k=512)` -> (args, kwargs) is one call of the op reading `fmt` (m rows, an n×k weight):
+    what the launch-contract and binding tests run for every format, and a sample for plugins and docs."""
 
     stub: Callable[..., Any]
     spec: Callable[..., Any]
@@ -80,6 +82,7 @@ class OpDef:
     formats: tuple[str, ...]
     report_blocks: tuple[int, ...] = ()
     custom_ops: tuple[CustomOp, ...] = ()
+    example: Callable[..., tuple[tuple, dict[str, Any]]] | None = None
     function: Callable[..., Any] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:

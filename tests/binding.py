@@ -1,6 +1,6 @@
 """What selection names is what runs: a spy on the launches the dispatcher makes (which `Impl`, and
 which keyword arguments beyond the op's contract it passed: the Impl's fixed `options`, its variant),
-and the check that `explain()`, `select()` and the spied launch agree on a call (tests/calls.py).
+and the check that `explain()`, `select()` and the spied launch agree on a call (each op's `OpDef.example`).
 Used on the CPU (tests/test_binding.py), under the Triton interpreter
 (tests/backends/test_triton_kernels.py) and on a GPU (tests/gpu/test_binding_gpu.py)."""
 

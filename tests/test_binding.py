@@ -10,7 +10,6 @@ from __future__ import annotations
 import pytest
 
 from binding import LaunchSpy, check_binding, choices, simulate_on_cpu
-from calls import call_of
 from quantcore import capability, opdef, registry
 from quantcore.opdefs import BUILTIN
 from quantcore.specs.gemm_query import GemmQuery
@@ -29,7 +28,7 @@ def test_what_selection_names_is_what_the_dispatcher_launches(monkeypatch, op, p
     spy = LaunchSpy(monkeypatch, stub=lambda impl: spy.reference_stub(impl))
     launched = set()
     for fmt in opdef.get(op).formats:
-        args, kwargs = call_of(op, fmt)
+        args, kwargs = opdef.get(op).example(fmt)
         for backend in choices(op):
             chosen, _ = check_binding(spy, op, args, kwargs, backend)
             launched.add(chosen and chosen.label)

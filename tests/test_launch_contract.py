@@ -8,7 +8,6 @@ import importlib
 
 import pytest
 
-from calls import call_of
 from quantcore import InvalidInputError, opdef, registry
 from quantcore.backends import BACKEND_PACKAGES
 from quantcore.backends.base import Constraints, Impl
@@ -25,9 +24,9 @@ def test_builtin_launch_signatures(impl):
 
 
 def test_launch_args_are_what_the_specs_prepare():
-    for op in opdef.all_ops():  # calls.call_of knows every op: a new one adds its call there
+    for op in opdef.all_ops():  # every op defines its example call (OpDef.example)
         for fmt in op.formats:
-            args, kwargs = call_of(op.name, fmt)
+            args, kwargs = op.example(fmt)
             assert tuple(op.spec(*args, **kwargs).kwargs) == op.launch_args, (op.name, fmt)
 
 

@@ -10,7 +10,7 @@ from ..formats import DEFAULT_EPS, DEFAULT_GROUP, dtype_name
 from ..opdef import CustomOp, OpDef
 from ..registry import BackendChoice
 from ..specs.epilogue import GEMM_OUT_DTYPES
-from .schema import BACKEND, EPS, F32, GROUP, QUANT_FORMATS, blocks, same_shape_fake
+from .schema import BACKEND, EPS, F32, GROUP, QUANT_FORMATS, blocks, example_of, same_shape_fake
 
 
 def dequant_bias(g: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor, bias: torch.Tensor | None = None, *,
@@ -24,11 +24,22 @@ def dequant_bias(g: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor, 
 
 
 # Reported for the GEMM output dtypes it reads (its selection format is g's dtype), with no blocks.
+def _dequant_bias_example(fmt, device="cpu", m=2, n=32, k=512):
+    """An example call: g [m, n] of dtype `fmt` (int32 as a GEMM's integer accumulator), positive scales."""
+    gen = torch.Generator().manual_seed(0)
+    dtype = next(d for d in GEMM_OUT_DTYPES if dtype_name(d) == fmt)
+    g = (torch.randint(-2**20, 2**20, (m, n), generator=gen, dtype=dtype) if dtype == torch.int32
+         else torch.randn(m, n, generator=gen).to(dtype))
+    scale_a, scale_b, bias = torch.rand(m, generator=gen), torch.rand(n, generator=gen), torch.randn(n, generator=gen)
+    return tuple(t.to(device) for t in (g, scale_a, scale_b, bias)), {}
+
+
 DEQUANT_BIAS = OpDef(
     dequant_bias, specs.dequant_bias, ("g", "scale_a", "scale_b", "bias"),
     ("g", "scale_a", "scale_b", "bias", "out_dtype", "profile"), tuple(map(dtype_name, GEMM_OUT_DTYPES)), (),
     (CustomOp("dequant_bias", f"(Tensor g, Tensor scale_a, Tensor scale_b, Tensor? bias=None, *, "
-                              f"ScalarType out_dtype=bfloat16, {BACKEND}) -> Tensor", same_shape_fake),))
+                              f"ScalarType out_dtype=bfloat16, {BACKEND}) -> Tensor", same_shape_fake),),
+    _dequant_bias_example)
 
 
 def quantized_gelu(q: torch.Tensor, scale: torch.Tensor, *, group_size: int = DEFAULT_GROUP, approximate: str = "none",
@@ -53,4 +64,5 @@ QUANTIZED_GELU = OpDef(
     (DEFAULT_GROUP,),
     (CustomOp("quantized_gelu", f'(Tensor q, Tensor scale, *, {GROUP}, str approximate="none", '
                                 f'ScalarType? out_dtype=None, str scale_fmt="fp32", {EPS}, {BACKEND}) '
-                                "-> (Tensor, Tensor)", _quantized_gelu_fake),))
+                                "-> (Tensor, Tensor)", _quantized_gelu_fake),),
+    example_of("xq"))

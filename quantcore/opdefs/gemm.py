@@ -9,7 +9,7 @@ from .. import gradients, specs
 from ..formats import DEFAULT_BLOCK, DEFAULT_EPS, DEFAULT_GROUP
 from ..opdef import CustomOp, Gradient, OpDef
 from ..registry import BackendChoice
-from .schema import BACKEND, BLOCK, EPS, F32, QUANT_FORMATS, blocks
+from .schema import BACKEND, BLOCK, EPS, F32, QUANT_FORMATS, blocks, example_of
 
 _GEMM_ARGS = "Tensor a, Tensor a_scale, Tensor b, Tensor b_scale, Tensor? bias=None"
 _EPILOGUE = ("bias", "activation", "out_dtype")
@@ -54,7 +54,8 @@ SCALED_MM = OpDef(
                                 " (quant_linear takes the float activation and gives it a gradient)")),
      CustomOp("scaled_mm_quant", f'({_GEMM_ARGS}, *, ScalarType out_quant, str? activation=None, {BLOCK}, '
                                  f'int out_group_size={DEFAULT_GROUP}, str out_scale_fmt="fp32", {EPS}, '
-                                 f"{BACKEND}) -> (Tensor, Tensor)", _scaled_mm_quant_fake)))
+                                 f"{BACKEND}) -> (Tensor, Tensor)", _scaled_mm_quant_fake)),
+    example_of("xq", "wq"))
 
 
 def quant_linear(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None = None, *,
@@ -82,4 +83,5 @@ QUANT_LINEAR = OpDef(
     QUANT_FORMATS, DEFAULT_BLOCK,
     (CustomOp("quant_linear", f'(Tensor x, Tensor w, Tensor w_scale, Tensor? bias=None, *, str? activation=None, '
                               f'ScalarType out_dtype=bfloat16, {BLOCK}, str scale_fmt="fp32", {EPS}, {BACKEND}) '
-                              "-> Tensor", _quant_linear_fake, gradient=Gradient(("x", "bias"), gradients.quant_linear)),))
+                              "-> Tensor", _quant_linear_fake, gradient=Gradient(("x", "bias"), gradients.quant_linear)),),
+    example_of("x", "wq"))

@@ -11,7 +11,7 @@ from .. import specs
 from ..formats import DEFAULT_BLOCK, DEFAULT_EPS, DEFAULT_GROUP
 from ..opdef import CustomOp, OpDef
 from ..registry import BackendChoice
-from .schema import BACKEND, BLOCK, EPS, F32, GROUP, QUANT_FORMATS, blocks, same_shape_fake
+from .schema import BACKEND, BLOCK, EPS, F32, GROUP, QUANT_FORMATS, blocks, example_of, same_shape_fake
 
 
 def act_quant(x: torch.Tensor, *, dtype=torch.float8_e4m3fn, group_size: int = DEFAULT_GROUP, scale_fmt: str = "fp32",
@@ -50,7 +50,7 @@ ACT_QUANT = OpDef(
     ("x", "qdtype", "group_size", "ue8m0", "eps", "scale_m_major", "profile"), QUANT_FORMATS, (DEFAULT_GROUP,),
     (CustomOp("act_quant", f'(Tensor x, *, ScalarType dtype=float8_e4m3fn, {GROUP}, str scale_fmt="fp32", {EPS}, '
                            f'str scale_layout="row", bool check_finite=False, {BACKEND}) -> (Tensor, Tensor)',
-              _act_quant_fake, _act_quant_layout),))
+              _act_quant_fake, _act_quant_layout),), example_of("x", quantize=True))
 
 
 def act_dequant(q: torch.Tensor, scale: torch.Tensor, *, group_size: int = DEFAULT_GROUP,
@@ -62,7 +62,7 @@ ACT_DEQUANT = OpDef(
     act_dequant, specs.act_dequant, ("q", "scale"), ("q", "scale", "group_size", "out_dtype", "profile"),
     QUANT_FORMATS, (DEFAULT_GROUP,),
     (CustomOp("act_dequant", f"(Tensor q, Tensor scale, *, {GROUP}, ScalarType out_dtype=bfloat16, {BACKEND}) "
-                             "-> Tensor", same_shape_fake),))
+                             "-> Tensor", same_shape_fake),), example_of("xq"))
 
 
 def weight_quant(w: torch.Tensor, *, dtype=torch.float8_e4m3fn, block_size: tuple[int, int] = DEFAULT_BLOCK,
@@ -84,7 +84,7 @@ WEIGHT_QUANT = OpDef(
     QUANT_FORMATS, DEFAULT_BLOCK,
     (CustomOp("weight_quant", f'(Tensor w, *, ScalarType dtype=float8_e4m3fn, {BLOCK}, str scale_fmt="fp32", '
                               f"{EPS}, bool check_finite=False, {BACKEND}) -> (Tensor, Tensor)",
-              _weight_quant_fake),))
+              _weight_quant_fake),), example_of("w", quantize=True))
 
 
 def weight_dequant(q: torch.Tensor, scale: torch.Tensor, *, block_size: tuple[int, int] = DEFAULT_BLOCK,
@@ -96,4 +96,4 @@ WEIGHT_DEQUANT = OpDef(
     weight_dequant, specs.weight_dequant, ("q", "scale"), ("q", "scale", "block_n", "block_k", "out_dtype", "profile"),
     QUANT_FORMATS, DEFAULT_BLOCK,
     (CustomOp("weight_dequant", f"(Tensor q, Tensor scale, *, {BLOCK}, ScalarType out_dtype=bfloat16, {BACKEND}) "
-                                "-> Tensor", same_shape_fake),))
+                                "-> Tensor", same_shape_fake),), example_of("wq"))

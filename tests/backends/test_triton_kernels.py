@@ -29,12 +29,11 @@ from hypothesis import strategies as st  # noqa: E402
 
 import properties  # noqa: E402
 from binding import LaunchSpy, check_binding, kernel_mma, simulate_on_cpu, spy_triton_gemms  # noqa: E402
-from calls import call_of  # noqa: E402
 
 from helpers import (  # noqa: E402
     DIFFERENTIABLE, TAIL_EPS, activation_inputs, check_activation, judge_quantized_gelu,
     outputs_of_every_op_on_grad_inputs, randn, reference_quant_linear, tail_blocks, tail_gemm_operands)
-from quantcore import InvalidInputError, ops  # noqa: E402
+from quantcore import InvalidInputError, opdef, ops  # noqa: E402
 from quantcore.backends import torch as ref  # noqa: E402
 from quantcore.backends.triton import configs, launch  # noqa: E402
 from quantcore.backends.triton.kernels.cast import bf16_encode  # noqa: E402
@@ -602,7 +601,7 @@ def test_the_kernel_runs_the_variant_the_registry_names(monkeypatch, op, profile
     spy, seen = LaunchSpy(monkeypatch), spy_triton_gemms(monkeypatch)
     ran = set()
     for fmt in ("fp8_e4m3", "int8"):
-        args, kwargs = call_of(op, fmt, m=m, k=256)
+        args, kwargs = opdef.get(op).example(fmt, m=m, k=256)
         expected = getattr(ops, op)(*args, backend="torch", **kwargs)
         for backend in (None, "triton", "triton[w8a16]"):
             seen.clear()

@@ -16,7 +16,6 @@ import torch
 
 import quantcore
 from binding import LaunchSpy, check_binding, choices, kernel_mma, spy_triton_gemms
-from calls import call_of
 from quantcore import capability, opdef
 from quantcore.opdefs import BUILTIN
 from quantcore.specs.tolerances import rel_error
@@ -47,7 +46,7 @@ def test_what_selection_names_is_what_runs(monkeypatch, op, profile, m):
     launched = set()
     with quantcore.simulate(profile) if profile else contextlib.nullcontext():
         for fmt in opdef.get(op).formats:
-            args, kwargs = call_of(op, fmt, "cuda", m=m, n=256, k=1024)
+            args, kwargs = opdef.get(op).example(fmt, "cuda", m=m, n=256, k=1024)
             expected = opdef.get(op).function(*args, backend="torch", **kwargs)
             for backend in choices(op):
                 kernels.clear()
