@@ -114,3 +114,34 @@ def test_bad_options_are_refused(gen):
         convert.fp8_to_int8_blocks(q8, s8, block_size=128)
     with pytest.raises(InvalidInputError, match="eps"):
         convert.fp8_to_int8_blocks(q8, s8, eps=0.0)
+
+
+def test_convert_fp8_to_int8_converts_every_fp8_layer_in_place_and_reports_its_error():
+    from torch import nn
+
+    from quantcore.nn import QuantLinear, convert_fp8_to_int8, quantize_model
+
+    torch.manual_seed(0)
+    shared = nn.Linear(256, 128)
+    model = nn.ModuleDict({"a": nn.Linear(300, 200), "b": shared, "b_again": shared, "head": nn.Linear(128, 10)})
+    quantize_model(model, dtype=torch.float8_e4m3fn, skip=("head",), block_size=(64, 128))
+    model["c"] = QuantLinear.from_linear(nn.Linear(128, 64), dtype=torch.int8)
+    x = torch.randn(3, 300)
+    before = model["a"](x)
+    fp8 = {name: (model[name].weight.clone(), model[name].weight_scale_inv.clone()) for name in ("a", "b")}
+    int8_before = model["c"].weight.clone()
+
+    errors = convert_fp8_to_int8(model)
+
+    assert sorted(errors) == ["a", "b"]  # the shared layer once; INT8 and float layers untouched
+    for name, (w, scale) in fp8.items():
+        q, s, err = convert.fp8_to_int8_blocks(w, scale, block_size=(64, 128))
+        layer = model[name]
+        assert layer.weight.dtype == torch.int8 and torch.equal(layer.weight, q) and torch.equal(layer.weight_scale_inv, s)
+        assert errors[name] == err and not layer.weight.requires_grad
+    assert model["b_again"] is model["b"] and torch.equal(model["c"].weight, int8_before)
+    assert model["head"].weight.dtype == torch.float32
+    after = model["a"](x)  # the INT8 GEMM runs: close to the FP8 layer, within the conversion's error
+    assert float((after - before).norm() / before.norm()) < 5e-2
+    with pytest.raises(InvalidInputError, match="convert_fp8_to_int8: expected an nn.Module"):
+        convert_fp8_to_int8("model")

@@ -21,6 +21,7 @@ from torch import nn
 
 from .. import library as _library  # noqa: F401  (registers torch.ops.quantcore)
 from .. import ops
+from ..convert import RequantError, fp8_to_int8_blocks
 from ..errors import InvalidInputError
 from ..formats import DEFAULT_BLOCK, dtype_name, format_named, format_of_dtype
 from ..specs import checks
@@ -222,3 +223,24 @@ def quantize_model(model: nn.Module, *, dtype: Any = "auto", skip: Iterable[str]
     return replace_linears(model, lambda name: not _skipped(name, skip),
                            lambda name, linear: QuantLinear.from_linear(linear, dtype=dtype, block_size=block,
                                                                         out_dtype=out_dtype, scale_fmt=scale_fmt))
+
+
+def convert_fp8_to_int8(model: nn.Module) -> dict[str, RequantError]:
+    """Convert every FP8 `QuantLinear` of `model` in place to INT8 blocks of the same block size, and
+    return each converted layer's error (`quantcore.convert.RequantError`) by module name.
+
+    For GPUs without FP8 tensor cores (sm_80, sm_86), where the INT8 GEMM is the fast path and FP8 runs
+    decoded to fp16: load the FP8 checkpoint, then convert. Each block is re-quantized from its exact
+    dequantized values (`quantcore.convert.fp8_to_int8_blocks`), which changes the numerics: the
+    returned errors say by how much, for the caller to report or to refuse (then reload). A layer
+    shared under several names is converted once, under its first name. INT8 and float layers are
+    left as they are.
+    """
+    if not isinstance(model, nn.Module):
+        raise InvalidInputError(f"convert_fp8_to_int8: expected an nn.Module, got {type(model).__name__}")
+    errors = {}
+    for name, layer in model.named_modules():
+        if isinstance(layer, QuantLinear) and layer.weight.dtype == torch.float8_e4m3fn:
+            q, scale, errors[name] = fp8_to_int8_blocks(layer.weight, layer.weight_scale_inv, block_size=layer.block_size)
+            layer.weight, layer.weight_scale_inv = frozen(q), frozen(scale)
+    return errors
