@@ -111,6 +111,26 @@ def composed_quant_linear(act_quant: Callable[..., Any], scaled_mm: Callable[...
     return quant_linear
 
 
+def prepared_quant_linear(act_quant: Any, scaled_mm: Any, x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, *,
+                          block_n, block_k, bias, activation, out_dtype, ue8m0, eps, profile, **gemm_options):
+    """`composed_quant_linear` for a backend whose act_quant and scaled_mm are `prepared`: both prepared
+    once, the GEMM for act_quant's outputs as it returns them (fresh and contiguous); returns the
+    `run(x, w, w_scale, bias=None)` of a prepared quant_linear. `gemm_options`: the GEMM variant's own
+    (e.g. `mma`)."""
+    (M, K), device = x.shape, x.device
+    quantize = act_quant.prepare(x, qdtype=w.dtype, group_size=block_k, ue8m0=ue8m0, eps=eps, scale_m_major=False,
+                                 profile=profile)
+    a = torch.empty((M, K), dtype=w.dtype, device=device)  # only the layout of act_quant's outputs matters
+    a_scale = torch.empty((M, -(-K // block_k)), dtype=torch.float32, device=device)
+    gemm = scaled_mm.prepare(a, a_scale, w, w_scale, block_n=block_n, block_k=block_k, bias=bias, activation=activation,
+                             out_dtype=out_dtype, out_quant=None, out_group=block_k, ue8m0_out=False, eps=eps,
+                             profile=profile, **gemm_options)
+
+    def run(x, w, w_scale, bias=None):
+        return gemm(*quantize(x), w, w_scale, bias)
+    return run
+
+
 _resets: list[Callable[[], None]] = []
 
 

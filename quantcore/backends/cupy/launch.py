@@ -37,7 +37,7 @@ import torch
 
 from ...errors import UnsupportedError
 from .. import splitk
-from ..base import prepared
+from ..base import prepared, prepared_quant_linear
 from . import compiler
 from .launcher import POINTER, Launcher, f32, i32, i64
 
@@ -435,16 +435,6 @@ def quant_linear(x, w, w_scale, *, block_n, block_k, bias, activation, out_dtype
     float or None -> out [M, N] out_dtype. `ue8m0` and `eps` are the activation quantization's; `mma`
     as for scaled_mm.
     """
-    (M, K), device = x.shape, x.device
-    quantize = act_quant.prepare(x, qdtype=w.dtype, group_size=block_k, ue8m0=ue8m0, eps=eps, scale_m_major=False,
-                                 profile=profile)
-    # act_quant's outputs as the GEMM will see them (fresh, contiguous): only their layout is used.
-    a = torch.empty((M, K), dtype=w.dtype, device=device)
-    a_scale = torch.empty((M, math.ceil(K / block_k)), dtype=torch.float32, device=device)
-    gemm = scaled_mm.prepare(a, a_scale, w, w_scale, block_n=block_n, block_k=block_k, bias=bias,
-                             activation=activation, out_dtype=out_dtype, out_quant=None, out_group=block_k,
-                             ue8m0_out=False, eps=eps, mma=mma, profile=profile)
-
-    def run(x, w, w_scale, bias=None):
-        return gemm(*quantize(x), w, w_scale, bias)
-    return run
+    return prepared_quant_linear(act_quant, scaled_mm, x, w, w_scale, block_n=block_n, block_k=block_k, bias=bias,
+                                 activation=activation, out_dtype=out_dtype, ue8m0=ue8m0, eps=eps, profile=profile,
+                                 mma=mma)

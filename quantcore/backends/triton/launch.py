@@ -24,7 +24,7 @@ except ImportError:  # older Triton: pointer loads only
 from ... import capability
 from ...errors import InvalidInputError
 from .. import splitk
-from ..base import prepared
+from ..base import prepared, prepared_quant_linear
 from . import configs
 from .direct import Launcher
 from .kernels.decode import decode_mm_kernel
@@ -242,28 +242,20 @@ def quant_linear(x, w, w_scale, *, block_n, block_k, bias, activation, out_dtype
     or None -> out [M, N] out_dtype. `ue8m0` and `eps` are the activation quantization's; `mma` as
     scaled_mm's.
     """
-    (M, K), device = x.shape, x.device
-    outputs = _gemm_outputs(M, w.shape[0], device, out_dtype, None, block_k)
-    options = dict(block_n=block_n, block_k=block_k, activation=activation, out_group=block_k, ue8m0_out=False,
-                   eps=eps, profile=profile, mma=mma)
+    M = x.shape[0]
     if M <= configs.fused_m_max(profile):
-        gemm = _gemm(x, None, w, w_scale, bias, *outputs(), a_ue8m0=ue8m0, **options)
+        outputs = _gemm_outputs(M, w.shape[0], x.device, out_dtype, None, block_k)
+        gemm = _gemm(x, None, w, w_scale, bias, *outputs(), block_n=block_n, block_k=block_k, activation=activation,
+                     out_group=block_k, ue8m0_out=False, eps=eps, profile=profile, mma=mma, a_ue8m0=ue8m0)
 
         def fused(x, w, w_scale, bias=None):
             out, _ = outputs()
             gemm(x, None, w, w_scale, bias, out, None)
             return out
         return fused
-    quantize = act_quant.prepare(x, qdtype=w.dtype, group_size=block_k, ue8m0=ue8m0, eps=eps, scale_m_major=False,
-                                 profile=profile)
-    kb = triton.cdiv(K, block_k)
-    gemm = scaled_mm.prepare(torch.empty((M, K), dtype=w.dtype, device=device),
-                             torch.empty((M, kb), dtype=torch.float32, device=device), w, w_scale, bias=bias,
-                             out_dtype=out_dtype, out_quant=None, **options)
-
-    def composed(x, w, w_scale, bias=None):
-        return gemm(*quantize(x), w, w_scale, bias)
-    return composed
+    return prepared_quant_linear(act_quant, scaled_mm, x, w, w_scale, block_n=block_n, block_k=block_k, bias=bias,
+                                 activation=activation, out_dtype=out_dtype, ue8m0=ue8m0, eps=eps, profile=profile,
+                                 mma=mma)
 
 
 def _gemm(a, a_scale, b, b_scale, bias, out, out_scale, *, block_n, block_k, activation, out_group, ue8m0_out, eps,
