@@ -105,13 +105,16 @@ class QuantLinear(nn.Module):
         if x.shape[-1] != self.in_features:
             raise InvalidInputError(f"{_LAYER}: input has {x.shape[-1]} features in its last dim (shape "
                                     f"{tuple(x.shape)}); this layer expects in_features={self.in_features}")
-        out_dtype = self.out_dtype or x.dtype  # dtypes are always truthy: None alone falls through
+        return self._gemm(x, self.bias, self.out_dtype or x.dtype)  # dtypes are truthy: None alone falls through
+
+    def _gemm(self, x: torch.Tensor, bias: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor:
+        """The layer's quant_linear call with `bias` into `out_dtype` (the tensor-parallel layers pass
+        their own bias and dtype)."""
         if torch.compiler.is_compiling():
-            return torch.ops.quantcore.quant_linear(x, self.weight, self.weight_scale_inv, self.bias,
-                                                    out_dtype=out_dtype, block_size=list(self.block_size),
-                                                    scale_fmt=self.scale_fmt)
+            return torch.ops.quantcore.quant_linear(x, self.weight, self.weight_scale_inv, bias, out_dtype=out_dtype,
+                                                    block_size=list(self.block_size), scale_fmt=self.scale_fmt)
         # Eagerly the custom op's dispatch would cost more host time than the kernel takes at decode.
-        return ops.quant_linear(x, self.weight, self.weight_scale_inv, self.bias, out_dtype=out_dtype,
+        return ops.quant_linear(x, self.weight, self.weight_scale_inv, bias, out_dtype=out_dtype,
                                 block_size=self.block_size, scale_fmt=self.scale_fmt)
 
     def dequantized_weight(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:

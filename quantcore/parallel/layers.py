@@ -29,8 +29,6 @@ import torch.nn.functional as F
 from torch import distributed as dist
 from torch import nn
 
-from .. import library as _library  # noqa: F401  (registers torch.ops.quantcore)
-from .. import ops
 from ..errors import InvalidInputError
 from ..formats import DEFAULT_BLOCK, dtype_name
 from ..nn import QuantLinear
@@ -214,7 +212,7 @@ class _Row(_Parallel):
 
 
 class _QuantStorage(QuantLinear):
-    """QuantLinear's storage and its one-call quantized GEMM, for the parallel classes."""
+    """QuantLinear's storage and its one-call quantized GEMM (`QuantLinear._gemm`), for the parallel classes."""
 
     @staticmethod
     def _blocks(layer: str, storage: dict[str, Any]) -> tuple[int, int]:
@@ -228,13 +226,6 @@ class _QuantStorage(QuantLinear):
             return dict(dtype=module.weight.dtype, block_size=module.block_size, out_dtype=module.out_dtype,
                         scale_fmt=module.scale_fmt, device=device)
         return dict(dtype=dtype, block_size=block_size, out_dtype=out_dtype, device=device)
-
-    def _gemm(self, x: torch.Tensor, bias: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor:
-        if torch.compiler.is_compiling():
-            return torch.ops.quantcore.quant_linear(x, self.weight, self.weight_scale_inv, bias, out_dtype=out_dtype,
-                                                    block_size=list(self.block_size), scale_fmt=self.scale_fmt)
-        return ops.quant_linear(x, self.weight, self.weight_scale_inv, bias, out_dtype=out_dtype,
-                                block_size=self.block_size, scale_fmt=self.scale_fmt)
 
 
 class _FloatStorage(nn.Module):
