@@ -8,6 +8,7 @@ import json
 import quantcore
 from quantcore.bench import BenchResult, Record
 from quantcore.bench.baselines import gemm_floor_bytes
+from quantcore.bench.shapes import READ_CEILING
 from quantcore.bench.summary import decode_gemms, summarize
 
 
@@ -19,6 +20,8 @@ def _gemm(shape, impl, us, eager_us):
 def _result() -> BenchResult:
     records = [_gemm([m, 4096, 4096], impl, us, eager) for m in (1, 4096)
                for impl, us, eager in (("triton", 11.2, 30.0), ("cupy", 40.0, 45.0), ("cublas-bf16", 14.0, 20.0))]
+    records.append(Record(op="scaled_mm", fmt="fp8_e4m3", shape=[1, 4096, 4096], impl=READ_CEILING, us=8.4,
+                          rate=2.0, unit="GB/s"))
     records.append(Record(op="act_quant", fmt="int8", shape=[1, 7168], impl="triton", us=4.0, eager_us=21.5,
                           rate=5.0, unit="GB/s", fraction=0.002))
     return BenchResult(device=quantcore.capability.simulated_profile("sm90"), date="2026-01-01",
@@ -30,12 +33,19 @@ def test_floor_bytes_count_weight_activation_output_and_scales():
     assert gemm_floor_bytes(1, 4096, 4096) == 16_777_216 + 4096 + 8192 + 4 * 1056
 
 
-def test_decode_table_has_decode_rows_only_with_floor_fraction_and_bf16_ratios():
+def test_decode_table_has_decode_rows_only_with_floor_and_read_fractions_and_bf16_ratios():
     rows = [line for line in decode_gemms(_result()).splitlines() if line.startswith("| fp8_e4m3")]
     assert len(rows) == 1  # M = 4096 is not a decode GEMM
     floor_us = gemm_floor_bytes(1, 4096, 4096) / 3000.0 / 1e3
-    assert rows[0] == (f"| fp8_e4m3 | 1x4096x4096 | {floor_us:.1f} | triton | 11.2 / 30.0 | {floor_us / 11.2:.2f} "
-                       "| 14.0 / 20.0 | 0.80 | 1.50 |")
+    assert rows[0] == (f"| fp8_e4m3 | 1x4096x4096 | {floor_us:.1f} | 8.4 | triton | 11.2 / 30.0 | {floor_us / 11.2:.2f} "
+                       f"| {8.4 / 11.2:.2f} | 14.0 / 20.0 | 0.80 | 1.50 |")
+
+
+def test_decode_table_of_a_run_without_read_ceiling_shows_none():
+    result = _result()
+    result.records = [r for r in result.records if r.impl != READ_CEILING]
+    row = next(line for line in decode_gemms(result).splitlines() if line.startswith("| fp8_e4m3"))
+    assert row.split(" | ")[3] == "—" and row.split(" | ")[7] == "—"  # read µs, read / GPU time
 
 
 def test_summary_shows_gpu_and_eager_times():

@@ -59,6 +59,14 @@ def bf16_mm(m: int, n: int, k: int, device="cuda"):
     return lambda: x @ w.t()
 
 
+def read_ceiling_us(nbytes: int) -> float:
+    """GPU time of one kernel that only reads `nbytes` (`bench.stream`): what a decode GEMM moving as
+    many bytes could take at best on the bench's timer, launch and ramp included."""
+    from . import stream
+
+    return stream.read_us(nbytes)
+
+
 def gemm_flops(m: int, n: int, k: int) -> float:
     """2·M·N·K."""
     return 2.0 * m * n * k

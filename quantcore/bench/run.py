@@ -15,6 +15,7 @@ from .. import capability, opdef, ops, registry
 from ..backends.base import Constraints, Impl
 from ..errors import InvalidInputError, UnsupportedError
 from . import baselines, shapes, timing
+from .shapes import DECODE_M, READ_CEILING
 
 REFERENCE_GEMM_FLOPS = 1e12  # the reference GEMM computes in float64: beyond this it only wastes the run
 
@@ -203,6 +204,11 @@ def _gemm_records(fmt: str, qdtype, m: int, n: int, k: int, with_baselines: bool
         records.append(_timed({**rec, "impl": "torch._int_mm+dequant_bias"},
                               lambda: ops.dequant_bias(vendor()[:m], sa, sb), flops, "TFLOP/s", ceiling))
     records.append(_timed({**rec, "impl": "cublas-bf16"}, baselines.bf16_mm(m, n, k), flops, "TFLOP/s", ceiling))
+    if m <= DECODE_M:
+        nbytes = baselines.gemm_floor_bytes(m, n, k)
+        read_us = baselines.read_ceiling_us(nbytes)
+        records.append(Record(**rec, impl=READ_CEILING, us=read_us, rate=nbytes / read_us / 1e3, unit="GB/s",
+                              note="one kernel reading the GEMM's least bytes"))
     for name, (fn, note) in _contenders("scaled_mm", (a, a_s, b, b_s), {}, True).items():
         if name == "torch" and flops > REFERENCE_GEMM_FLOPS:
             fn, note = None, f"skipped: the reference computes in float64 ({flops:.1e} FLOP)"

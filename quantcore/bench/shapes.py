@@ -8,6 +8,8 @@ from __future__ import annotations
 OPS = ("act_quant", "act_dequant", "quantized_gelu", "weight_quant", "weight_dequant", "dequant_bias", "scaled_mm")
 
 DEEPSEEK_M = (1, 4, 16, 64, 128, 512, 4096, 16384)
+DECODE_M = 64  # GEMMs of at most this many rows are judged against the memory floor, the read ceiling and bf16
+READ_CEILING = "read-ceiling"  # the decode GEMM rows' record of a kernel that only reads the GEMM's bytes
 DEEPSEEK_NK = ((2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048))
 EPILOGUE_N = (2560, 3840, 13824)
 EPILOGUE_M = (1, 16, 256, 4096, 65536)

@@ -8,8 +8,7 @@ from pathlib import Path
 from .. import measured, registry
 from .baselines import gemm_floor_bytes
 from .run import BenchResult
-
-DECODE_M = 64  # GEMMs of at most this many rows are judged against the memory floor and bf16
+from .shapes import DECODE_M, READ_CEILING
 
 
 def _fmt(x: float | None, spec: str = ".2f") -> str:
@@ -138,20 +137,24 @@ def summarize(result: BenchResult) -> str:
 
 def decode_gemms(result: BenchResult) -> str:
     """GEMMs of at most DECODE_M rows against the memory floor (`gemm_floor_bytes` at the run's copy
-    rate) and against torch's bf16 GEMM of the same shape, for the fastest quantcore implementation
-    (by GPU time, the cuBLAS variant included)."""
-    out = [f"Decode GEMMs (M ≤ {DECODE_M}): floor = least bytes moved / copy rate; times µs, GPU / eager.", "",
-           "| fmt | M×N×K | floor µs | fastest of quantcore | its µs | floor / GPU time | cublas-bf16 µs "
-           "| ours / bf16 GPU time | ours / bf16 eager time |",
-           "|---|---|---|---|---|---|---|---|---|"]
+    rate), against the read ceiling (one kernel reading as many bytes on the same timer, where the run
+    measured it) and against torch's bf16 GEMM of the same shape, for the fastest quantcore
+    implementation (by GPU time, the cuBLAS variant included)."""
+    out = [f"Decode GEMMs (M ≤ {DECODE_M}): floor = least bytes moved / copy rate; read = GPU time of one kernel "
+           "only reading those bytes; times µs, GPU / eager.", "",
+           "| fmt | M×N×K | floor µs | read µs | fastest of quantcore | its µs | floor / GPU time "
+           "| read / GPU time | cublas-bf16 µs | ours / bf16 GPU time | ours / bf16 eager time |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
     for (op, fmt, shape), recs in _cases(result).items():
         if op != "scaled_mm" or shape[0] > DECODE_M:
             continue
         floor_us = gemm_floor_bytes(*shape) / result.copy_gbps / 1e3
         ours, bf16 = _best(recs, registry.compared(op)), recs.get("cublas-bf16")
+        read_us = recs[READ_CEILING].us if READ_CEILING in recs else None
         us, eager = (ours.us, ours.eager_us) if ours else (None, None)
-        out.append(f"| {fmt} | {'x'.join(map(str, shape))} | {floor_us:.1f} | {ours.impl if ours else '—'} "
-                   f"| {_times(ours)} | {_fmt(_ratio(floor_us, us))} | {_times(bf16)} "
+        out.append(f"| {fmt} | {'x'.join(map(str, shape))} | {floor_us:.1f} | {_fmt(read_us, '.1f')} "
+                   f"| {ours.impl if ours else '—'} | {_times(ours)} | {_fmt(_ratio(floor_us, us))} "
+                   f"| {_fmt(_ratio(read_us, us))} | {_times(bf16)} "
                    f"| {_fmt(_ratio(us, bf16 and bf16.us))} | {_fmt(_ratio(eager, bf16 and bf16.eager_us))} |")
     return "\n".join(out)
 
