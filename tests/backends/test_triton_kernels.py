@@ -545,10 +545,10 @@ def test_decode_split_k_sums_in_a_fixed_order(gen, monkeypatch, qdtype, split_k)
 
 @pytest.mark.parametrize("profile", ["sm90", "sm80"])
 @pytest.mark.parametrize("qdtype", QDTYPES)
-@pytest.mark.parametrize("M,K,block", [(1, 300, (128, 128)), (3, 256, (64, 128)), (5, 256, (64, 128)),
+@pytest.mark.parametrize("M,K,block", [(1, 300, (128, 128)), (3, 256, (64, 128)), (5, 256, (64, 128)), (8, 300, (128, 128)),
                                        (64, 130, (128, 64)), (70, 300, (128, 128))])
 def test_quant_linear_is_act_quant_then_scaled_mm_bit_for_bit(gen, profile, qdtype, M, K, block):
-    """The decode kernel's quantizing prologue (M <= fused_m_max: 4), act_quant + the decode kernel
+    """The decode kernel's quantizing prologue (`configs.fused`: M <= 4 everywhere, <= 8 up to K = 8192 on sm_90), act_quant + the decode kernel
     (M <= 64) and + the tiled kernel (M > 64)."""
     x, w = randn((M, K), gen=gen, dtype=torch.bfloat16), randn((90, K), gen=gen)
     wq, w_s = ref.weight_quant(w, qdtype=qdtype, block_n=block[0], block_k=block[1], ue8m0=False, eps=1e-4)
@@ -674,6 +674,17 @@ def test_decode_configs_split_k_evenly_and_fit_shared_memory():
                 assert (cfg.split_k - 1) * cfg.kb_per_split < kbs <= cfg.split_k * cfg.kb_per_split
                 assert cfg.num_stages * (cfg.block_n + 4 * cfg.block_m) * 128 <= profile.smem_per_block
                 assert cfg.smem_bytes(128, mma) <= profile.smem_per_block or cfg.num_stages == 1
+
+
+def test_quant_linear_fuses_within_its_tables_bounds_only():
+    """One launch where the table's rules hold M and K (sm_90: M <= 4, or M <= 8 up to K = 8192),
+    act_quant + the GEMM elsewhere; never beyond the decode kernel's own M bound."""
+    assert [configs.fused(SM90, M, K) for M, K in ((1, 16384), (4, 16384), (8, 8192), (8, 8193), (9, 128))] == [
+        True, True, True, False, False]
+    assert [configs.fused(SM80, M, K) for M, K in ((4, 16384), (5, 128), (8, 128))] == [True, False, False]
+    for profile in (SM90, SM80, SIMULATED["sm75"], SIMULATED["sm89"]):
+        assert not configs.fused(profile, configs.decode_m_max(profile) + 1, 128)
+
 
 def test_gemm_candidates_fit_shared_memory_and_requant_groups():
     for profile in (SM90, SM80, SIMULATED["sm86"], SIMULATED["sm89"]):

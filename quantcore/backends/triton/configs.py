@@ -14,11 +14,13 @@ device, the CPU interpreter included. A file holds:
   first survivor is used, or, with `QUANTCORE_TRITON_AUTOTUNE=1`, the fastest survivor measured on
   the first call of each (device, M bucket, N, K, variant).
 - `"decode"`: the GEMM at decode sizes, M <= `m_max` (kernels/decode.py), and quant_linear fused into
-  one launch (the activation quantized in the GEMM's prologue) for M <= `fused_m_max`: every program
-  quantizes its K range of the activation again, work that grows with M, so above that bound
-  act_quant + the decode GEMM take less GPU time (measured on the H100). Rules `{"mma", "m_max",
-  "n_max", "k_max", "config": [BLOCK_N, num_warps, num_stages], "waves", "min_kb_per_split"}`, the
-  first match applies. K is split so that about `waves` programs per SM stream the weight, each
+  one launch (the activation quantized in the GEMM's prologue) where a `"fused"` rule `{"m_max",
+  "k_max"}` holds M and K: every program quantizes its K range of the activation again, work that
+  grows with M and (through the programs' K ranges) with K, so beyond these bounds act_quant + the
+  decode GEMM take less GPU time (measured on the H100). Rules `{"mma", "m_max",
+  "n_min", "n_max", "k_max", "config": [BLOCK_N, num_warps, num_stages], "waves", "min_kb_per_split"}`,
+  the first match applies (a large `min_kb_per_split` keeps K whole: no split-K reduction where
+  the N tiles alone fill the GPU). K is split so that about `waves` programs per SM stream the weight, each
   taking at least `min_kb_per_split` K blocks; stages are cut until the pipeline fits shared memory.
 - `"predecode"`: `{"m_min", "max_bytes"}` or absent: the tiled GEMM on FP8 data without FP8 MMA reads
   both operands decoded to fp16 once per call from `m_min` rows, where the buffers ((M + N)·K·2
@@ -175,9 +177,10 @@ def decode_m_max(profile) -> int:
     return _table(_arch(profile))["decode"]["m_max"]
 
 
-def fused_m_max(profile) -> int:
-    """The largest M whose quant_linear runs as one launch (quantizing prologue) on `profile`."""
-    return _table(_arch(profile))["decode"]["fused_m_max"]
+def fused(profile, M: int, K: int) -> bool:
+    """Whether quant_linear of M rows over K runs as one launch (the decode GEMM's quantizing
+    prologue) on `profile`: the first `"fused"` rule holding M and K says so."""
+    return any(_within(r["m_max"], M) and _within(r.get("k_max"), K) for r in _table(_arch(profile))["decode"]["fused"])
 
 
 @functools.lru_cache(maxsize=4096)
@@ -187,7 +190,7 @@ def decode_config(profile, M: int, N: int, K: int, *, mma: str, block_k: int, mi
     fused quantized linear and act_quant + scaled_mm run the same arithmetic."""
     rules = _table(_arch(profile))["decode"]["rules"]
     rule = next(r for r in rules if r.get("mma") in (None, mma) and _within(r.get("m_max"), M)
-                and _within(r.get("n_max"), N) and _within(r.get("k_max"), K))
+                and r.get("n_min", 0) <= N and _within(r.get("n_max"), N) and _within(r.get("k_max"), K))
     block_n, warps, stages = rule["config"]
     block_n = max(block_n, _next_pow2(min_block_n))
     block_m = max(16, _next_pow2(M))

@@ -235,15 +235,15 @@ def scaled_mm(a, a_scale, b, b_scale, *, block_n, block_k, bias, activation, out
 @prepared
 def quant_linear(x, w, w_scale, *, block_n, block_k, bias, activation, out_dtype, ue8m0, eps, profile, mma):
     """act_quant(x) per 1×block_k group into w's format, then scaled_mm with w: in one launch for the
-    few rows of decode (M <= `configs.fused_m_max`: the GEMM's prologue quantizes, bit for bit the two
-    ops), else as the two ops above.
+    few rows of decode (where `configs.fused` says so: the GEMM's prologue quantizes, bit for bit the
+    two ops), else as the two ops above.
 
     x [M, K] bf16/fp16/fp32, w [N, K] fp8_e4m3fn/int8, w_scale [ceil(N/Bn), ceil(K/Bk)] fp32, bias [N]
     or None -> out [M, N] out_dtype. `ue8m0` and `eps` are the activation quantization's; `mma` as
     scaled_mm's.
     """
-    M = x.shape[0]
-    if M <= configs.fused_m_max(profile):
+    M, K = x.shape
+    if configs.fused(profile, M, K):
         outputs = _gemm_outputs(M, w.shape[0], x.device, out_dtype, None, block_k)
         gemm = _gemm(x, None, w, w_scale, bias, *outputs(), block_n=block_n, block_k=block_k, activation=activation,
                      out_group=block_k, ue8m0_out=False, eps=eps, profile=profile, mma=mma, a_ue8m0=ue8m0)
