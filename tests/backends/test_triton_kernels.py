@@ -421,7 +421,7 @@ def _on(profile: str, qdtype) -> dict:
 
 def _tiled_only(monkeypatch):
     """Send every M to the tiled kernel (the decode kernel otherwise takes M <= 64)."""
-    monkeypatch.setattr(configs, "decode_m_max", lambda profile: 0)
+    monkeypatch.setattr(configs, "decode_m_max", lambda profile, mma: 0)
 
 
 @pytest.mark.parametrize("kernel", ["decode", "tiled"])
@@ -683,7 +683,8 @@ def test_quant_linear_fuses_within_its_tables_bounds_only():
         True, True, True, False, False]
     assert [configs.fused(SM80, M, K) for M, K in ((4, 16384), (5, 128), (8, 128))] == [True, False, False]
     for profile in (SM90, SM80, SIMULATED["sm75"], SIMULATED["sm89"]):
-        assert not configs.fused(profile, configs.decode_m_max(profile) + 1, 128)
+        decode_bound = min(configs.decode_m_max(profile, mma) for mma in ("fp8", "int8", "fp16"))
+        assert not configs.fused(profile, decode_bound + 1, 128)
 
 
 def test_gemm_candidates_fit_shared_memory_and_requant_groups():

@@ -13,7 +13,8 @@ device, the CPU interpreter included. A file holds:
   Candidates whose estimated shared memory exceeds `profile.smem_per_block` are dropped. The
   first survivor is used, or, with `QUANTCORE_TRITON_AUTOTUNE=1`, the fastest survivor measured on
   the first call of each (device, M bucket, N, K, variant).
-- `"decode"`: the GEMM at decode sizes, M <= `m_max` (kernels/decode.py), and quant_linear fused into
+- `"decode"`: the GEMM at decode sizes, M <= `m_max` (kernels/decode.py; `mma_m_max` {mma kind: bound}
+  overrides it per MMA kind), and quant_linear fused into
   one launch (the activation quantized in the GEMM's prologue) where a `"fused"` rule `{"m_max",
   "k_max"}` holds M and K: every program quantizes its K range of the activation again, work that
   grows with M and (through the programs' K ranges) with K, so beyond these bounds act_quant + the
@@ -172,9 +173,10 @@ def predecode(profile, M: int, N: int, K: int) -> bool:
     return bool(rule) and M >= rule["m_min"] and (M + N) * K * 2 <= rule["max_bytes"]
 
 
-def decode_m_max(profile) -> int:
-    """The largest M the decode GEMM serves on `profile`."""
-    return _table(_arch(profile))["decode"]["m_max"]
+def decode_m_max(profile, mma: str) -> int:
+    """The largest M the decode GEMM serves on `profile` for MMA kind `mma`."""
+    decode = _table(_arch(profile))["decode"]
+    return decode.get("mma_m_max", {}).get(mma, decode["m_max"])
 
 
 def fused(profile, M: int, K: int) -> bool:
@@ -185,7 +187,7 @@ def fused(profile, M: int, K: int) -> bool:
 
 @functools.lru_cache(maxsize=4096)
 def decode_config(profile, M: int, N: int, K: int, *, mma: str, block_k: int, min_block_n: int) -> DecodeConfig:
-    """The decode GEMM's launch for M×N×K on `profile` (M <= `decode_m_max`). It depends on the shape,
+    """The decode GEMM's launch for M×N×K on `profile` (M <= `decode_m_max` for `mma`). It depends on the shape,
     the MMA kind and the output's needs only, never on where the activation comes from, so that the
     fused quantized linear and act_quant + scaled_mm run the same arithmetic."""
     rules = _table(_arch(profile))["decode"]["rules"]

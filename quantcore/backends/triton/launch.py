@@ -280,7 +280,7 @@ def _gemm(a, a_scale, b, b_scale, bias, out, out_scale, *, block_n, block_k, act
         HW_FP8=_hw_fp8(profile), BLOCK_K=block_k)
     bias_stride = 0 if bias is None else bias.stride(0)
     out_scale_stride = out_scale.stride(0) if quantized_out else 0
-    if M <= configs.decode_m_max(profile):
+    if M <= configs.decode_m_max(profile, mma):
         cfg = configs.decode_config(profile, M, N, K, mma=mma, block_k=block_k,
                                     min_block_n=out_group if quantized_out else 1)
         ws, counters, cfg = _workspace(a.device, cfg, N)
