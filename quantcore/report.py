@@ -24,7 +24,8 @@ STATUSES = {
     "selected": "runs here: the first implementation of the priority in force with nothing against it",
     "fallback": "runs here in place of a native path that cannot (a stand-in variant such as triton[w8a16] "
                 "on GPUs without FP8 tensor cores, or a later backend because the earlier ones cannot run)",
-    "available": "could run here, but one earlier in the priority runs",
+    "available": "could run here, but one earlier in the priority runs, or it is opt-in (it changes numerics "
+                 "by choice, as torch[bf16_dequant]) and runs only where named",
     "unavailable": "cannot run here; the reason says why",
 }
 NUMERICS_HELP = "the implementation departs from the numerics contract as described (warned once when it runs)"
@@ -163,7 +164,7 @@ def render(report: Report) -> str:
                      "select per M")
     lines += [f"plugin {p.name} ({p.value}): "
               + (f"failed to load: {p.error}" if p.error else f"{p.impls} implementations") for p in report.plugins]
-    widths = (15, 15, 9, 12)
+    widths = (15, max([15, *(len(r.impl) for r in report.rows)]), 9, 12)
     lines += ["", f"{'op':<{widths[0]}} {'impl':<{widths[1]}} {'dtype':<{widths[2]}} {'status':<{widths[3]}} reason"]
     for r in report.rows:
         numerics = f" [numerics: {r.numerics}]" if r.numerics != "exact" else ""

@@ -169,7 +169,10 @@ class Impl:
     carry the variant the registry chose (the GEMMs' `mma`), so that no launch re-derives it from the
     device profile. `numerics` is
     "exact" or a short description of how it departs from the contract's arithmetic (an emulated
-    path); the registry makes any departure visible.
+    path); the registry makes any departure visible. `opt_in`: a variant that trades the contract's
+    exactness for speed by choice (`torch[bf16_dequant]`), not by necessity; it runs only where its
+    label is named (`backend=`, a priority list, `QUANTCORE_PRIORITY`), never by automatic selection,
+    by its backend's name alone or through a measured table.
     """
 
     op: str
@@ -180,6 +183,7 @@ class Impl:
     numerics: str = "exact"
     fallback: str = ""  # set on paths that stand in for a faster native one: what they do instead
     options: tuple[tuple[str, Any], ...] = ()  # fixed keyword arguments this variant passes to launch
+    opt_in: bool = False  # runs only where its label is named
 
     @property
     def label(self) -> str:
@@ -189,6 +193,11 @@ class Impl:
     def not_supported_reasons(self, query: Query) -> list[str]:
         """Reasons this implementation cannot run `query`; empty when it can."""
         return self.constraints.reasons(query)
+
+    def named_by(self, name: str) -> bool:
+        """Whether `name` (a `backend=` or priority entry) names this implementation: its label, or
+        its backend's name unless it is opt-in."""
+        return name == self.label or (name == self.backend and not self.opt_in)
 
     def numerics_on(self, profile: DeviceProfile) -> str:
         """`numerics` where it runs on `profile`: "exact" on the CPU for a departure that only GPU

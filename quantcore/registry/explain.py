@@ -44,10 +44,17 @@ class Explanation(BaseModel):
             head += f" ({', '.join(f'{k}={v}' for k, v in self.options.items())})"
         if self.numerics and self.numerics != "exact":
             head += f" (numerics: {self.numerics})"
-        rows = [f"  {c.impl:<18} {c.status:<11} {'; '.join(c.reasons)}"
+        width = max([18, *(len(c.impl) for c in self.candidates)])
+        rows = [f"  {c.impl:<{width}} {c.status:<11} {'; '.join(c.reasons)}"
                 + (f" [numerics: {c.numerics}]" if c.numerics != "exact" else "") for c in self.candidates]
         rows += [f"  plugin {name} failed to load: {error}" for name, error in self.broken_plugins.items()]
         return "\n".join([head, *rows])
+
+
+def opt_in_reason(impl: Impl) -> str:
+    """Why an opt-in implementation that could run was not chosen."""
+    return (f"opt-in, changes numerics: runs only when named (backend={impl.label!r}, or a priority list "
+            "naming it)")
 
 
 def _one_per_label(candidates: list[Impl], fmt: str) -> list[Impl]:
@@ -85,7 +92,9 @@ def explain_query(query: Query, backend: BackendChoice = None) -> Explanation:
             status = "unavailable"
         else:
             status = "available"
-            if explicit is not None:
+            if impl.opt_in and not any(impl.named_by(n) for n in ((explicit,) if explicit else order)):
+                why = [opt_in_reason(impl)]
+            elif explicit is not None:
                 why = [f"not requested (backend={explicit!r})"]
             elif impl in others:
                 why = ["not in the priority list"]

@@ -60,7 +60,8 @@ def current_priority(query: Query) -> tuple[str, ...]:
     """The priority in force for a call: context, then environment, then the measured table of this
     GPU model (not while simulating another; not for calls the bench does not time, such as fused GEMM
     epilogues: an implementation fastest at a plain GEMM may run the epilogue as extra passes), then
-    the default for the device kind."""
+    the default for the device kind. A measured table never brings in an opt-in variant (only a
+    priority the user names does): one found in a table, written by hand, is dropped."""
     context, env = priority_state()
     if context:
         order = context
@@ -71,6 +72,8 @@ def current_priority(query: Query) -> tuple[str, ...]:
         p = query.profile
         found = None if p.kind != "cuda" or p.simulated_from or not query.timed else measured.lookup(
             p.name, query.op, query.fmt, query.m_bucket)
+        if found:
+            found = tuple(n for n in found if n not in table.opt_in_labels(query.op))
         default = DEFAULT_PRIORITY.get(p.kind, (table.REFERENCE,))
         order = (*found, *[n for n in default if n not in found]) if found else default
     return with_reference(order)

@@ -91,6 +91,11 @@ def impls(op: str) -> tuple[Impl, ...]:
     return tuple(i for i in _registered if i.op == op) + _loaded()[0].get(op, ())
 
 
+def opt_in_labels(op: str) -> set[str]:
+    """Labels of the opt-in implementations of `op` (`Impl.opt_in`)."""
+    return {i.label for i in impls(op) if i.opt_in}
+
+
 def backend_names() -> set[str]:
     """Every name `backend=` and priorities may use: the built-in backends, the backends of registered
     and plug-in implementations, and plugins that failed to load (they then have no implementation)."""
@@ -101,8 +106,9 @@ def backend_names() -> set[str]:
 def compared(op: str) -> tuple[str, ...]:
     """What is compared with the reference for `op` (parity tests, bench, measured priorities): every
     other backend with an implementation of it, and each variant of the reference on its own
-    ("torch[cublas]")."""
-    found = impls(op)
+    ("torch[cublas]"). Opt-in variants are not: they are held to their own declared bound, not the
+    contract's tolerances, and a measured priority must never rank them."""
+    found = [i for i in impls(op) if not i.opt_in]
     others = dict.fromkeys(i.backend for i in found if i.backend != REFERENCE)
     return (*others, *(i.label for i in found if i.backend == REFERENCE and i.variant))
 
@@ -113,21 +119,22 @@ def reference(op: str) -> Impl:
 
 
 def ordered(op: str, order: tuple[str, ...]) -> list[Impl]:
-    """Implementations in priority order. An entry names a backend (all its variants, in registration
-    order) or one variant ("torch[cublas]"), which then ranks where it is named."""
+    """Implementations in priority order. An entry names a backend (all its variants but the opt-in
+    ones, in registration order) or one variant ("torch[cublas]"), which then ranks where it is named."""
     rank = {name: i for i, name in enumerate(order)}
-    listed = [i for i in impls(op) if i.label in rank or i.backend in rank]
+    listed = [i for i in impls(op) if any(i.named_by(name) for name in order)]
     return sorted(listed, key=lambda i: rank.get(i.label, rank.get(i.backend)))
 
 
 @functools.lru_cache(maxsize=4096)
 def choose(query: Query, explicit: str | None, order: tuple[str, ...], epoch: int) -> Impl:
     """The first implementation of `query.op` with no reasons against `query`: among those named
-    `explicit` when given, else in `order`. Raises `UnsupportedError` with every reason otherwise."""
+    `explicit` when given (an opt-in variant only by its label), else in `order`. Raises
+    `UnsupportedError` with every reason otherwise."""
     # `epoch` is part of the key: a selection computed while another thread (un)registers is stored
     # after that thread's cache_clear, under the old epoch, where no later lookup finds it.
     if explicit is not None:
-        matching = [i for i in impls(query.op) if explicit in (i.backend, i.label)]
+        matching = [i for i in impls(query.op) if i.named_by(explicit)]
         broken = broken_plugins().get(explicit)
         if not matching:
             raise UnsupportedError(f"{query.op}: no implementation named {explicit!r}",

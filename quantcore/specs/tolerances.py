@@ -17,6 +17,12 @@ LOW_PRECISION_OUT = {torch.bfloat16: 1e-2, torch.float16: 1e-2}
 # FP8 tensor-core paths that keep a K block's running sum at the MMA's reduced precision (Hopper
 # wgmma: Triton and cuBLAS) declare it in their `numerics`; measured 1.1-1.3e-4 on the H100.
 REDUCED_ACCUMULATION_FP32_OUT = 3e-4
+# The opt-in torch[bf16_dequant] GEMM (docs/numerics.md, "bf16-dequantized GEMM"): an operand
+# bf16(fp32(q·scale)) is within u = 2^-8 + 2^-24 + 2^-32 of q·scale (two roundings), so a product of
+# two within 2u + u² < 2^-7 + 2^-15; the GEMM sums those products (exact in fp32) in fp32, each
+# addition within 2^-23 relative (one ulp: tensor cores may truncate instead of rounding).
+BF16_DEQUANT_PRODUCT = 2.0**-7 + 2.0**-15
+BF16_DEQUANT_ADDITION = 2.0**-23
 # Input gradients of quant_linear / scaled_mm against torch autograd of the straight-through float
 # function (dequantized weight): act' at two computations of the pre-activation (the op's GEMM, an fp32
 # matmul of dequantized values), then a matmul in the gradient's dtype. Relative Frobenius error.
@@ -36,6 +42,14 @@ def gemm_tolerance(fmt: str, out_dtype: torch.dtype, exact_accumulation: bool = 
     if out_dtype == torch.float32:
         return GEMM_FP32_OUT.get(fmt, 1e-6) if exact_accumulation else REDUCED_ACCUMULATION_FP32_OUT
     return LOW_PRECISION_OUT[out_dtype]
+
+
+def bf16_dequant_bound(k: int) -> float:
+    """Bound on |acc − exact| / Σ_k |a_k·b_k| for every fp32 GEMM result (before the epilogue) of
+    torch[bf16_dequant] with K = k, a_k and b_k the exact dequantized operands: the products' error
+    compounded with the worst case of k fp32 additions, γ = k·2^-23 / (1 − k·2^-23)."""
+    gamma = k * BF16_DEQUANT_ADDITION / (1 - k * BF16_DEQUANT_ADDITION)
+    return (1 + BF16_DEQUANT_PRODUCT) * (1 + gamma) - 1
 
 
 def rel_error(out: torch.Tensor, expected: torch.Tensor) -> float:

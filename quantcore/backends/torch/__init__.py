@@ -7,11 +7,25 @@ above the backends, by the custom ops (`quantcore/gradients.py`)."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ...specs.gemm_query import GemmConstraints
 from ..base import REDUCED_FP8_ACCUMULATION, Constraints, Impl
+from .bf16_dequant import NUMERICS as BF16_DEQUANT, vendor_gemm_reasons
 from .epilogue import dequant_bias, quantized_gelu
 from .gemm import quant_linear, scaled_mm
 from .quant import act_dequant, act_quant, weight_dequant, weight_quant
+
+if TYPE_CHECKING:
+    from ...registry.query import Query
+
+
+class _VendorBf16Gemm(Impl):
+    """A GEMM on torch's bf16 matmul with an fp32 result, which CUDA builds of torch have from 2.8."""
+
+    def not_supported_reasons(self, query: Query) -> list[str]:
+        return super().not_supported_reasons(query) + vendor_gemm_reasons(query.profile.kind)
+
 
 OPS = ("act_quant", "act_dequant", "weight_quant", "weight_dequant", "scaled_mm", "quant_linear", "quantized_gelu")
 _ANYWHERE = Constraints(devices=("cpu", "cuda"))
@@ -26,6 +40,11 @@ IMPLS = (
          GemmConstraints(min_cc=(9, 0), max_cc=(10, 0), formats=("fp8_e4m3",), fp8_mma=True, block_sizes=(128,),
                          nk_multiple=(16, 512)),
          variant="cublas", numerics=REDUCED_FP8_ACCUMULATION),
+    # Opt-in: operands dequantized to bf16 for the vendor's bf16 GEMM, on any GPU and the CPU
+    # (bf16_dequant.py, docs/numerics.md); never chosen automatically.
+    *(_VendorBf16Gemm(op, "torch", f"torch.bf16_dequant:{op}", GemmConstraints(devices=("cpu", "cuda")),
+                      variant="bf16_dequant", numerics=BF16_DEQUANT, opt_in=True)
+      for op in ("scaled_mm", "quant_linear")),
 )
 
 __all__ = ["IMPLS", "act_quant", "act_dequant", "weight_quant", "weight_dequant", "scaled_mm", "quant_linear",

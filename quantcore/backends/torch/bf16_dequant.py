@@ -1,0 +1,70 @@
+"""The opt-in `torch[bf16_dequant]` GEMM: exactness traded for the vendor's bf16 GEMM.
+
+Both operands are dequantized to bf16 — `fp32(q)·scale` rounded once to bf16, bit for bit what
+`act_dequant` (a, per 1×Bk group) and `weight_dequant` (b, per Bn×Bk block) return for
+`out_dtype=torch.bfloat16` — then multiplied by one bf16 GEMM with an fp32 result (cuBLAS through
+`torch.mm(..., out_dtype=torch.float32)` on CUDA; on the CPU, where torch has no bf16 GEMM with an
+fp32 output, an fp32 matmul of the same bf16 values, which computes the same function), and the
+reference's epilogue runs on that fp32 result. The contract's per-K-block fp32 promotion with both
+scales becomes one scaled-operand product per element, so numerics change (`NUMERICS`, derived in
+docs/numerics.md): it runs only where named (`Impl.opt_in`).
+
+bf16 also for fp16 outputs: fp16's range would overflow `q·scale` above 65504 and lose the relative
+bound below 2^-14 (small weights' scales put values there), where bf16 keeps fp32's range.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..base import composed_quant_linear
+from .gemm import epilogue
+from .quant import act_quant
+
+NUMERICS = ("operands rounded to bf16 after scaling (fp32 q·scale -> bf16), a bf16 GEMM with fp32 sums: "
+            "|error| <= (2^-7 + 2^-15 + K·2^-23)·Σ_k |a_k·b_k| per output (docs/numerics.md)")
+
+
+def vendor_gemm_reasons(kind: str) -> list[str]:
+    """Why this torch cannot run the bf16 GEMM with an fp32 result on a device of `kind`."""
+    if kind == "cuda" and "dtype" not in torch.ops.aten.mm.overloads():
+        return [f"needs torch >= 2.8 on CUDA (torch.mm with out_dtype=float32 from bf16), torch is {torch.__version__}"]
+    return []
+
+
+def dequantize(q: torch.Tensor, scale: torch.Tensor, rows: int, block_k: int) -> torch.Tensor:
+    """q [R, K] fp8/int8 with scale [ceil(R/rows), ceil(K/block_k)] fp32 -> [R, K] bf16, fp32(q)·scale
+    rounded once to bf16 (act_dequant for rows=1, weight_dequant for rows=Bn, with out_dtype=bf16)."""
+    R, K = q.shape
+    s = scale.float() if rows == 1 else scale.float().repeat_interleave(rows, 0)[:R]  # [R, KB]
+    # Every e4m3 and int8 code has at most 8 significant bits, so it is exact in bf16; the multiply by
+    # the fp32 scale is done in fp32 and rounded to bf16 as it is stored.
+    x = q.to(torch.bfloat16)
+    out = torch.empty_like(x)
+    whole, cut = K // block_k, K - K % block_k
+    if whole:
+        torch.mul(x[:, :cut].unflatten(1, (whole, block_k)), s[:, :whole, None],
+                  out=out[:, :cut].unflatten(1, (whole, block_k)))
+    if cut < K:
+        torch.mul(x[:, cut:], s[:, whole:], out=out[:, cut:])
+    return out
+
+
+def matmul_fp32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a [M, K] @ b [N, K]^T of bf16 operands -> fp32 [M, N]: their products (exact in fp32) summed in fp32."""
+    if a.is_cuda:
+        return torch.mm(a, b.t(), out_dtype=torch.float32)
+    return torch.mm(a.float(), b.float().t())
+
+
+@torch.no_grad()
+def scaled_mm(a, a_scale, b, b_scale, *, block_n, block_k, bias, activation, out_dtype, out_quant, out_group,
+              ue8m0_out, eps, profile=None):
+    """The backend contract's scaled_mm on bf16-dequantized operands (any format, blocks and shape);
+    the epilogue as the reference's, on the GEMM's fp32 result."""
+    acc = matmul_fp32(dequantize(a, a_scale, 1, block_k), dequantize(b, b_scale, block_n, block_k))
+    return epilogue(acc, bias=bias, activation=activation, out_dtype=out_dtype, out_quant=out_quant,
+                    out_group=out_group, ue8m0_out=ue8m0_out, eps=eps)
+
+
+quant_linear = composed_quant_linear(act_quant, scaled_mm)
