@@ -101,13 +101,16 @@ def test_every_input_of_the_output_is_in_the_key(cache, monkeypatch):
 
 def test_a_damaged_file_is_compiled_again(cache):
     folder, calls = cache
-    expected = compiler.compile_source(*KERNEL)
+    compiler.compile_source(*KERNEL)
     (path,) = (folder / "nvrtc").glob("*.json.gz")
     path.write_bytes(path.read_bytes()[:100])
     compiler._compiled.clear()
-    assert compiler.compile_source(*KERNEL) == expected and len(calls) == 2
+    # Compared with this second compile, not the first: NVRTC names the module's internal symbols
+    # after the clock, so two compiles seconds apart can differ in those names.
+    again = compiler.compile_source(*KERNEL)
+    assert again.ptx and len(calls) == 2
     compiler._compiled.clear()
-    assert compiler.compile_source(*KERNEL) == expected and len(calls) == 2  # rewritten whole
+    assert compiler.compile_source(*KERNEL) == again and len(calls) == 2  # rewritten whole
 
 
 def test_an_unwritable_cache_folder_costs_only_the_cache(cache, monkeypatch):
