@@ -54,7 +54,7 @@ def test_what_selection_names_is_what_runs(monkeypatch, op, profile, m):
                 if chosen is None:
                     continue
                 launched.add(chosen.label)
-                if chosen.backend == "triton" and op in GEMMS:
+                if chosen.backend == "triton" and op in GEMMS and "mma" in dict(chosen.options):  # not Gluon's
                     assert [kernel_mma(c) for c in kernels] == [dict(chosen.options)["mma"]], (backend, fmt)
                 assert agrees(out, expected), (chosen.label, fmt)
     assert launched - {"torch"} or profile == "sm70", launched  # a GPU backend ran wherever one can

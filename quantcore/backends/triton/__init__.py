@@ -6,18 +6,26 @@ type, behind a compile-time switch taken when the device has FP8 tensor cores. W
 GEMM decodes FP8 exactly to fp16 and runs fp16 MMA with fp32 accumulation: the `w8a16` variant.
 Each GEMM variant passes its MMA kind to the launch as the `mma` option ("int8", "fp8", "fp16": the
 kinds `configs.py` keys tiles on), so that what the registry chose is what runs, whatever the profile.
+The `gluon` variant is a kernel of its own for sm_90 (`kernels/gluon_gemm.py`, warp-specialized, in
+Triton's Gluon), launched by `gluon_launch.py` where a call or a measured priority names it (`gluon.py`
+says where it can run).
 """
 
 from __future__ import annotations
 
 from ...specs.gemm_query import GemmConstraints
 from ..base import REDUCED_FP8_ACCUMULATION, Constraints, Impl
+from .gluon import GluonConstraints
 
 _MEMORY_BOUND = ("act_quant", "act_dequant", "weight_quant", "weight_dequant", "quantized_gelu")
 _BASE = dict(min_cc=(8, 0), requires=("triton",), interpreter=True)
 # The K block is the GEMM's K tile (a power of two for tl.arange; up to 256, whose 128x256-byte A and B
 # tiles fit one pipeline stage in every sm_80+ GPU's shared memory); a re-quantize group fits one N tile.
 _GEMM = dict(_BASE, block_k_multiple=16, block_k_pow2=True, block_k_max=256, out_group_max=256)
+# The Gluon kernel (kernels/gluon_gemm.py): K blocks of 32 to 128 (wgmma's k is 32 for 8-bit operands;
+# a 128-byte row is the widest TMA box with 128-byte swizzling).
+_GLUON = dict(min_cc=(9, 0), requires=("triton",), fp8_mma=True, int8_mma=True, block_k_multiple=32,
+              block_k_pow2=True, block_k_max=128)
 # FP8 tl.dot on Hopper accumulates at reduced precision (base.REDUCED_FP8_ACCUMULATION); promoting to
 # fp32 every 32 products (max_num_imprecise_acc=32) measured 4.5e-5 and 26% slower, so not taken.
 
@@ -35,4 +43,11 @@ IMPLS = (
              variant="w8a16", fallback="FP8 decoded exactly to fp16, fp16 tensor-core MMA with fp32 accumulation",
              options=(("mma", "fp16"),)),
     )),
+    # The Gluon variant on sm_90 (`triton[gluon]`): registered after the tiled kernels, which take every
+    # call it takes, so that "triton" in a priority never reaches it; it runs where a call names it or a
+    # measured priority table lists it.
+    *(Impl(op, "triton", f"triton.gluon_launch:{op}", GluonConstraints(**_GLUON, formats=(fmt,)), variant="gluon",
+           numerics=numerics)
+      for op in ("scaled_mm", "quant_linear")
+      for fmt, numerics in (("int8", "exact"), ("fp8_e4m3", REDUCED_FP8_ACCUMULATION))),
 )

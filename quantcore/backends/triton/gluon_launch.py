@@ -1,0 +1,137 @@
+"""The launch of the Gluon GEMM (`kernels/gluon_gemm.py`) on sm_90: scaled_mm and quant_linear of the
+`triton[gluon]` variant.
+
+Imports Triton and its Gluon at its top; quantcore imports this module only when that variant is
+launched (the registry's constraints say where it can run: `triton/gluon.py`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from ...errors import InvalidInputError
+from ..base import prepared, prepared_quant_linear
+from .direct import Launcher
+from .kernels.gluon_gemm import block_scaled_mm_ws_kernel
+from .launch import _KIND, _bias_kind, _gemm_outputs, _kernel_bias, act_quant
+
+_GROUP_M = 8  # row tiles per L2 group, as the tiled kernel's
+_WARPS = 4  # the default partition: consumer warpgroup 0 (the kernel adds a consumer warpgroup and a producer warp)
+_REGS = (232, 40)  # registers per thread of the worker partitions: consumer warpgroup 1, producer
+_GL_DTYPE = {torch.float8_e4m3fn: gl.float8e4nv, torch.int8: gl.int8, torch.int16: gl.int16,
+             torch.float16: gl.float16, torch.float32: gl.float32}
+
+
+@dataclass(frozen=True)
+class GluonConfig:
+    """One launch of the Gluon GEMM: a BLOCK_M × BLOCK_N tile (each consumer warpgroup BLOCK_M/2 rows),
+    `stages` slots in the TMA ring (None: as many as fit, at most 6), and `pipeline`: each warpgroup
+    keeps a second K block's wgmma in flight while it promotes the first (only where the weight scale
+    is one per tile: a per-column one in two sets of registers spills)."""
+
+    block_m: int = 128
+    block_n: int = 128
+    stages: int | None = None
+    pipeline: bool = True
+
+    def smem_bytes(self, stages: int, block_k: int, out_bytes: int) -> int:
+        """Shared memory: the ring's A and B tiles (8-bit), the epilogue's two output buffers (TMA store;
+        out_bytes 0 without), 1 KiB of barriers and slack. Within 0.5 KiB of Triton 3.6's own count."""
+        return stages * (self.block_m + self.block_n) * block_k + self.block_m * self.block_n * out_bytes + 1024
+
+
+# The default tile; the stage count and pipelining follow from shared memory and the weight's scale block.
+DEFAULT = GluonConfig()
+_MAX_STAGES = 6
+
+
+def _fitted(cfg: GluonConfig, block_k: int, out_bytes: int, block_n: int, profile) -> tuple[int, bool]:
+    """(stages, pipeline) of `cfg` for this call: its stages, or as many as fit `profile`'s shared memory."""
+    limit = getattr(profile, "smem_per_block", 0) or 232448
+    stages = cfg.stages or max(s for s in range(2, _MAX_STAGES + 1)
+                               if s == 2 or cfg.smem_bytes(s, block_k, out_bytes) <= limit)
+    return stages, cfg.pipeline and block_n % cfg.block_n == 0
+
+
+def _aligned(t: torch.Tensor) -> bool:
+    """TMA's rules for an 8-bit 2-D operand: 16-byte aligned base and row stride, contiguous rows."""
+    return t.stride(-1) == 1 and t.data_ptr() % 16 == 0 and t.stride(0) % 16 == 0
+
+
+def _staged(t: torch.Tensor, width: int) -> torch.Tensor:
+    """A fresh copy of 8-bit `t` [R, K] with rows `width` >= K wide, zero past K: TMA-aligned, and
+    the zeros add nothing to any K block's dot (TMA fills past K with zeros all the same)."""
+    buf = torch.zeros((t.shape[0], width), dtype=torch.uint8, device=t.device)
+    buf[:, : t.shape[1]].copy_(t.view(torch.uint8))
+    return buf.view(t.dtype)
+
+
+def _descriptor(t: torch.Tensor, block: list[int]) -> TensorDescriptor:
+    return TensorDescriptor.from_tensor(t, block, gl.NVMMASharedLayout.get_default_for(block, _GL_DTYPE[t.dtype]))
+
+
+@prepared
+def scaled_mm(a, a_scale, b, b_scale, *, block_n, block_k, bias, activation, out_dtype, out_quant, out_group,
+              ue8m0_out, eps, profile, config: GluonConfig = DEFAULT):
+    """Block-scaled GEMM a @ b^T with a fused epilogue, warp-specialized and persistent (sm_90).
+
+    a [M, K] and b [N, K] fp8_e4m3fn or int8 (same), a_scale [M, ceil(K/Bk)] and
+    b_scale [ceil(N/Bn), ceil(K/Bk)] fp32 (any strides), bias [N] bf16/fp16/fp32 or None, activation
+    None/"gelu"/"gelu_tanh"/"silu" -> out [M, N] out_dtype (bf16/fp16/fp32). block_k (the K tile) a
+    power of two from 32 to 128. Re-quantized output (out_quant) is not implemented here; out_group,
+    ue8m0_out and eps concern only that. `config` picks the tile, ring and schedule (`GluonConfig`).
+    """
+    if out_quant is not None:
+        raise InvalidInputError("triton[gluon] scaled_mm: out_quant (a re-quantized output) is not implemented by the "
+                                "Gluon kernel; use backend='triton' for it")
+    M, K = a.shape
+    N = b.shape[0]
+    outputs = _gemm_outputs(M, N, a.device, out_dtype, None, out_group)
+    if M == 0 or N == 0:
+        return lambda a, a_scale, b, b_scale, bias=None: outputs()[0]
+    out_bits = torch.int16 if out_dtype == torch.bfloat16 else out_dtype  # bf16 stored as its RNE bits
+    out_bytes = out_bits.itemsize
+    tma_out = (N * out_bytes) % 16 == 0  # the output is fresh and contiguous: its row stride decides
+    stages, pipeline = _fitted(config, block_k, out_bytes if tma_out else 0, block_n, profile)
+    bm, bn = config.block_m, config.block_n
+    tiles = triton.cdiv(M, bm) * triton.cdiv(N, bn)
+    launch = Launcher(block_scaled_mm_ws_kernel, (min(tiles, profile.sm_count or tiles),), dict(
+        SCALE_BN=block_n, BIAS=_bias_kind(bias), ACTIVATION=activation or "none", OUT=_KIND[out_dtype],
+        STAGES=stages, GROUP_M=_GROUP_M, PIPELINE=pipeline, TMA_OUT=tma_out, CONSUMER_REGS=_REGS[0],
+        PRODUCER_REGS=_REGS[1], num_warps=_WARPS,
+        # The promotion is one FMA per element, as the tiled kernel's under Triton 3.6's default (which
+        # later versions turn off).
+        enable_fp_fusion=True), a.device)
+    # Operands whose base or row stride TMA cannot take (K not a multiple of 16 included) are copied
+    # into fresh buffers with rows padded to a multiple of 16 bytes.
+    width = triton.cdiv(K, 16) * 16
+    copy_a, copy_b = not _aligned(a), not _aligned(b)
+    scalars = (M, N, K, a_scale.stride(0), a_scale.stride(1), b_scale.stride(0), b_scale.stride(1),
+               0 if bias is None else bias.stride(0), N)
+
+    def run(a, a_scale, b, b_scale, bias=None):
+        out, _ = outputs()
+        a = _staged(a, width) if copy_a else a
+        b = _staged(b, width) if copy_b else b
+        # Descriptors hold the base addresses: made per call.
+        out_desc = _descriptor(out.view(out_bits), [bm // 2, bn]) if tma_out else None
+        launch(_descriptor(a, [bm, block_k]), _descriptor(b, [bn, block_k]), out_desc, a_scale, b_scale,
+               out if bias is None else _kernel_bias(bias), out, *scalars)
+        return out
+    return run
+
+
+@prepared
+def quant_linear(x, w, w_scale, *, block_n, block_k, bias, activation, out_dtype, ue8m0, eps, profile):
+    """The Triton backend's act_quant(x) per 1×block_k group into w's format, then the Gluon scaled_mm.
+
+    x [M, K] bf16/fp16/fp32, w [N, K] fp8_e4m3fn/int8, w_scale [ceil(N/Bn), ceil(K/Bk)] fp32, bias [N] or
+    None -> out [M, N] out_dtype.
+    """
+    return prepared_quant_linear(act_quant, scaled_mm, x, w, w_scale, block_n=block_n, block_k=block_k, bias=bias,
+                                 activation=activation, out_dtype=out_dtype, ue8m0=ue8m0, eps=eps, profile=profile)

@@ -1,0 +1,250 @@
+"""The block-scaled GEMM for Hopper (sm_90) in Gluon: warp-specialized, persistent, TMA-fed.
+
+out[m, n] = Σ_kb dot_kb(a, b)[m, n] · a_s[m, kb] · b_s[n // SCALE_BN, kb], the same contract as
+`gemm.py` (docs/numerics.md), with its epilogue: + bias, activation, cast to OUT.
+
+Why a schedule of its own: in `gemm.py` every K block's wgmma must finish before its partial can be
+scaled into the fp32 accumulator (the "promotion"), and Triton's block language runs that promotion
+on the same warps, between one block's MMA and the next: the tensor cores wait for it. cuBLAS's
+block-wise kernel and DeepGEMM hide it by giving the work to different warps. So does this kernel:
+
+- Producer (one warp, `_produce`): walks this program's tiles and their K blocks and fills a ring
+  of STAGES shared-memory slots with the A tile [BLOCK_M, BLOCK_K] and the B tile [BLOCK_N, BLOCK_K]
+  through TMA (its zero fill masks the M, N and K tails), each slot guarded by a `ready` mbarrier
+  (TMA transaction bytes) and an `empty` one (both consumers release it).
+- Two consumer warpgroups (`_consume`, the default partition and a 4-warp worker), cooperative:
+  both take the same tile and slot, consumer c the rows [c·BLOCK_M/2, (c+1)·BLOCK_M/2) of A, sharing
+  the B tile. Per K block each issues one asynchronous wgmma into a fresh partial (FP8 -> fp32,
+  INT8 -> int32, exact), releases the slot once it is complete and promotes the partial with one
+  fp32 FMA per element. The warp schedulers interleave the two warpgroups, so that one's promotion
+  runs on the CUDA cores while the other's wgmma runs on the tensor cores. With PIPELINE each
+  warpgroup also issues two K blocks' wgmmas at a time and promotes the first while the second runs
+  (two partials in registers: 3 × 64 of the 232 a consumer thread gets at BLOCK_N = 128). Ping-pong
+  (each warpgroup its own tile) would need a whole tile's accumulator and partial per warpgroup:
+  at 128 × 128, 256 registers a thread, more than there are.
+- Persistent: one program per SM (the launch's grid), each walking tiles pid, pid + programs, ...
+  in grouped order (GROUP_M row tiles share a column strip of b while it is in L2). The producer
+  runs ahead into the next tile while the consumers run the epilogue.
+- Epilogue, per consumer warpgroup from the MMA's registers: + bias, activation, the cast, into
+  shared memory and out through a TMA store that completes during the next tile's main loop
+  (masked stores where the output's rows are not 16-byte aligned). A re-quantized output is not
+  implemented here.
+
+The activation scales are read per K block by the consumers (the contract allows any strides, so
+they cannot come through TMA); each K block's loads are issued before its mbarrier wait, so their
+latency hides behind it. The weight scale is one scalar per tile and K block when SCALE_BN is a
+multiple of BLOCK_N (folded into the row scale, as `gemm.py` does: part · (a_s · b_s)), else one
+per column (part · a_s · b_s). FP8 wgmma adds products at reduced precision within a K block, as
+Triton's tl.dot and cuBLAS do on Hopper (backends.base.REDUCED_FP8_ACCUMULATION).
+
+Written against Triton 3.6's `triton.experimental.gluon` (and compiles with 3.9's); this module
+imports it at its top and is imported only when the Gluon variant is launched.
+"""
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                                warpgroup_mma_wait)
+
+from .cast import bf16_encode, load_f32, store_f32_as
+from .epilogue import activate
+
+# Triton 3.6 names the TMA copies async_copy_global_to_shared / async_copy_shared_to_global; later
+# versions call them async_load / async_store (and keep the old names only to raise).
+_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+_tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
+
+
+@gluon.jit
+def _tile(tile, M, N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr):
+    """(row tile, column tile) of the tile-th tile in grouped order, as `gemm.py` orders programs."""
+    per_group = GROUP_M * gl.cdiv(N, BLOCK_N)
+    first_m = (tile // per_group) * GROUP_M
+    size_m = gl.minimum(gl.cdiv(M, BLOCK_M) - first_m, GROUP_M)
+    return first_m + (tile % per_group) % size_m, (tile % per_group) // size_m
+
+
+@gluon.jit
+def _produce(a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, GROUP_M: gl.constexpr):
+    """The load partition: every K block of every tile of this program into the slot ring, in the
+    order the consumers take them."""
+    BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
+    BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
+    BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
+    STAGES: gl.constexpr = a_bufs.type.shape[0]
+    it = 0
+    for tile in range(gl.program_id(0), gl.cdiv(M, BLOCK_M) * gl.cdiv(N, BLOCK_N), gl.num_programs(0)):
+        pid_m, pid_n = _tile(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        for kb in range(gl.cdiv(K, BLOCK_K)):
+            slot = it % STAGES
+            # A fresh mbarrier counts as having completed the phase before its first: the first pass
+            # over the ring does not wait.
+            mbarrier.wait(empty.index(slot), ((it // STAGES) & 1) ^ 1)
+            bar = ready.index(slot)
+            # Bytes filled with zeros past the tensor's edge count too: the expected total is fixed.
+            mbarrier.expect(bar, a_desc.block_type.nbytes + b_desc.block_type.nbytes)
+            _tma_load(a_desc, [pid_m * BLOCK_M, kb * BLOCK_K], bar, a_bufs.index(slot))
+            _tma_load(b_desc, [pid_n * BLOCK_N, kb * BLOCK_K], bar, b_bufs.index(slot))
+            it += 1
+
+
+@gluon.jit
+def _k_scales(a_s_ptrs, b_s_ptrs, kb, stride_ask, stride_bsk):
+    """K block kb's activation scales (one per row) and weight scales (a scalar or one per column)."""
+    return gl.load(a_s_ptrs + kb * stride_ask), gl.load(b_s_ptrs + kb * stride_bsk)
+
+
+@gluon.jit
+def _issue(a_bufs, b_bufs, ready, it, zero, C: gl.constexpr):
+    """Wait for the slot of the it-th K block and start this warpgroup's wgmma on its rows of it."""
+    STAGES: gl.constexpr = a_bufs.type.shape[0]
+    ROWS: gl.constexpr = zero.shape[0]
+    slot = it % STAGES
+    mbarrier.wait(ready.index(slot), (it // STAGES) & 1)
+    a = a_bufs.index(slot).slice(C * ROWS, ROWS)
+    return warpgroup_mma(a, b_bufs.index(slot).permute((1, 0)), zero, use_acc=False, is_async=True)
+
+
+@gluon.jit
+def _retire(acc, part, a_s, b_s, empty, it, PENDING: gl.constexpr, UNIFORM_BS: gl.constexpr):
+    """Wait for the it-th K block's wgmma (PENDING later ones may stay in flight), release its slot and
+    return acc + fp32(part) · a_s[m] · b_s[n], the scale product formed as `gemm.py` forms it."""
+    STAGES: gl.constexpr = empty.type.shape[0]
+    part = warpgroup_mma_wait(num_outstanding=PENDING, deps=[part])
+    mbarrier.arrive(empty.index(it % STAGES), count=1)
+    if UNIFORM_BS:
+        return acc + part.to(gl.float32) * (a_s * b_s)[:, None]
+    else:
+        return acc + part.to(gl.float32) * a_s[:, None] * b_s[None, :]
+
+
+@gluon.jit
+def _mainloop(a_bufs, b_bufs, ready, empty, it, num_kb, a_s_ptrs, b_s_ptrs, stride_ask, stride_bsk, zero,
+              C: gl.constexpr, UNIFORM_BS: gl.constexpr, PIPELINE: gl.constexpr):
+    """One tile's fp32 accumulator over its num_kb K blocks, the first being the it-th of this program."""
+    acc = gl.zeros_like(zero, dtype=gl.float32)
+    if PIPELINE:
+        # Two K blocks per step: the second's wgmma runs while the first is promoted. No wgmma stays in
+        # flight across the loop's back edge: a loop-carried in-flight accumulator is copied there,
+        # and ptxas then serializes every wgmma (its warning C7514/C7515).
+        for kb in range(0, num_kb - 1, 2):
+            a_s0, b_s0 = _k_scales(a_s_ptrs, b_s_ptrs, kb, stride_ask, stride_bsk)
+            a_s1, b_s1 = _k_scales(a_s_ptrs, b_s_ptrs, kb + 1, stride_ask, stride_bsk)
+            p0 = _issue(a_bufs, b_bufs, ready, it, zero, C)
+            p1 = _issue(a_bufs, b_bufs, ready, it + 1, zero, C)
+            acc = _retire(acc, p0, a_s0, b_s0, empty, it, 1, UNIFORM_BS)
+            acc = _retire(acc, p1, a_s1, b_s1, empty, it + 1, 0, UNIFORM_BS)
+            it += 2
+        if num_kb % 2 == 1:
+            a_s, b_s = _k_scales(a_s_ptrs, b_s_ptrs, num_kb - 1, stride_ask, stride_bsk)
+            part = _issue(a_bufs, b_bufs, ready, it, zero, C)
+            acc = _retire(acc, part, a_s, b_s, empty, it, 0, UNIFORM_BS)
+            it += 1
+    else:
+        for kb in range(num_kb):
+            a_s, b_s = _k_scales(a_s_ptrs, b_s_ptrs, kb, stride_ask, stride_bsk)
+            part = _issue(a_bufs, b_bufs, ready, it, zero, C)
+            acc = _retire(acc, part, a_s, b_s, empty, it, 0, UNIFORM_BS)
+            it += 1
+    return acc, it
+
+
+@gluon.jit
+def _consume(a_bufs, b_bufs, ready, empty, out_desc, c_smem, params, C: gl.constexpr, SCALE_BN: gl.constexpr,
+             BIAS: gl.constexpr, ACTIVATION: gl.constexpr, OUT: gl.constexpr, GROUP_M: gl.constexpr,
+             PIPELINE: gl.constexpr, TMA_OUT: gl.constexpr):
+    """Consumer warpgroup C: rows [C·ROWS, (C+1)·ROWS) of every tile of this program, K block by K
+    block from the slot ring, then the epilogue from the MMA's register layout: through shared memory
+    and a TMA store (TMA_OUT: out_desc, this warpgroup's buffer c_smem[C]; the store of one tile runs
+    during the next tile's main loop) or with masked stores. `params`: the kernel's pointers, sizes
+    and strides (`block_scaled_mm_ws_kernel`)."""
+    a_scale_ptr, b_scale_ptr, bias_ptr, out_ptr, M, N, K, stride_asm, stride_ask, stride_bsn, stride_bsk, \
+        stride_bias, stride_om = params
+    BLOCK_M: gl.constexpr = a_bufs.type.shape[1]
+    BLOCK_K: gl.constexpr = a_bufs.type.shape[2]
+    BLOCK_N: gl.constexpr = b_bufs.type.shape[1]
+    ROWS: gl.constexpr = BLOCK_M // 2
+    UNIFORM_BS: gl.constexpr = SCALE_BN % BLOCK_N == 0
+    # One warpgroup, m64nBLOCK_Nk32 instructions (k is 32 for 8-bit operands), repeated over ROWS.
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                  instr_shape=[16, BLOCK_N, 256 // a_bufs.dtype.primitive_bitwidth])
+    zero = gl.zeros([ROWS, BLOCK_N], gl.int32 if a_bufs.dtype == gl.int8 else gl.float32, mma)
+
+    num_kb = gl.cdiv(K, BLOCK_K)
+    it = 0
+    # The producer's walk over this program's tiles (persistent: pid, pid + programs, ...), in step.
+    for tile in range(gl.program_id(0), gl.cdiv(M, BLOCK_M) * gl.cdiv(N, BLOCK_N), gl.num_programs(0)):
+        pid_m, pid_n = _tile(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        row0 = pid_m * BLOCK_M + C * ROWS
+        rows = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, mma))
+        cols = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, mma))
+        # Tail rows and columns wrap back into range: their scale loads need no mask, and they are
+        # never stored.
+        a_s_ptrs = a_scale_ptr + (rows % M) * stride_asm
+        if UNIFORM_BS:
+            b_s_ptrs = b_scale_ptr + (pid_n * BLOCK_N // SCALE_BN) * stride_bsn
+        else:
+            b_s_ptrs = b_scale_ptr + ((cols % N) // SCALE_BN) * stride_bsn
+        acc, it = _mainloop(a_bufs, b_bufs, ready, empty, it, num_kb, a_s_ptrs, b_s_ptrs, stride_ask, stride_bsk,
+                            zero, C, UNIFORM_BS, PIPELINE)
+
+        n_mask = cols < N
+        if BIAS != "none":
+            acc = acc + load_f32(bias_ptr + cols * stride_bias, n_mask, BIAS)[None, :]
+        acc = activate(acc, ACTIVATION)
+        if TMA_OUT:
+            buf = c_smem.index(C)
+            tma.store_wait(pendings=0)  # the previous tile's store has read the buffer
+            if OUT == "bf16":
+                buf.store(bf16_encode(acc))
+            else:
+                buf.store(acc.to(buf.dtype))
+            fence_async_shared()
+            _tma_store(out_desc, [row0, pid_n * BLOCK_N], buf)
+        else:
+            mask = (rows < M)[:, None] & n_mask[None, :]
+            store_f32_as(out_ptr + rows[:, None] * stride_om + cols[None, :], acc, mask, OUT)
+    if TMA_OUT:
+        tma.store_wait(pendings=0)
+
+
+@gluon.jit
+def block_scaled_mm_ws_kernel(
+        a_desc, b_desc, out_desc, a_scale_ptr, b_scale_ptr, bias_ptr, out_ptr, M, N, K,
+        stride_asm, stride_ask, stride_bsn, stride_bsk, stride_bias, stride_om,
+        SCALE_BN: gl.constexpr, BIAS: gl.constexpr, ACTIVATION: gl.constexpr, OUT: gl.constexpr,
+        STAGES: gl.constexpr, GROUP_M: gl.constexpr, PIPELINE: gl.constexpr, TMA_OUT: gl.constexpr,
+        CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
+    """a [M, K] @ b [N, K]^T with block scales and a fused epilogue, on sm_90.
+
+    a_desc / b_desc: Gluon TMA descriptors over a and b (e4m3 or int8, both alike) with blocks
+    [BLOCK_M, BLOCK_K] and [BLOCK_N, BLOCK_K], BLOCK_K the scale block along K. a_scale [M, ceil(K/BLOCK_K)]
+    and b_scale [ceil(N/SCALE_BN), ceil(K/BLOCK_K)] fp32 with the given strides; bias [N] of kind BIAS
+    ("none", "fp32", "fp16", "bf16"); ACTIVATION as `epilogue.activate`; out [M, N] of kind OUT ("fp32",
+    "fp16", "bf16" as int16 bits), written through out_desc (blocks [BLOCK_M / 2, BLOCK_N]) when
+    TMA_OUT, else through out_ptr with row stride stride_om. Launched with num_warps=4 (the default
+    partition, consumer 0) and a grid of at most one program per SM; STAGES slots in the ring;
+    PIPELINE as in the module docstring; CONSUMER_REGS / PRODUCER_REGS the registers per thread of the
+    worker partitions.
+    """
+    a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
+    b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
+    if TMA_OUT:
+        c_smem = gl.allocate_shared_memory(out_desc.dtype, [2] + out_desc.block_type.shape, out_desc.layout)
+    else:
+        c_smem = a_bufs  # unused
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=2)  # one arrival per consumer warpgroup
+
+    params = (a_scale_ptr, b_scale_ptr, bias_ptr, out_ptr, M, N, K, stride_asm, stride_ask, stride_bsn, stride_bsk,
+              stride_bias, stride_om)
+    gl.warp_specialize([
+        (_consume, (a_bufs, b_bufs, ready, empty, out_desc, c_smem, params, 0, SCALE_BN, BIAS, ACTIVATION, OUT,
+                    GROUP_M, PIPELINE, TMA_OUT)),
+        (_consume, (a_bufs, b_bufs, ready, empty, out_desc, c_smem, params, 1, SCALE_BN, BIAS, ACTIVATION, OUT,
+                    GROUP_M, PIPELINE, TMA_OUT)),
+        (_produce, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, GROUP_M)),
+    ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])

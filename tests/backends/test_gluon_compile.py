@@ -1,0 +1,157 @@
+"""The Gluon GEMM (`backends/triton/kernels/gluon_gemm.py`) compiles for sm_90 without a GPU, through the
+arguments its own launch builds (`gluon_launch.scaled_mm` on CPU tensors, its Launcher replaced by an
+offline compile), and its PTX and ptxas report hold the schedule the module describes: wgmma on e4m3
+or s8 operands, TMA loads (and TMA stores where the output's rows allow), the partitions' register
+budgets, the promotion as FMAs, no spills on the main path and no wgmma serialized by ptxas. Runs
+where the installed Triton has Gluon's Hopper API (3.6 on the GPU machine); correctness is the GPU
+suite's.
+
+Each compile runs in a child process without TRITON_INTERPRET: the interpreter tests set it for the
+whole session, and the `@triton.jit` helpers the kernel calls are then interpreter functions, which
+Gluon cannot compile.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def compile_launch(M, N, K, qdtype, out_dtype="bfloat16", bias=None, activation=None, block=(128, 128)) -> dict:
+    """In this process: run the prepared launch on CPU tensors with its one kernel launch compiled for
+    sm_90 instead; return the grid, constexprs, shared memory, PTX instruction counts and ptxas -v report."""
+    import torch
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.backends.nvidia.compiler import get_ptxas
+    from triton.experimental.gluon._runtime import GluonASTSource
+    from triton.runtime.jit import mangle_type
+
+    from quantcore.backends.triton import gluon_launch
+    from quantcore.backends.triton.direct import _kernel_view
+    from quantcore.capability import simulated_profile
+
+    compiled = []
+
+    class OfflineLauncher:
+        def __init__(self, fn, grid, constants, device):
+            self.fn, self.grid, self.constants = fn, grid, dict(constants)
+
+        def __call__(self, *args):
+            options = {k: self.constants.pop(k) for k in ("num_warps", "enable_fp_fusion")}
+            signature, constants = {}, {}
+            for name, arg in zip(self.fn.arg_names, map(_kernel_view, args)):  # typed as the JIT types them
+                signature[name] = "constexpr" if arg is None else mangle_type(arg)
+                if arg is None:
+                    constants[name] = None
+            for name in self.fn.arg_names[len(args):]:
+                signature[name], constants[name] = "constexpr", self.constants[name]
+            kernel = triton.compile(GluonASTSource(self.fn, signature, constexprs=constants),
+                                    target=GPUTarget("cuda", 90, 32), options=options)
+            ptx = kernel.asm["ptx"]
+            with tempfile.TemporaryDirectory() as tmp:
+                (Path(tmp) / "k.ptx").write_text(ptx)
+                log = subprocess.run([get_ptxas(90).path, "-v", "--gpu-name", "sm_90a", f"{tmp}/k.ptx", "-o",
+                                      f"{tmp}/k.cubin"], capture_output=True, text=True, check=True)
+            compiled.append(dict(grid=list(self.grid), constants={k: v for k, v in constants.items() if v is not None},
+                                 shared=kernel.metadata.shared, ptx=ptx, ptxas=log.stdout + log.stderr))
+
+    gluon_launch.Launcher = OfflineLauncher
+    profile = simulated_profile("sm90")
+    qdtype, out_dtype = getattr(torch, qdtype), getattr(torch, out_dtype)
+    g = torch.Generator().manual_seed(0)
+    a = torch.randint(-100, 100, (M, K), generator=g, dtype=torch.int8)
+    b = torch.randint(-100, 100, (N, K), generator=g, dtype=torch.int8)
+    if qdtype == torch.float8_e4m3fn:
+        a, b = a.view(qdtype), b.view(qdtype)
+    kb = -(-K // block[1])
+    bias = None if bias is None else torch.randn(N).to(getattr(torch, bias))
+    out = gluon_launch.scaled_mm(a, torch.rand(M, kb, generator=g), b, torch.rand(-(-N // block[0]), kb, generator=g),
+                                 block_n=block[0], block_k=block[1], bias=bias, activation=activation,
+                                 out_dtype=out_dtype, out_quant=None, out_group=128, ue8m0_out=False, eps=1e-4,
+                                 profile=profile)
+    (launch,) = compiled
+    return dict(launch, out_shape=list(out.shape), out_dtype=str(out.dtype), sm_count=profile.sm_count,
+                smem_per_block=profile.smem_per_block)
+
+
+def compiled(**case) -> dict:
+    """`compile_launch(**case)` in a child process without TRITON_INTERPRET."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    run = subprocess.run([sys.executable, __file__, json.dumps(case)], env=env, capture_output=True, text=True,
+                         timeout=300)
+    if run.returncode == 3:
+        pytest.skip(run.stdout.strip().splitlines()[-1])
+    assert run.returncode == 0, run.stderr[-4000:]
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+def count(k: dict, pattern: str) -> int:
+    return len(re.findall(pattern, k["ptx"]))
+
+
+def spill_bytes(k: dict) -> int:
+    return sum(int(n) for n in re.findall(r"(\d+) bytes spill stores", k["ptxas"]))
+
+
+def test_fp8_main_path_lowers_to_the_warp_specialized_schedule():
+    k = compiled(M=4096, N=7168, K=2048, qdtype="float8_e4m3fn")
+    assert k["out_shape"] == [4096, 7168] and k["out_dtype"] == "torch.bfloat16"
+    # Persistent: one program per SM; the pipelined pairs with as many stages as fit beside the TMA store.
+    assert k["grid"] == [k["sm_count"]]
+    c = k["constants"]
+    assert c["PIPELINE"] and c["TMA_OUT"] and c["STAGES"] == 6 and c["OUT"] == "bf16"
+    assert k["shared"] <= k["smem_per_block"]
+    # Two consumer warpgroups, four m64n128k32 e4m3 wgmmas per K block, at three issue sites (the pair
+    # and the odd last block).
+    assert count(k, r"wgmma\.mma_async\.sync\.aligned\.m64n128k32\.f32\.e4m3\.e4m3") == 2 * 3 * 4
+    assert count(k, r"cp\.async\.bulk\.tensor\.2d\.shared::\w+\.global") == 2  # the producer's A and B tiles
+    assert count(k, r"cp\.async\.bulk\.tensor\.2d\.global\.shared") == 2  # each consumer's output tile
+    regs = {int(n) for n in re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+)", k["ptx"])}
+    assert {232, 40} <= regs  # consumer and producer budgets
+    assert count(k, r"fma\.rn\.f32") >= 2 * 3 * 64  # each promotion: one FMA per accumulator element
+    assert spill_bytes(k) == 0
+    assert "C7514" not in k["ptxas"] and "C7515" not in k["ptxas"], k["ptxas"]  # no serialized wgmma
+
+
+def test_int8_with_every_fallback_lowers():
+    """INT8 (s8 wgmma into int32), a weight scale block that is not one per tile (no pipelining), a
+    K tail that TMA cannot address (staged copies), an output row of 2002 bytes (masked stores instead
+    of TMA), a bias and an activation."""
+    k = compiled(M=300, N=1001, K=1000, qdtype="int8", out_dtype="float16", bias="bfloat16", activation="gelu",
+                 block=[96, 64])
+    assert k["out_shape"] == [300, 1001] and k["out_dtype"] == "torch.float16"
+    assert k["grid"] == [3 * 8]  # fewer tiles than SMs
+    c = k["constants"]
+    assert not c["PIPELINE"] and not c["TMA_OUT"]
+    assert c["SCALE_BN"] == 96 and c["BIAS"] == "bf16" and c["ACTIVATION"] == "gelu" and c["OUT"] == "fp16"
+    assert count(k, r"wgmma\.mma_async\.sync\.aligned\.m64n128k32\.s32\.s8\.s8") == 2 * 2  # two k32 steps per 64
+    assert count(k, r"cp\.async\.bulk\.tensor\.2d\.global\.shared") == 0
+    assert k["shared"] <= k["smem_per_block"]
+
+
+@pytest.mark.parametrize("out_dtype, stages", [("bfloat16", 6), ("float32", 5)])
+def test_stages_fill_shared_memory(out_dtype, stages):
+    k = compiled(M=512, N=2112, K=7168, qdtype="float8_e4m3fn", out_dtype=out_dtype)
+    assert k["constants"]["STAGES"] == stages and k["shared"] <= k["smem_per_block"]
+
+
+if __name__ == "__main__":  # the child process of `compiled`
+    try:
+        import triton.experimental.gluon.language.nvidia.hopper  # noqa: F401
+
+        import quantcore.backends.triton.gluon_launch  # noqa: F401
+    except (ImportError, AttributeError) as exc:  # no Gluon, or one without the pieces the kernel uses
+        print(f"the Gluon GEMM does not import with this Triton: {exc!r}")
+        sys.exit(3)
+    print(json.dumps(compile_launch(**json.loads(sys.argv[1]))))

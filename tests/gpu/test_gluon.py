@@ -1,0 +1,130 @@
+"""The Gluon GEMM (`triton[gluon]`, sm_90) forced on the GPU parity suite's shapes and epilogues, against
+the torch reference with the contract's tolerances: DeepSeek-V3 shapes with tails in M, N and K (K
+not a multiple of 16 included), weight scale blocks that are not one per tile, bias and activations,
+the non-finite confinement, and quant_linear bit for bit its two ops. Skips, with the registry's
+reasons, where the variant cannot run (not sm_90, or a Triton without Gluon's Hopper API).
+
+Run on a GPU machine: `python3 -m pytest -m gpu tests/gpu/test_gluon.py`.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from helpers import activation_inputs, check_activation, tail_gemm_operands
+from quantcore import UnsupportedError, ops
+from quantcore.specs.tolerances import gemm_tolerance, rel_error
+
+from test_parity import FMTS, GEMM_SHAPES, gemm_case, rand, run
+
+pytestmark = pytest.mark.gpu
+
+GLUON = "triton[gluon]"
+
+
+def gluon(fn, *args, **kwargs):
+    """fn forced onto the Gluon variant on this GPU (skips with its reasons where it cannot run)."""
+    return run(GLUON, None, fn, *args, **kwargs)
+
+
+def tolerance(qdtype, out_dtype) -> float:
+    # FP8 wgmma accumulates within a K block at reduced precision (the variant declares it); INT8 is exact.
+    return gemm_tolerance(FMTS[qdtype], out_dtype, exact_accumulation=qdtype == torch.int8)
+
+
+@pytest.mark.parametrize("qdtype", list(FMTS))
+@pytest.mark.parametrize("mnk", GEMM_SHAPES + [(300, 1000, 1000)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_scaled_mm_parity_shapes(qdtype, mnk):
+    a, a_s, b, b_s, ref = gemm_case(*mnk, qdtype)
+    for out_dtype in (torch.float32, torch.bfloat16):
+        out = gluon(ops.scaled_mm, a, a_s, b, b_s, out_dtype=out_dtype)
+        assert out.dtype == out_dtype and out.shape == ref.shape
+        assert not out.isnan().any()
+        assert rel_error(out, ref) <= tolerance(qdtype, out_dtype), out_dtype
+        # Later calls go through the direct launcher: the same kernel, the same result.
+        assert torch.equal(gluon(ops.scaled_mm, a, a_s, b, b_s, out_dtype=out_dtype), out)
+
+
+@pytest.mark.parametrize("qdtype", list(FMTS))
+@pytest.mark.parametrize("block", [(64, 128), (96, 64), (128, 32), (256, 128)], ids=str)
+def test_weight_scale_blocks_other_than_one_per_tile(qdtype, block):
+    m, n, k = 600, 1000, 1040
+    a, a_s = ops.act_quant(rand((m, k), seed=2), dtype=qdtype, group_size=block[1], backend="torch")
+    b, b_s = ops.weight_quant(rand((n, k), seed=3), dtype=qdtype, block_size=block, backend="torch")
+    ref = ops.scaled_mm(a, a_s, b, b_s, block_size=block, out_dtype=torch.float32, backend="torch")
+    out = gluon(ops.scaled_mm, a, a_s, b, b_s, block_size=block, out_dtype=torch.float32)
+    assert rel_error(out, ref) <= tolerance(qdtype, torch.float32)
+
+
+@pytest.mark.parametrize("qdtype", list(FMTS))
+@pytest.mark.parametrize("activation", [None, "gelu", "gelu_tanh", "silu"])
+@pytest.mark.parametrize("mnk", [(64, 2112, 7168), (7, 129, 200), (4096, 7168, 2048)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_epilogues(qdtype, activation, mnk):
+    a, a_s, b, b_s, _ = gemm_case(*mnk, qdtype)
+    bias = rand((mnk[1],), seed=4)
+    ref = ops.scaled_mm(a, a_s, b, b_s, bias=bias, activation=activation, out_dtype=torch.float32, backend="torch")
+    for out_dtype in (torch.float32, torch.float16, torch.bfloat16):
+        out = gluon(ops.scaled_mm, a, a_s, b, b_s, bias=bias, activation=activation, out_dtype=out_dtype)
+        if out_dtype == torch.float16:
+            # The data's per-row spread puts some large-shape outputs beyond fp16's 65504: there the
+            # output is the reference's overflow (±inf), elsewhere within tolerance. A margin around
+            # the limit, where rounding may go either way, is left out.
+            big = ref.abs() > 70000
+            assert torch.equal(out[big].float(), ref[big].sign() * torch.inf)
+            out, ref_in = out[ref.abs() < 60000], ref[ref.abs() < 60000]
+        else:
+            ref_in = ref
+        assert rel_error(out, ref_in) <= tolerance(qdtype, out_dtype), out_dtype
+    fp32_bias = gluon(ops.scaled_mm, a, a_s, b, b_s, bias=bias.float(), activation=activation, out_dtype=torch.float32)
+    assert rel_error(fp32_bias, ref) <= tolerance(qdtype, torch.float32)
+
+
+@pytest.mark.parametrize("qdtype", list(FMTS))
+@pytest.mark.parametrize("activation", ["gelu", "gelu_tanh", "silu"])
+def test_activation_negative_tail(qdtype, activation):
+    """The activation's input is exactly the bias (a zero accumulator): every value within the
+    contract's activation tolerance of the float64 oracle."""
+    x = activation_inputs()
+    x = x[x != 0][::3]
+    x = x[: x.numel() // 16 * 16].contiguous().cuda()
+    out = gluon(ops.scaled_mm, *tail_gemm_operands(x, qdtype, block=128), bias=x, activation=activation,
+                out_dtype=torch.float32)
+    assert not out.isnan().any()
+    for row in out.cpu():
+        check_activation(row, x.cpu(), activation)
+
+
+@pytest.mark.parametrize("qdtype", list(FMTS))
+def test_non_finite_blocks_stay_confined(qdtype):
+    """A NaN in one activation block and an Inf in one weight block make exactly the reference's
+    outputs non-finite; the others agree with it."""
+    x, w = rand((300, 1000), torch.float32, seed=5), rand((1000, 1000), torch.float32, seed=6)
+    x[17, 300], w[513, 900] = float("nan"), float("inf")
+    a, a_s = ops.act_quant(x, dtype=qdtype, backend="torch")
+    b, b_s = ops.weight_quant(w, dtype=qdtype, backend="torch")
+    ref = ops.scaled_mm(a, a_s, b, b_s, out_dtype=torch.float32, backend="torch")
+    out = gluon(ops.scaled_mm, a, a_s, b, b_s, out_dtype=torch.float32)
+    finite = ref.isfinite()
+    assert not finite.all() and torch.equal(out.isfinite(), finite)
+    assert rel_error(out[finite], ref[finite]) <= tolerance(qdtype, torch.float32)
+
+
+@pytest.mark.parametrize("qdtype", list(FMTS))
+@pytest.mark.parametrize("m", [3, 1000])
+def test_quant_linear_is_its_two_ops(qdtype, m):
+    x = rand((m, 7168), seed=7)
+    w, w_s = ops.weight_quant(rand((2112, 7168), seed=8), dtype=qdtype, backend="torch")
+    bias = rand((2112,), seed=9)
+    out = gluon(ops.quant_linear, x, w, w_s, bias, activation="silu")
+    a, a_s = ops.act_quant(x, dtype=qdtype, backend="triton")
+    assert torch.equal(out, gluon(ops.scaled_mm, a, a_s, w, w_s, bias=bias, activation="silu"))
+
+
+def test_a_re_quantized_output_is_refused_with_its_reason():
+    a, a_s, b, b_s, _ = gemm_case(64, 2112, 7168, torch.float8_e4m3fn)
+    with pytest.raises(UnsupportedError) as err:
+        ops.scaled_mm(a, a_s, b, b_s, out_quant=torch.float8_e4m3fn, backend=GLUON)
+    assert any("re-quantized output" in r for r in err.value.reasons[GLUON])

@@ -1,0 +1,127 @@
+"""The `triton[gluon]` GEMM variant in the registry: available on sm_90 with a Triton whose Gluon has
+Hopper's API, its reasons elsewhere in explain() and the report, never chosen automatically unless a
+measured priority lists it, and run where a call names it."""
+
+from __future__ import annotations
+
+import importlib.machinery
+
+import pytest
+
+from quantcore import UnsupportedError, capability, measured, registry, report
+from quantcore.backends import base
+from quantcore.backends.triton import gluon
+from quantcore.registry.query import m_bucket
+from quantcore.specs.gemm_query import GemmQuery
+
+# Selecting an FP8 tensor-core GEMM warns of its numerics once; what is selected is what these tests judge.
+pytestmark = pytest.mark.filterwarnings("ignore::quantcore.NumericsWarning")
+
+GLUON = "triton[gluon]"
+OPS_FMTS = [(op, fmt) for op in ("scaled_mm", "quant_linear") for fmt in ("fp8_e4m3", "int8")]
+
+
+def gemm_query(profile="sm90", fmt="fp8_e4m3", op="scaled_mm", m=4096, block_k=128, out_fmt=None, fused=False):
+    p = capability.simulated_profile(profile) if isinstance(profile, str) else profile
+    blocks = (128, block_k) + ((128,) if out_fmt else ())
+    return GemmQuery(op, p, fmt, out_fmt, blocks, m_bucket(m), nk=(7168, 2048), block_k=block_k,
+                     out_group=128 if out_fmt else 0, fused=fused)
+
+
+@pytest.fixture
+def installed(monkeypatch):
+    """Triton and CuPy importable, and a Triton whose version and files the Gluon kernel accepts."""
+    monkeypatch.setattr(base, "module_available", lambda name: True)
+    monkeypatch.setattr(gluon, "gluon_missing", lambda version: None)
+    registry.clear_caches()
+
+
+def reasons(q, backend=GLUON) -> list[str]:
+    return next(c for c in registry.explain_query(q, backend=backend).candidates if c.impl == GLUON).reasons
+
+
+@pytest.mark.parametrize("op, fmt", OPS_FMTS)
+@pytest.mark.parametrize("m", [1, 128, 4096, 16384])
+@pytest.mark.parametrize("fused", [False, True])
+def test_it_can_run_on_sm90_but_automatic_selection_never_takes_it(installed, op, fmt, m, fused):
+    q = gemm_query(fmt=fmt, op=op, m=m, fused=fused)
+    assert reasons(q) == []
+    assert registry.select(q).label != GLUON
+    assert registry.select(q, backend="triton").label == "triton"  # the backend's name alone neither
+
+
+def test_a_gpu_with_the_shipped_tables_never_selects_it(installed):
+    for table in (t for t in measured.tables() if t.arch == "sm_90"):
+        gpu = capability.simulated_profile("sm90").model_copy(update={"name": table.device})
+        for op, fmt in OPS_FMTS:
+            for m in (1, 64, 128, 512, 4096, 16384):
+                assert registry.select(gemm_query(gpu, fmt, op, m)).label != GLUON, (table.device, op, fmt, m)
+
+
+def test_a_measured_table_that_lists_it_selects_it(installed, monkeypatch):
+    gpu = capability.simulated_profile("sm90").model_copy(update={"name": "NVIDIA H100 80GB HBM3"})
+    monkeypatch.setattr(measured, "lookup", lambda name, op, fmt, bucket: (GLUON, "triton") if bucket >= 4096 else None)
+    registry.clear_caches()
+    assert registry.select(gemm_query(gpu, m=4096)).label == GLUON
+    assert registry.select(gemm_query(gpu, "int8", "quant_linear", m=16384)).label == GLUON
+    assert registry.select(gemm_query(gpu, m=512)).label == "triton"
+    # A call it cannot run (a re-quantized output) goes on to the next entry.
+    assert registry.select(gemm_query(gpu, m=4096, out_fmt="fp8_e4m3")).label == "triton"
+
+
+@pytest.mark.parametrize("fmt", ["fp8_e4m3", "int8"])
+def test_naming_it_selects_it_with_its_numerics(installed, fmt):
+    impl = registry.select(gemm_query(fmt=fmt), backend=GLUON)
+    assert impl.label == GLUON and impl.launch == "triton.gluon_launch:scaled_mm"
+    assert (impl.numerics == "exact") == (fmt == "int8")
+
+
+@pytest.mark.parametrize("case, reason", [
+    (dict(profile="sm100"), "wgmma and its warpgroup register budget are sm_90's; device is sm_100"),
+    (dict(profile="sm89"), "needs compute capability >= 9.0, device is 8.9"),
+    (dict(profile="cpu"), "runs on cuda, not cpu"),
+    (dict(out_fmt="int8"), "re-quantized output (out_quant) is not implemented in the Gluon kernel"),
+    (dict(block_k=256), "the K block must be at most 128, got 256"),
+    (dict(block_k=16), "the K block must be a power of two >= 32, got 16"),
+])
+def test_where_it_cannot_run_forcing_it_says_why(installed, case, reason):
+    q = gemm_query(**case)
+    assert reason in reasons(q)
+    with pytest.raises(UnsupportedError) as err:
+        registry.select(q, backend=GLUON)
+    assert reason in err.value.reasons[GLUON]
+
+
+def test_an_older_triton_is_a_reason_in_explain_and_the_report(monkeypatch):
+    monkeypatch.setattr(base, "module_available", lambda name: True)
+    monkeypatch.setattr(capability, "versions", lambda: {"triton": "3.5.1"})
+    gluon.gluon_missing.cache_clear()
+    registry.clear_caches()
+    expected = "needs Triton >= 3.6 (Gluon's warp_specialize, warpgroup_mma and TMA as the kernel uses them), " \
+               "installed 3.5.1"
+    assert reasons(gemm_query()) == [expected]
+    rows = {(r.impl, r.dtype): r for r in report.build(simulate="sm90").rows if r.op == "scaled_mm"}
+    assert rows[(GLUON, "fp8_e4m3")].status == "unavailable" and rows[(GLUON, "fp8_e4m3")].reason == expected
+    assert rows[("triton", "fp8_e4m3")].status == "selected"  # the rest of the backend is unaffected
+    gluon.gluon_missing.cache_clear()
+
+
+@pytest.mark.parametrize("version, files, missing", [
+    (None, True, None),  # no Triton at all: the `requires` reason says so
+    ("3.5.9", True, "needs Triton >= 3.6"),
+    ("3.6.0", True, None),
+    ("3.10.0+git1234", True, None),
+    ("3.6.0", False, "the installed Triton 3.6.0 has no Gluon Hopper language"),
+])
+def test_gluon_missing_reads_the_version_and_the_files(monkeypatch, tmp_path, version, files, missing):
+    if files:
+        hopper = tmp_path.joinpath(*gluon._HOPPER_GLUON.parts)
+        hopper.parent.mkdir(parents=True)
+        hopper.write_text("")
+    spec = importlib.machinery.ModuleSpec("triton", None, is_package=True)
+    spec.submodule_search_locations = [str(tmp_path)]
+    monkeypatch.setattr(gluon.importlib.util, "find_spec", lambda name: spec)
+    gluon.gluon_missing.cache_clear()
+    found = gluon.gluon_missing(version)
+    gluon.gluon_missing.cache_clear()
+    assert (found is None) if missing is None else (missing in found)
