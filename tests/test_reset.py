@@ -31,4 +31,4 @@ def test_reset_rereads_measured_priorities_and_drops_kept_plans():
 
 def test_compared_backends_come_from_the_registry():
     assert registry.compared("act_quant") == ("triton", "cupy")
-    assert registry.compared("scaled_mm") == ("triton", "cupy", "torch[cublas]")
+    assert registry.compared("scaled_mm") == ("triton", "cupy", "triton[gluon]", "torch[cublas]")

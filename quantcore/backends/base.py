@@ -172,7 +172,9 @@ class Impl:
     path); the registry makes any departure visible. `opt_in`: a variant that trades the contract's
     exactness for speed by choice (`torch[bf16_dequant]`), not by necessity; it runs only where its
     label is named (`backend=`, a priority list, `QUANTCORE_PRIORITY`), never by automatic selection,
-    by its backend's name alone or through a measured table.
+    by its backend's name alone or through a measured table. `compared_alone`: a variant its backend's
+    name never reaches (registered after one that takes every call it takes, `triton[gluon]`), so it
+    is compared with the reference, timed by the bench and ranked by measured tables under its own label.
     """
 
     op: str
@@ -184,6 +186,7 @@ class Impl:
     fallback: str = ""  # set on paths that stand in for a faster native one: what they do instead
     options: tuple[tuple[str, Any], ...] = ()  # fixed keyword arguments this variant passes to launch
     opt_in: bool = False  # runs only where its label is named
+    compared_alone: bool = False  # in `registry.compared` under its own label
 
     @property
     def label(self) -> str:

@@ -105,12 +105,14 @@ def backend_names() -> set[str]:
 
 def compared(op: str) -> tuple[str, ...]:
     """What is compared with the reference for `op` (parity tests, bench, measured priorities): every
-    other backend with an implementation of it, and each variant of the reference on its own
+    other backend with an implementation of it, each variant its backend's name never reaches
+    (`Impl.compared_alone`: "triton[gluon]"), and each variant of the reference on its own
     ("torch[cublas]"). Opt-in variants are not: they are held to their own declared bound, not the
     contract's tolerances, and a measured priority must never rank them."""
     found = [i for i in impls(op) if not i.opt_in]
     others = dict.fromkeys(i.backend for i in found if i.backend != REFERENCE)
-    return (*others, *(i.label for i in found if i.backend == REFERENCE and i.variant))
+    alone = dict.fromkeys(i.label for i in found if i.compared_alone)
+    return (*others, *alone, *(i.label for i in found if i.backend == REFERENCE and i.variant))
 
 
 def reference(op: str) -> Impl:
