@@ -25,10 +25,11 @@ block-wise kernel and DeepGEMM hide it by giving the work to different warps. So
 - Persistent: one program per SM (the launch's grid), each walking tiles pid, pid + programs, ...
   in grouped order (GROUP_M row tiles share a column strip of b while it is in L2). The producer
   runs ahead into the next tile while the consumers run the epilogue.
-- Epilogue, per consumer warpgroup from the MMA's registers: + bias, activation, the cast, into
-  shared memory and out through a TMA store that completes during the next tile's main loop
-  (masked stores where the output's rows are not 16-byte aligned). A re-quantized output is not
-  implemented here.
+- Epilogue, per consumer warpgroup from the MMA's registers: + bias, activation, then the cast or a
+  re-quantization per 1×OUT_GROUP group of its rows (`quant.group_quantize`, the tiled kernel's own
+  formulas: the same fp32 values give the same codes and scales), into shared memory and out through
+  a TMA store that completes during the next tile's main loop (masked stores where the output's rows
+  are not 16-byte aligned); a re-quantized output's scales with masked stores.
 
 The activation scales are read per K block by the consumers (the contract allows any strides, so
 they cannot come through TMA); each K block's loads are issued before its mbarrier wait, so their
@@ -46,8 +47,9 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                                 warpgroup_mma_wait)
 
-from .cast import bf16_encode, load_f32, store_f32_as
+from .cast import bf16_encode, load_f32
 from .epilogue import activate
+from .quant import group_quantize
 
 # Triton 3.6 names the TMA copies async_copy_global_to_shared / async_copy_shared_to_global; later
 # versions call them async_load / async_store (and keep the old names only to raise).
@@ -150,16 +152,29 @@ def _mainloop(a_bufs, b_bufs, ready, empty, it, num_kb, a_s_ptrs, b_s_ptrs, stri
 
 
 @gluon.jit
+def _store_scales(out_scale_ptr, scale, row0, pid_n, M, N, stride_osm, OUT_GROUP: gl.constexpr):
+    """A re-quantized tile's scales [ROWS, GROUPS] (rows from row0, groups of column tile pid_n) into
+    out_scale [M, ceil(N/OUT_GROUP)], in the layout the group reduction left them in."""
+    ROWS: gl.constexpr = scale.shape[0]
+    GROUPS: gl.constexpr = scale.shape[1]
+    layout: gl.constexpr = scale.type.layout
+    rows = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
+    groups = pid_n * GROUPS + gl.arange(0, GROUPS, layout=gl.SliceLayout(0, layout))
+    mask = (rows < M)[:, None] & (groups < gl.cdiv(N, OUT_GROUP))[None, :]
+    gl.store(out_scale_ptr + rows[:, None] * stride_osm + groups[None, :], scale, mask=mask)
+
+
+@gluon.jit
 def _consume(a_bufs, b_bufs, ready, empty, out_desc, c_smem, params, C: gl.constexpr, SCALE_BN: gl.constexpr,
-             BIAS: gl.constexpr, ACTIVATION: gl.constexpr, OUT: gl.constexpr, GROUP_M: gl.constexpr,
-             PIPELINE: gl.constexpr, TMA_OUT: gl.constexpr):
+             BIAS: gl.constexpr, ACTIVATION: gl.constexpr, OUT: gl.constexpr, OUT_GROUP: gl.constexpr,
+             UE8M0_OUT: gl.constexpr, GROUP_M: gl.constexpr, PIPELINE: gl.constexpr, TMA_OUT: gl.constexpr):
     """Consumer warpgroup C: rows [C·ROWS, (C+1)·ROWS) of every tile of this program, K block by K
     block from the slot ring, then the epilogue from the MMA's register layout: through shared memory
     and a TMA store (TMA_OUT: out_desc, this warpgroup's buffer c_smem[C]; the store of one tile runs
-    during the next tile's main loop) or with masked stores. `params`: the kernel's pointers, sizes
-    and strides (`block_scaled_mm_ws_kernel`)."""
-    a_scale_ptr, b_scale_ptr, bias_ptr, out_ptr, M, N, K, stride_asm, stride_ask, stride_bsn, stride_bsk, \
-        stride_bias, stride_om = params
+    during the next tile's main loop) or with masked stores. `params`: the kernel's pointers, sizes,
+    strides and eps (`block_scaled_mm_ws_kernel`)."""
+    a_scale_ptr, b_scale_ptr, bias_ptr, out_ptr, out_scale_ptr, M, N, K, stride_asm, stride_ask, stride_bsn, \
+        stride_bsk, stride_bias, stride_om, stride_osm, eps = params
     BLOCK_M: gl.constexpr = a_bufs.type.shape[1]
     BLOCK_K: gl.constexpr = a_bufs.type.shape[2]
     BLOCK_N: gl.constexpr = b_bufs.type.shape[1]
@@ -189,43 +204,52 @@ def _consume(a_bufs, b_bufs, ready, empty, out_desc, c_smem, params, C: gl.const
                             zero, C, UNIFORM_BS, PIPELINE)
 
         n_mask = cols < N
+        mask = (rows < M)[:, None] & n_mask[None, :]
         if BIAS != "none":
             acc = acc + load_f32(bias_ptr + cols * stride_bias, n_mask, BIAS)[None, :]
         acc = activate(acc, ACTIVATION)
+        if OUT == "fp8" or OUT == "int8":
+            # Elements past M and N must not reach a group's amax; the codes come back to the MMA's
+            # layout (the reshapes' round trip: no data moves) for the stores below.
+            res, scale = group_quantize(gl.where(mask, acc, 0.0), eps, OUT_GROUP, OUT, UE8M0_OUT, True)
+            res = gl.convert_layout(res, mma)
+            _store_scales(out_scale_ptr, scale, row0, pid_n, M, N, stride_osm, OUT_GROUP)
+        elif OUT == "bf16":
+            res = bf16_encode(acc)
+        else:
+            res = acc
         if TMA_OUT:
             buf = c_smem.index(C)
             tma.store_wait(pendings=0)  # the previous tile's store has read the buffer
-            if OUT == "bf16":
-                buf.store(bf16_encode(acc))
-            else:
-                buf.store(acc.to(buf.dtype))
+            buf.store(res.to(buf.dtype))
             fence_async_shared()
             _tma_store(out_desc, [row0, pid_n * BLOCK_N], buf)
         else:
-            mask = (rows < M)[:, None] & n_mask[None, :]
-            store_f32_as(out_ptr + rows[:, None] * stride_om + cols[None, :], acc, mask, OUT)
+            gl.store(out_ptr + rows[:, None] * stride_om + cols[None, :], res.to(out_ptr.dtype.element_ty), mask=mask)
     if TMA_OUT:
         tma.store_wait(pendings=0)
 
 
 @gluon.jit
 def block_scaled_mm_ws_kernel(
-        a_desc, b_desc, out_desc, a_scale_ptr, b_scale_ptr, bias_ptr, out_ptr, M, N, K,
-        stride_asm, stride_ask, stride_bsn, stride_bsk, stride_bias, stride_om,
+        a_desc, b_desc, out_desc, a_scale_ptr, b_scale_ptr, bias_ptr, out_ptr, out_scale_ptr, M, N, K,
+        stride_asm, stride_ask, stride_bsn, stride_bsk, stride_bias, stride_om, stride_osm, eps,
         SCALE_BN: gl.constexpr, BIAS: gl.constexpr, ACTIVATION: gl.constexpr, OUT: gl.constexpr,
-        STAGES: gl.constexpr, GROUP_M: gl.constexpr, PIPELINE: gl.constexpr, TMA_OUT: gl.constexpr,
-        CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
+        OUT_GROUP: gl.constexpr, UE8M0_OUT: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr,
+        PIPELINE: gl.constexpr, TMA_OUT: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
     """a [M, K] @ b [N, K]^T with block scales and a fused epilogue, on sm_90.
 
     a_desc / b_desc: Gluon TMA descriptors over a and b (e4m3 or int8, both alike) with blocks
     [BLOCK_M, BLOCK_K] and [BLOCK_N, BLOCK_K], BLOCK_K the scale block along K. a_scale [M, ceil(K/BLOCK_K)]
     and b_scale [ceil(N/SCALE_BN), ceil(K/BLOCK_K)] fp32 with the given strides; bias [N] of kind BIAS
     ("none", "fp32", "fp16", "bf16"); ACTIVATION as `epilogue.activate`; out [M, N] of kind OUT ("fp32",
-    "fp16", "bf16" as int16 bits), written through out_desc (blocks [BLOCK_M / 2, BLOCK_N]) when
-    TMA_OUT, else through out_ptr with row stride stride_om. Launched with num_warps=4 (the default
-    partition, consumer 0) and a grid of at most one program per SM; STAGES slots in the ring;
-    PIPELINE as in the module docstring; CONSUMER_REGS / PRODUCER_REGS the registers per thread of the
-    worker partitions.
+    "fp16", "bf16" as int16 bits; or "fp8" as uint8 bits, "int8": codes re-quantized per 1×OUT_GROUP,
+    OUT_GROUP dividing BLOCK_N, with scales max(amax, eps) / qmax, rounded up to a power of two when
+    UE8M0_OUT, into out_scale [M, ceil(N/OUT_GROUP)] fp32 with row stride stride_osm), written through
+    out_desc (blocks [BLOCK_M / 2, BLOCK_N]) when TMA_OUT, else through out_ptr with row stride
+    stride_om. Launched with num_warps=4 (the default partition, consumer 0) and a grid of at most one
+    program per SM; STAGES slots in the ring; PIPELINE as in the module docstring; CONSUMER_REGS /
+    PRODUCER_REGS the registers per thread of the worker partitions.
     """
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
     b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
@@ -239,12 +263,12 @@ def block_scaled_mm_ws_kernel(
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=2)  # one arrival per consumer warpgroup
 
-    params = (a_scale_ptr, b_scale_ptr, bias_ptr, out_ptr, M, N, K, stride_asm, stride_ask, stride_bsn, stride_bsk,
-              stride_bias, stride_om)
+    params = (a_scale_ptr, b_scale_ptr, bias_ptr, out_ptr, out_scale_ptr, M, N, K, stride_asm, stride_ask,
+              stride_bsn, stride_bsk, stride_bias, stride_om, stride_osm, eps)
     gl.warp_specialize([
         (_consume, (a_bufs, b_bufs, ready, empty, out_desc, c_smem, params, 0, SCALE_BN, BIAS, ACTIVATION, OUT,
-                    GROUP_M, PIPELINE, TMA_OUT)),
+                    OUT_GROUP, UE8M0_OUT, GROUP_M, PIPELINE, TMA_OUT)),
         (_consume, (a_bufs, b_bufs, ready, empty, out_desc, c_smem, params, 1, SCALE_BN, BIAS, ACTIVATION, OUT,
-                    GROUP_M, PIPELINE, TMA_OUT)),
+                    OUT_GROUP, UE8M0_OUT, GROUP_M, PIPELINE, TMA_OUT)),
         (_produce, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, GROUP_M)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
