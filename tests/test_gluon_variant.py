@@ -5,10 +5,11 @@ measured priority lists it, and run where a call names it."""
 from __future__ import annotations
 
 import importlib.machinery
+import re
 
 import pytest
 
-from quantcore import UnsupportedError, capability, measured, registry, report
+from quantcore import InvalidInputError, UnsupportedError, capability, measured, registry, report
 from quantcore.backends import base
 from quantcore.backends.triton import gluon
 from quantcore.registry.query import m_bucket
@@ -78,21 +79,43 @@ def test_it_can_re_quantize_its_output_in_groups_within_its_tile(installed, fmt,
     assert registry.select(q, backend=GLUON).label == GLUON
 
 
-def test_a_config_whose_tile_a_group_does_not_divide_is_refused():
-    """An explicit GluonConfig (the probes') whose block_n the re-quantization group does not divide."""
-    pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
+@pytest.mark.parametrize("config", [dict(block_n=64), dict(sub_n=64)])
+def test_a_config_whose_sub_tile_a_group_does_not_divide_is_refused(config):
+    """An explicit GluonConfig (the probes') whose column sub-tile the re-quantization group does not divide."""
+    gluon_launch = pytest.importorskip("quantcore.backends.triton.gluon_launch")
     import torch
-
-    from quantcore import InvalidInputError
-    from quantcore.backends.triton import gluon_launch
 
     a, b = torch.zeros(256, 256, dtype=torch.int8), torch.zeros(256, 256, dtype=torch.int8)
     scales = torch.ones(256, 2), torch.ones(2, 2)
-    with pytest.raises(InvalidInputError, match="out_group_size 128 must divide the tile's N \\(64\\)"):
+    with pytest.raises(InvalidInputError, match=re.escape("out_group_size 128 must divide the tile's N sub-tile (64)")):
         gluon_launch.scaled_mm(a, scales[0], b, scales[1], block_n=128, block_k=128, bias=None, activation=None,
                                out_dtype=torch.bfloat16, out_quant=torch.int8, out_group=128, ue8m0_out=False,
                                eps=1e-4, profile=capability.simulated_profile("sm90"),
-                               config=gluon_launch.GluonConfig(block_n=64))
+                               config=gluon_launch.GluonConfig(**config))
+
+
+@pytest.mark.parametrize("fields, message", [
+    (dict(block_n=192), "sub-tile 192 (sub_n, else block_n) must be a power of two from 8 dividing block_n 192"),
+    (dict(block_n=192, sub_n=128), "sub-tile 128 (sub_n, else block_n) must be a power of two from 8 dividing"),
+    (dict(block_n=512, sub_n=64), "dividing block_n 512, at most 256"),
+    (dict(sub_n=48), "sub-tile 48 (sub_n, else block_n) must be a power of two"),
+    (dict(producer_regs=20), "producer_regs must be a multiple of 8 from 24 to 64, got 20"),
+])
+def test_a_config_the_kernel_cannot_take_is_refused(fields, message):
+    gluon_launch = pytest.importorskip("quantcore.backends.triton.gluon_launch")
+    with pytest.raises(InvalidInputError, match=re.escape(message)):
+        gluon_launch.GluonConfig(**fields)
+
+
+def test_the_consumers_share_what_the_producer_leaves():
+    """Triton 3.6 launches the partitions at 3 × 168 registers a thread and gives the default one (consumer
+    0) what the workers leave; consumer 1 takes half of the rest, in setmaxnreg's steps of 8."""
+    gluon_launch = pytest.importorskip("quantcore.backends.triton.gluon_launch")
+    regs = {p: gluon_launch.GluonConfig(producer_regs=p).consumer_regs for p in (24, 32, 40)}
+    assert regs == {24: 240, 32: 232, 40: 232}
+    assert all(3 * 168 - p - c >= c for p, c in regs.items())
+    sub_tiled = gluon_launch.GluonConfig(block_n=192, sub_n=64)
+    assert sub_tiled.sub == 64 and gluon_launch.DEFAULT.sub == 128
 
 
 @pytest.mark.parametrize("fmt", ["fp8_e4m3", "int8"])

@@ -27,9 +27,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def compile_launch(M, N, K, qdtype, out_dtype="bfloat16", bias=None, activation=None, block=(128, 128),
-                   out_quant=None, out_group=128, ue8m0_out=False) -> dict:
+                   out_quant=None, out_group=128, ue8m0_out=False, config=None) -> dict:
     """In this process: run the prepared launch on CPU tensors with its one kernel launch compiled for
-    sm_90 instead; return the grid, constexprs, shared memory, PTX instruction counts and ptxas -v report."""
+    sm_90 instead; return the grid, constexprs, shared memory, PTX instruction counts and ptxas -v report.
+    `config`: the fields of a `GluonConfig` (None: the default)."""
     import torch
     import triton
     from triton.backends.compiler import GPUTarget
@@ -79,7 +80,8 @@ def compile_launch(M, N, K, qdtype, out_dtype="bfloat16", bias=None, activation=
     out = gluon_launch.scaled_mm(a, torch.rand(M, kb, generator=g), b, torch.rand(-(-N // block[0]), kb, generator=g),
                                  block_n=block[0], block_k=block[1], bias=bias, activation=activation,
                                  out_dtype=out_dtype, out_quant=out_quant and getattr(torch, out_quant),
-                                 out_group=out_group, ue8m0_out=ue8m0_out, eps=1e-4, profile=profile)
+                                 out_group=out_group, ue8m0_out=ue8m0_out, eps=1e-4, profile=profile,
+                                 config=gluon_launch.GluonConfig(**(config or {})))
     out, scale = out if out_quant else (out, None)
     (launch,) = compiled
     return dict(launch, out_shape=list(out.shape), out_dtype=str(out.dtype), sm_count=profile.sm_count,
@@ -171,6 +173,33 @@ def test_a_re_quantized_output_with_masked_stores_lowers():
     assert not k["constants"]["TMA_OUT"] and k["constants"]["PIPELINE"]
     assert count(k, r"cp\.async\.bulk\.tensor\.2d\.global\.shared") == 0
     assert spill_bytes(k) == 0
+
+
+@pytest.mark.parametrize("qdtype", ["float8_e4m3fn", "int8"])
+@pytest.mark.parametrize("config, stages, regs, spills", [
+    (dict(sub_n=64), 6, 232, 0),
+    (dict(block_n=192, sub_n=64), 4, 232, 0),
+    # ptxas keeps two or three of the epilogue's shared-memory addresses on the stack, reloaded once per
+    # tile (read in the SASS: nothing is spilled in the K loop).
+    (dict(block_n=256, sub_n=64, producer_regs=24), 4, 240, 32),
+], ids=["128x128/64", "128x192/64", "128x256/64"])
+def test_column_sub_tiles_lower(qdtype, config, stages, regs, spills):
+    """Wide tiles in 64-column sub-tiles: B in one TMA box per sub-tile, one m64n64k32 wgmma per 32 of K,
+    sub-tile and consumer, one promotion FMA per element, one TMA store per sub-tile and consumer."""
+    k = compiled(M=4096, N=7168, K=2048, qdtype=qdtype, config=config)
+    nsub = config.get("block_n", 128) // 64
+    c = k["constants"]
+    assert c["BLOCK_N"] == 64 * nsub and c["PIPELINE"] and c["TMA_OUT"] and c["STAGES"] == stages
+    assert k["shared"] <= k["smem_per_block"]
+    mma = "f32.e4m3.e4m3" if qdtype == "float8_e4m3fn" else "s32.s8.s8"
+    assert count(k, rf"wgmma\.mma_async\.sync\.aligned\.m64n64k32\.{mma}") == 2 * nsub * 4
+    assert count(k, r"cp\.async\.bulk\.tensor\.2d\.shared::\w+\.global") == 1 + nsub
+    assert count(k, r"cp\.async\.bulk\.tensor\.2d\.global\.shared") == 2 * nsub
+    assert count(k, r"fma\.rn\.f32") >= 2 * nsub * 32
+    assert {regs, config.get("producer_regs", 40)} <= {
+        int(n) for n in re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+)", k["ptx"])}
+    assert spill_bytes(k) <= spills
+    assert "C7514" not in k["ptxas"] and "C7515" not in k["ptxas"], k["ptxas"]
 
 
 @pytest.mark.parametrize("out_dtype, stages", [("bfloat16", 6), ("float32", 5)])

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from helpers import activation_inputs, check_activation, tail_gemm_operands
-from quantcore import ops
+from quantcore import capability, ops
 from quantcore.specs.tolerances import gemm_tolerance, rel_error
 
 from test_parity import FMTS, GEMM_SHAPES, gemm_case, rand, run, same_q, same_scale
@@ -145,3 +145,33 @@ def test_re_quantized_output_is_the_tiled_kernels_bit_for_bit(qdtype, scale_fmt,
     # ... and encodes them alike.
     tiled_q, tiled_s = ops.scaled_mm(a, a_s, b, b_s, backend="triton", **epilogue, **requant)
     assert same_q(q, tiled_q) and same_scale(s, tiled_s)
+
+
+# The wide-tile configurations (not the default; .scratch/gluon_probe2.py times them).
+SUB_TILED = [dict(sub_n=64), dict(block_n=192, sub_n=64), dict(block_n=256, sub_n=64, producer_regs=24)]
+
+
+@pytest.mark.parametrize("qdtype", list(FMTS))
+@pytest.mark.parametrize("config", SUB_TILED, ids=["128x128/64", "128x192/64", "128x256/64"])
+@pytest.mark.parametrize("mnk", [(300, 1001, 1000), (520, 2112, 7168), (4096, 7168, 2048)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_column_sub_tiles_compute_the_default_bit_for_bit(qdtype, config, mnk):
+    """Column sub-tiles multiply the same K blocks with the same instructions per element and promote
+    alike: outputs (bias and SiLU included, masked and TMA stores) and re-quantized codes and scales
+    equal the default configuration's; and the default's is within the contract of the reference."""
+    a, a_s, b, b_s, _ = gemm_case(*mnk, qdtype)
+    bias = rand((mnk[1],), seed=4)
+    ref = ops.scaled_mm(a, a_s, b, b_s, bias=bias, activation="silu", out_dtype=torch.float32, backend="torch")
+    default = gluon(ops.scaled_mm, a, a_s, b, b_s, bias=bias, activation="silu", out_dtype=torch.float32)
+    assert rel_error(default, ref) <= tolerance(qdtype, torch.float32)
+    from quantcore.backends.triton import gluon_launch  # Gluon's Hopper API is there: the call above ran it
+
+    def launch(cfg, **kw):
+        options = dict(out_dtype=torch.float32, out_quant=None, out_group=128, ue8m0_out=False) | kw
+        return gluon_launch.scaled_mm(a, a_s, b, b_s, block_n=128, block_k=128, bias=bias, activation="silu", eps=1e-4,
+                                      profile=capability.profile_for(a.device), config=cfg, **options)
+    wide = gluon_launch.GluonConfig(**config)
+    assert torch.equal(launch(wide), default)
+    requant = dict(out_quant=qdtype, out_group=64, ue8m0_out=True)
+    (q, s), (q0, s0) = launch(wide, **requant), launch(gluon_launch.DEFAULT, **requant)
+    assert same_q(q, q0) and same_scale(s, s0)
