@@ -5,10 +5,11 @@ measured priority lists it, and run where a call names it."""
 from __future__ import annotations
 
 import importlib.machinery
+import re
 
 import pytest
 
-from quantcore import UnsupportedError, capability, measured, registry, report
+from quantcore import InvalidInputError, UnsupportedError, capability, measured, registry, report
 from quantcore.backends import base
 from quantcore.backends.triton import gluon
 from quantcore.registry.query import m_bucket
@@ -21,11 +22,12 @@ GLUON = "triton[gluon]"
 OPS_FMTS = [(op, fmt) for op in ("scaled_mm", "quant_linear") for fmt in ("fp8_e4m3", "int8")]
 
 
-def gemm_query(profile="sm90", fmt="fp8_e4m3", op="scaled_mm", m=4096, block_k=128, out_fmt=None, fused=False):
+def gemm_query(profile="sm90", fmt="fp8_e4m3", op="scaled_mm", m=4096, block_k=128, out_fmt=None, fused=False,
+               out_group=128):
     p = capability.simulated_profile(profile) if isinstance(profile, str) else profile
-    blocks = (128, block_k) + ((128,) if out_fmt else ())
+    blocks = (128, block_k) + ((out_group,) if out_fmt else ())
     return GemmQuery(op, p, fmt, out_fmt, blocks, m_bucket(m), nk=(7168, 2048), block_k=block_k,
-                     out_group=128 if out_fmt else 0, fused=fused)
+                     out_group=out_group if out_fmt else 0, fused=fused or out_fmt is not None)  # as specs.gemm
 
 
 @pytest.fixture
@@ -65,8 +67,55 @@ def test_a_measured_table_that_lists_it_selects_it(installed, monkeypatch):
     assert registry.select(gemm_query(gpu, m=4096)).label == GLUON
     assert registry.select(gemm_query(gpu, "int8", "quant_linear", m=16384)).label == GLUON
     assert registry.select(gemm_query(gpu, m=512)).label == "triton"
-    # A call it cannot run (a re-quantized output) goes on to the next entry.
+    # A re-quantized output is a fused call, which the tables (timed on plain GEMMs) do not decide.
     assert registry.select(gemm_query(gpu, m=4096, out_fmt="fp8_e4m3")).label == "triton"
+
+
+@pytest.mark.parametrize("fmt", ["fp8_e4m3", "int8"])
+@pytest.mark.parametrize("out_group", [8, 32, 128])
+def test_it_can_re_quantize_its_output_in_groups_within_its_tile(installed, fmt, out_group):
+    q = gemm_query(fmt=fmt, out_fmt=fmt, out_group=out_group)
+    assert reasons(q) == []
+    assert registry.select(q, backend=GLUON).label == GLUON
+
+
+@pytest.mark.parametrize("config", [dict(block_n=64), dict(sub_n=64)])
+def test_a_config_whose_sub_tile_a_group_does_not_divide_is_refused(config):
+    """An explicit GluonConfig (the probes') whose column sub-tile the re-quantization group does not divide."""
+    gluon_launch = pytest.importorskip("quantcore.backends.triton.gluon_launch")
+    import torch
+
+    a, b = torch.zeros(256, 256, dtype=torch.int8), torch.zeros(256, 256, dtype=torch.int8)
+    scales = torch.ones(256, 2), torch.ones(2, 2)
+    with pytest.raises(InvalidInputError, match=re.escape("out_group_size 128 must divide the tile's N sub-tile (64)")):
+        gluon_launch.scaled_mm(a, scales[0], b, scales[1], block_n=128, block_k=128, bias=None, activation=None,
+                               out_dtype=torch.bfloat16, out_quant=torch.int8, out_group=128, ue8m0_out=False,
+                               eps=1e-4, profile=capability.simulated_profile("sm90"),
+                               config=gluon_launch.GluonConfig(**config))
+
+
+@pytest.mark.parametrize("fields, message", [
+    (dict(block_n=192), "sub-tile 192 (sub_n, else block_n) must be a power of two from 8 dividing block_n 192"),
+    (dict(block_n=192, sub_n=128), "sub-tile 128 (sub_n, else block_n) must be a power of two from 8 dividing"),
+    (dict(block_n=512, sub_n=64), "dividing block_n 512, at most 256"),
+    (dict(sub_n=48), "sub-tile 48 (sub_n, else block_n) must be a power of two"),
+    (dict(producer_regs=20), "producer_regs must be a multiple of 8 from 24 to 64, got 20"),
+])
+def test_a_config_the_kernel_cannot_take_is_refused(fields, message):
+    gluon_launch = pytest.importorskip("quantcore.backends.triton.gluon_launch")
+    with pytest.raises(InvalidInputError, match=re.escape(message)):
+        gluon_launch.GluonConfig(**fields)
+
+
+def test_the_consumers_share_what_the_producer_leaves():
+    """Triton 3.6 launches the partitions at 3 × 168 registers a thread and gives the default one (consumer
+    0) what the workers leave; consumer 1 takes half of the rest, in setmaxnreg's steps of 8."""
+    gluon_launch = pytest.importorskip("quantcore.backends.triton.gluon_launch")
+    regs = {p: gluon_launch.GluonConfig(producer_regs=p).consumer_regs for p in (24, 32, 40)}
+    assert regs == {24: 240, 32: 232, 40: 232}
+    assert all(3 * 168 - p - c >= c for p, c in regs.items())
+    sub_tiled = gluon_launch.GluonConfig(block_n=192, sub_n=64)
+    assert sub_tiled.sub == 64 and gluon_launch.DEFAULT.sub == 128
 
 
 @pytest.mark.parametrize("fmt", ["fp8_e4m3", "int8"])
@@ -80,7 +129,8 @@ def test_naming_it_selects_it_with_its_numerics(installed, fmt):
     (dict(profile="sm100"), "wgmma and its warpgroup register budget are sm_90's; device is sm_100"),
     (dict(profile="sm89"), "needs compute capability >= 9.0, device is 8.9"),
     (dict(profile="cpu"), "runs on cuda, not cpu"),
-    (dict(out_fmt="int8"), "re-quantized output (out_quant) is not implemented in the Gluon kernel"),
+    (dict(out_fmt="int8", out_group=256), "re-quantization groups must be powers of two <= 128, got 256"),
+    (dict(out_fmt="fp8_e4m3", out_group=48), "re-quantization groups must be powers of two <= 128, got 48"),
     (dict(block_k=256), "the K block must be at most 128, got 256"),
     (dict(block_k=16), "the K block must be a power of two >= 32, got 16"),
 ])

@@ -26,9 +26,11 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def compile_launch(M, N, K, qdtype, out_dtype="bfloat16", bias=None, activation=None, block=(128, 128)) -> dict:
+def compile_launch(M, N, K, qdtype, out_dtype="bfloat16", bias=None, activation=None, block=(128, 128),
+                   out_quant=None, out_group=128, ue8m0_out=False, config=None) -> dict:
     """In this process: run the prepared launch on CPU tensors with its one kernel launch compiled for
-    sm_90 instead; return the grid, constexprs, shared memory, PTX instruction counts and ptxas -v report."""
+    sm_90 instead; return the grid, constexprs, shared memory, PTX instruction counts and ptxas -v report.
+    `config`: the fields of a `GluonConfig` (None: the default)."""
     import torch
     import triton
     from triton.backends.compiler import GPUTarget
@@ -77,11 +79,13 @@ def compile_launch(M, N, K, qdtype, out_dtype="bfloat16", bias=None, activation=
     bias = None if bias is None else torch.randn(N).to(getattr(torch, bias))
     out = gluon_launch.scaled_mm(a, torch.rand(M, kb, generator=g), b, torch.rand(-(-N // block[0]), kb, generator=g),
                                  block_n=block[0], block_k=block[1], bias=bias, activation=activation,
-                                 out_dtype=out_dtype, out_quant=None, out_group=128, ue8m0_out=False, eps=1e-4,
-                                 profile=profile)
+                                 out_dtype=out_dtype, out_quant=out_quant and getattr(torch, out_quant),
+                                 out_group=out_group, ue8m0_out=ue8m0_out, eps=1e-4, profile=profile,
+                                 config=gluon_launch.GluonConfig(**(config or {})))
+    out, scale = out if out_quant else (out, None)
     (launch,) = compiled
     return dict(launch, out_shape=list(out.shape), out_dtype=str(out.dtype), sm_count=profile.sm_count,
-                smem_per_block=profile.smem_per_block)
+                smem_per_block=profile.smem_per_block, scale_shape=None if scale is None else list(scale.shape))
 
 
 def compiled(**case) -> dict:
@@ -138,6 +142,64 @@ def test_int8_with_every_fallback_lowers():
     assert count(k, r"wgmma\.mma_async\.sync\.aligned\.m64n128k32\.s32\.s8\.s8") == 2 * 2  # two k32 steps per 64
     assert count(k, r"cp\.async\.bulk\.tensor\.2d\.global\.shared") == 0
     assert k["shared"] <= k["smem_per_block"]
+
+
+@pytest.mark.parametrize("qdtype, group, ue8m0", [("float8_e4m3fn", 128, False), ("int8", 32, True)])
+def test_a_re_quantized_output_lowers_on_the_main_path(qdtype, group, ue8m0):
+    """Codes per 1×group through the TMA store, scales with plain stores. (With a bias and SiLU too,
+    Triton 3.6 spills nothing either; 3.9 spills ~0.4 KiB there, as it does for a bf16 output.)"""
+    k = compiled(M=4096, N=2112, K=7168, qdtype=qdtype, out_quant=qdtype, out_group=group, ue8m0_out=ue8m0)
+    assert k["out_shape"] == [4096, 2112] and k["out_dtype"] == f"torch.{qdtype}"
+    assert k["scale_shape"] == [4096, -(-2112 // group)]
+    c = k["constants"]
+    assert c["OUT"] == ("fp8" if qdtype == "float8_e4m3fn" else "int8") and c["OUT_GROUP"] == group
+    assert c["UE8M0_OUT"] == ue8m0 and c["PIPELINE"] and c["TMA_OUT"] and c["STAGES"] == 6
+    assert k["shared"] <= k["smem_per_block"]
+    assert count(k, r"wgmma\.mma_async\.sync\.aligned\.m64n128k32") == 2 * 3 * 4
+    assert count(k, r"cp\.async\.bulk\.tensor\.2d\.global\.shared") == 2  # each consumer's codes
+    # Each consumer thread divides its 64 elements by their group's scale with IEEE division (and each
+    # scale is one more); FP8 codes come from the conversion instruction, two per instruction.
+    assert count(k, r"div\.rn\.f32") >= 2 * 64
+    assert count(k, r"cvt\.rn\.satfinite\.e4m3x2\.f32") == (2 * 32 if qdtype == "float8_e4m3fn" else 0)
+    assert count(k, r"st\.global\.b32") >= 2  # the scales (the codes leave through TMA)
+    assert spill_bytes(k) == 0
+    assert "C7514" not in k["ptxas"] and "C7515" not in k["ptxas"], k["ptxas"]
+
+
+def test_a_re_quantized_output_with_masked_stores_lowers():
+    """Rows of 1000 codes (not 16-byte aligned: masked stores), tails in M, N and K, UE8M0 scales."""
+    k = compiled(M=300, N=1000, K=1040, qdtype="int8", out_quant="int8", out_group=64, ue8m0_out=True)
+    assert k["out_shape"] == [300, 1000] and k["scale_shape"] == [300, 16]
+    assert not k["constants"]["TMA_OUT"] and k["constants"]["PIPELINE"]
+    assert count(k, r"cp\.async\.bulk\.tensor\.2d\.global\.shared") == 0
+    assert spill_bytes(k) == 0
+
+
+@pytest.mark.parametrize("qdtype", ["float8_e4m3fn", "int8"])
+@pytest.mark.parametrize("config, stages, regs, spills", [
+    (dict(sub_n=64), 6, 232, 0),
+    (dict(block_n=192, sub_n=64), 4, 232, 0),
+    # ptxas keeps two or three of the epilogue's shared-memory addresses on the stack, reloaded once per
+    # tile (read in the SASS: nothing is spilled in the K loop).
+    (dict(block_n=256, sub_n=64, producer_regs=24), 4, 240, 32),
+], ids=["128x128/64", "128x192/64", "128x256/64"])
+def test_column_sub_tiles_lower(qdtype, config, stages, regs, spills):
+    """Wide tiles in 64-column sub-tiles: B in one TMA box per sub-tile, one m64n64k32 wgmma per 32 of K,
+    sub-tile and consumer, one promotion FMA per element, one TMA store per sub-tile and consumer."""
+    k = compiled(M=4096, N=7168, K=2048, qdtype=qdtype, config=config)
+    nsub = config.get("block_n", 128) // 64
+    c = k["constants"]
+    assert c["BLOCK_N"] == 64 * nsub and c["PIPELINE"] and c["TMA_OUT"] and c["STAGES"] == stages
+    assert k["shared"] <= k["smem_per_block"]
+    mma = "f32.e4m3.e4m3" if qdtype == "float8_e4m3fn" else "s32.s8.s8"
+    assert count(k, rf"wgmma\.mma_async\.sync\.aligned\.m64n64k32\.{mma}") == 2 * nsub * 4
+    assert count(k, r"cp\.async\.bulk\.tensor\.2d\.shared::\w+\.global") == 1 + nsub
+    assert count(k, r"cp\.async\.bulk\.tensor\.2d\.global\.shared") == 2 * nsub
+    assert count(k, r"fma\.rn\.f32") >= 2 * nsub * 32
+    assert {regs, config.get("producer_regs", 40)} <= {
+        int(n) for n in re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+)", k["ptx"])}
+    assert spill_bytes(k) <= spills
+    assert "C7514" not in k["ptxas"] and "C7515" not in k["ptxas"], k["ptxas"]
 
 
 @pytest.mark.parametrize("out_dtype, stages", [("bfloat16", 6), ("float32", 5)])

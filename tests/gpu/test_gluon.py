@@ -1,8 +1,9 @@
 """The Gluon GEMM (`triton[gluon]`, sm_90) forced on the GPU parity suite's shapes and epilogues, against
 the torch reference with the contract's tolerances: DeepSeek-V3 shapes with tails in M, N and K (K
 not a multiple of 16 included), weight scale blocks that are not one per tile, bias and activations,
-the non-finite confinement, and quant_linear bit for bit its two ops. Skips, with the registry's
-reasons, where the variant cannot run (not sm_90, or a Triton without Gluon's Hopper API).
+the non-finite confinement, quant_linear bit for bit its two ops, and a re-quantized output bit for bit
+the tiled kernel's. Skips, with the registry's reasons, where the variant cannot run (not sm_90, or a
+Triton without Gluon's Hopper API).
 
 Run on a GPU machine: `python3 -m pytest -m gpu tests/gpu/test_gluon.py`.
 """
@@ -13,10 +14,10 @@ import pytest
 import torch
 
 from helpers import activation_inputs, check_activation, tail_gemm_operands
-from quantcore import UnsupportedError, ops
+from quantcore import capability, ops
 from quantcore.specs.tolerances import gemm_tolerance, rel_error
 
-from test_parity import FMTS, GEMM_SHAPES, gemm_case, rand, run
+from test_parity import FMTS, GEMM_SHAPES, gemm_case, rand, run, same_q, same_scale
 
 pytestmark = pytest.mark.gpu
 
@@ -123,8 +124,54 @@ def test_quant_linear_is_its_two_ops(qdtype, m):
     assert torch.equal(out, gluon(ops.scaled_mm, a, a_s, w, w_s, bias=bias, activation="silu"))
 
 
-def test_a_re_quantized_output_is_refused_with_its_reason():
-    a, a_s, b, b_s, _ = gemm_case(64, 2112, 7168, torch.float8_e4m3fn)
-    with pytest.raises(UnsupportedError) as err:
-        ops.scaled_mm(a, a_s, b, b_s, out_quant=torch.float8_e4m3fn, backend=GLUON)
-    assert any("re-quantized output" in r for r in err.value.reasons[GLUON])
+@pytest.mark.parametrize("qdtype", list(FMTS))
+@pytest.mark.parametrize("scale_fmt", ["fp32", "ue8m0"])
+@pytest.mark.parametrize("mnk, group", [((4096, 2112, 7168), 128), ((300, 1000, 1040), 64), ((520, 264, 7296), 32)],
+                         ids=lambda c: "x".join(map(str, c)) if isinstance(c, tuple) else str(c))
+def test_re_quantized_output_is_the_tiled_kernels_bit_for_bit(qdtype, scale_fmt, mnk, group):
+    """Codes and scales of a re-quantized output (bias and activation before it) equal the tiled Triton
+    kernel's and act_quant's of the Gluon kernel's own fp32 result: the same formulas on the same fp32
+    values. Tails in M, N (masked stores where rows are not 16-byte aligned) and K."""
+    a, a_s, b, b_s, _ = gemm_case(*mnk, qdtype)
+    epilogue = dict(bias=rand((mnk[1],), seed=4), activation="silu")
+    requant = dict(out_quant=qdtype, out_group_size=group, out_scale_fmt=scale_fmt)
+    f32 = gluon(ops.scaled_mm, a, a_s, b, b_s, out_dtype=torch.float32, **epilogue)
+    q, s = gluon(ops.scaled_mm, a, a_s, b, b_s, **epilogue, **requant)
+    assert q.dtype == qdtype and q.shape == f32.shape and s.shape == (mnk[0], -(-mnk[1] // group))
+    own_q, own_s = ops.act_quant(f32, dtype=qdtype, group_size=group, scale_fmt=scale_fmt, backend="triton")
+    assert same_q(q, own_q) and same_scale(s, own_s)
+    # The tiled kernel accumulates the same fp32 values (the premise of comparing its encodings) ...
+    assert torch.equal(f32, ops.scaled_mm(a, a_s, b, b_s, out_dtype=torch.float32, backend="triton", **epilogue))
+    # ... and encodes them alike.
+    tiled_q, tiled_s = ops.scaled_mm(a, a_s, b, b_s, backend="triton", **epilogue, **requant)
+    assert same_q(q, tiled_q) and same_scale(s, tiled_s)
+
+
+# The wide-tile configurations (not the default; .scratch/gluon_probe2.py times them).
+SUB_TILED = [dict(sub_n=64), dict(block_n=192, sub_n=64), dict(block_n=256, sub_n=64, producer_regs=24)]
+
+
+@pytest.mark.parametrize("qdtype", list(FMTS))
+@pytest.mark.parametrize("config", SUB_TILED, ids=["128x128/64", "128x192/64", "128x256/64"])
+@pytest.mark.parametrize("mnk", [(300, 1001, 1000), (520, 2112, 7168), (4096, 7168, 2048)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_column_sub_tiles_compute_the_default_bit_for_bit(qdtype, config, mnk):
+    """Column sub-tiles multiply the same K blocks with the same instructions per element and promote
+    alike: outputs (bias and SiLU included, masked and TMA stores) and re-quantized codes and scales
+    equal the default configuration's; and the default's is within the contract of the reference."""
+    a, a_s, b, b_s, _ = gemm_case(*mnk, qdtype)
+    bias = rand((mnk[1],), seed=4)
+    ref = ops.scaled_mm(a, a_s, b, b_s, bias=bias, activation="silu", out_dtype=torch.float32, backend="torch")
+    default = gluon(ops.scaled_mm, a, a_s, b, b_s, bias=bias, activation="silu", out_dtype=torch.float32)
+    assert rel_error(default, ref) <= tolerance(qdtype, torch.float32)
+    from quantcore.backends.triton import gluon_launch  # Gluon's Hopper API is there: the call above ran it
+
+    def launch(cfg, **kw):
+        options = dict(out_dtype=torch.float32, out_quant=None, out_group=128, ue8m0_out=False) | kw
+        return gluon_launch.scaled_mm(a, a_s, b, b_s, block_n=128, block_k=128, bias=bias, activation="silu", eps=1e-4,
+                                      profile=capability.profile_for(a.device), config=cfg, **options)
+    wide = gluon_launch.GluonConfig(**config)
+    assert torch.equal(launch(wide), default)
+    requant = dict(out_quant=qdtype, out_group=64, ue8m0_out=True)
+    (q, s), (q0, s0) = launch(wide, **requant), launch(gluon_launch.DEFAULT, **requant)
+    assert same_q(q, q0) and same_scale(s, s0)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from ...specs.gemm_query import GemmConstraints
 from ..base import REDUCED_FP8_ACCUMULATION, Constraints, Impl
-from .gluon import GluonConstraints
+from .gluon import TILE_N, GluonConstraints
 
 _MEMORY_BOUND = ("act_quant", "act_dequant", "weight_quant", "weight_dequant", "quantized_gelu")
 _BASE = dict(min_cc=(8, 0), requires=("triton",), interpreter=True)
@@ -23,9 +23,9 @@ _BASE = dict(min_cc=(8, 0), requires=("triton",), interpreter=True)
 # tiles fit one pipeline stage in every sm_80+ GPU's shared memory); a re-quantize group fits one N tile.
 _GEMM = dict(_BASE, block_k_multiple=16, block_k_pow2=True, block_k_max=256, out_group_max=256)
 # The Gluon kernel (kernels/gluon_gemm.py): K blocks of 32 to 128 (wgmma's k is 32 for 8-bit operands;
-# a 128-byte row is the widest TMA box with 128-byte swizzling).
+# a 128-byte row is the widest TMA box with 128-byte swizzling); a re-quantize group fits its N tile.
 _GLUON = dict(min_cc=(9, 0), requires=("triton",), fp8_mma=True, int8_mma=True, block_k_multiple=32,
-              block_k_pow2=True, block_k_max=128)
+              block_k_pow2=True, block_k_max=128, out_group_max=TILE_N)
 # FP8 tl.dot on Hopper accumulates at reduced precision (base.REDUCED_FP8_ACCUMULATION); promoting to
 # fp32 every 32 products (max_num_imprecise_acc=32) measured 4.5e-5 and 26% slower, so not taken.
 

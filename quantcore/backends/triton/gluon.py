@@ -18,6 +18,8 @@ from ... import capability
 from ...specs.gemm_query import GemmConstraints
 
 MIN_TRITON = (3, 6)
+# The kernel's default tile N (`gluon_launch.GluonConfig`): a re-quantization group lies within one tile.
+TILE_N = 128
 # Gluon's Hopper language: wgmma, TMA and mbarriers (Triton 3.6 and later).
 _HOPPER_GLUON = Path("experimental", "gluon", "language", "nvidia", "hopper", "__init__.py")
 
@@ -40,8 +42,8 @@ def gluon_missing(version: str | None) -> str | None:
 
 @dataclass(frozen=True)
 class GluonConstraints(GemmConstraints):
-    """The GEMM constraints, with what the Gluon kernel adds: sm_90 exactly, a Triton with Gluon's
-    Hopper API, and no re-quantized output."""
+    """The GEMM constraints, with what the Gluon kernel adds: sm_90 exactly and a Triton with Gluon's
+    Hopper API."""
 
     def reasons(self, q) -> list[str]:
         """The GEMM's reasons, then the Gluon kernel's own (those of the device and Triton on CUDA devices)."""
@@ -54,6 +56,4 @@ class GluonConstraints(GemmConstraints):
             missing = gluon_missing(capability.versions()["triton"])
             if missing:
                 out.append(missing)
-        if q.out_fmt is not None:
-            out.append("re-quantized output (out_quant) is not implemented in the Gluon kernel")
         return out

@@ -17,32 +17,66 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from ...errors import InvalidInputError
 from ..base import prepared, prepared_quant_linear
 from .direct import Launcher
+from .gluon import TILE_N
 from .kernels.gluon_gemm import block_scaled_mm_ws_kernel
 from .launch import _KIND, _bias_kind, _gemm_outputs, _kernel_bias, act_quant
 
-_GROUP_M = 8  # row tiles per L2 group, as the tiled kernel's
 _WARPS = 4  # the default partition: consumer warpgroup 0 (the kernel adds a consumer warpgroup and a producer warp)
-_REGS = (232, 40)  # registers per thread of the worker partitions: consumer warpgroup 1, producer
-_GL_DTYPE = {torch.float8_e4m3fn: gl.float8e4nv, torch.int8: gl.int8, torch.int16: gl.int16,
+# Triton 3.6 starts the three partitions' warpgroups at 168 registers a thread (64512 of the 65536) and
+# gives the default partition (consumer 0) what the workers' budgets leave of that.
+_PARTITION_REGS = 3 * 168
+_GL_DTYPE = {torch.float8_e4m3fn: gl.float8e4nv, torch.int8: gl.int8, torch.uint8: gl.uint8, torch.int16: gl.int16,
              torch.float16: gl.float16, torch.float32: gl.float32}
 
 
 @dataclass(frozen=True)
 class GluonConfig:
     """One launch of the Gluon GEMM: a BLOCK_M × BLOCK_N tile (each consumer warpgroup BLOCK_M/2 rows),
-    `stages` slots in the TMA ring (None: as many as fit, at most 6), and `pipeline`: each warpgroup
-    keeps a second K block's wgmma in flight while it promotes the first (only where the weight scale
-    is one per tile: a per-column one in two sets of registers spills)."""
+    loaded, multiplied and promoted in column sub-tiles of `sub_n` (None: block_n; a power of two
+    dividing block_n, one TMA box of B, one wgmma and one fp32 partial each, so that a wide tile's
+    partials need not be held whole and block_n need not be a power of two); `stages` slots in the TMA
+    ring (None: as many as fit, at most 6); `pipeline`: each warpgroup issues a wgmma before it promotes
+    the one before, in steps of two K blocks without sub-tiles, of one K block with them (only where
+    the weight scale is one per sub-tile: a per-column one in two sets of registers spills); `group_m`
+    row tiles per L2 group of the persistent walk; `producer_regs` the producer warp's registers a
+    thread (setmaxnreg: a multiple of 8 from 24), the two consumer warpgroups sharing the rest (40: 232
+    each, 24: 240 each). The default is round 3's measured configuration; the others await a probe's."""
 
     block_m: int = 128
-    block_n: int = 128
+    block_n: int = TILE_N
     stages: int | None = None
     pipeline: bool = True
+    sub_n: int | None = None
+    group_m: int = 8  # as the tiled kernel's
+    producer_regs: int = 40
+
+    def __post_init__(self):
+        sub = self.sub_n or self.block_n
+        # Tensors and TMA boxes have power-of-two sizes, wgmma's N stops at 256.
+        if not (8 <= sub <= self.block_n <= 256 and sub & (sub - 1) == 0 and self.block_n % sub == 0):
+            raise InvalidInputError(f"GluonConfig: the column sub-tile {sub} (sub_n, else block_n) must be a power "
+                                    f"of two from 8 dividing block_n {self.block_n}, at most 256; set sub_n to one")
+        if self.producer_regs % 8 or not 24 <= self.producer_regs <= 64:
+            raise InvalidInputError(f"GluonConfig: producer_regs must be a multiple of 8 from 24 to 64, got "
+                                    f"{self.producer_regs}")
+
+    @property
+    def sub(self) -> int:
+        """The columns of one B box, one wgmma and its fp32 partial."""
+        return self.sub_n or self.block_n
+
+    @property
+    def consumer_regs(self) -> int:
+        """Registers a thread of consumer warpgroup 1 (a multiple of 8; consumer 0 gets at least as many)."""
+        return (_PARTITION_REGS - self.producer_regs) // 2 // 8 * 8
 
     def smem_bytes(self, stages: int, block_k: int, out_bytes: int) -> int:
-        """Shared memory: the ring's A and B tiles (8-bit), the epilogue's two output buffers (TMA store;
-        out_bytes 0 without), 1 KiB of barriers and slack. Within 0.5 KiB of Triton 3.6's own count."""
-        return stages * (self.block_m + self.block_n) * block_k + self.block_m * self.block_n * out_bytes + 1024
+        """Shared memory: the ring's A and B tiles (8-bit), the epilogue's output buffers (TMA store;
+        out_bytes 0 without: per consumer warpgroup two sub-tiles where their count is even, else all),
+        1 KiB of barriers and slack: at most 1 KiB above Triton 3.6's own count."""
+        subs = self.block_n // self.sub
+        epi = 2 if subs % 2 == 0 else subs
+        return stages * (self.block_m + self.block_n) * block_k + self.block_m * epi * self.sub * out_bytes + 1024
 
 
 # The default tile; the stage count and pipelining follow from shared memory and the weight's scale block.
@@ -55,7 +89,7 @@ def _fitted(cfg: GluonConfig, block_k: int, out_bytes: int, block_n: int, profil
     limit = getattr(profile, "smem_per_block", 0) or 232448
     stages = cfg.stages or max(s for s in range(2, _MAX_STAGES + 1)
                                if s == 2 or cfg.smem_bytes(s, block_k, out_bytes) <= limit)
-    return stages, cfg.pipeline and block_n % cfg.block_n == 0
+    return stages, cfg.pipeline and block_n % cfg.sub == 0
 
 
 def _aligned(t: torch.Tensor) -> bool:
@@ -82,28 +116,33 @@ def scaled_mm(a, a_scale, b, b_scale, *, block_n, block_k, bias, activation, out
 
     a [M, K] and b [N, K] fp8_e4m3fn or int8 (same), a_scale [M, ceil(K/Bk)] and
     b_scale [ceil(N/Bn), ceil(K/Bk)] fp32 (any strides), bias [N] bf16/fp16/fp32 or None, activation
-    None/"gelu"/"gelu_tanh"/"silu" -> out [M, N] out_dtype (bf16/fp16/fp32). block_k (the K tile) a
-    power of two from 32 to 128. Re-quantized output (out_quant) is not implemented here; out_group,
-    ue8m0_out and eps concern only that. `config` picks the tile, ring and schedule (`GluonConfig`).
+    None/"gelu"/"gelu_tanh"/"silu" -> out [M, N] out_dtype (bf16/fp16/fp32), or with out_quant
+    (fp8_e4m3fn/int8) (q [M, N] out_quant, scale [M, ceil(N/out_group)] fp32) re-quantized per
+    1×out_group (a power of two dividing the config's sub-tile; scales rounded up to powers of two when
+    ue8m0_out, floored at eps). block_k (the K tile) a power of two from 32 to 128. `config` picks the
+    tile, ring and schedule (`GluonConfig`).
     """
-    if out_quant is not None:
-        raise InvalidInputError("triton[gluon] scaled_mm: out_quant (a re-quantized output) is not implemented by the "
-                                "Gluon kernel; use backend='triton' for it")
+    if out_quant is not None and config.sub % out_group:
+        raise InvalidInputError(f"triton[gluon] scaled_mm: out_group_size {out_group} must divide the tile's N "
+                                f"sub-tile ({config.sub}); use a GluonConfig whose sub-tile it divides, or "
+                                f"backend='triton'")
     M, K = a.shape
     N = b.shape[0]
-    outputs = _gemm_outputs(M, N, a.device, out_dtype, None, out_group)
+    outputs = _gemm_outputs(M, N, a.device, out_dtype, out_quant, out_group)
     if M == 0 or N == 0:
-        return lambda a, a_scale, b, b_scale, bias=None: outputs()[0]
-    out_bits = torch.int16 if out_dtype == torch.bfloat16 else out_dtype  # bf16 stored as its RNE bits
+        return lambda a, a_scale, b, b_scale, bias=None: _returned(*outputs())
+    kind = out_quant or out_dtype
+    out_bits = {torch.bfloat16: torch.int16, torch.float8_e4m3fn: torch.uint8}.get(kind, kind)  # bf16, FP8 as bits
     out_bytes = out_bits.itemsize
     tma_out = (N * out_bytes) % 16 == 0  # the output is fresh and contiguous: its row stride decides
     stages, pipeline = _fitted(config, block_k, out_bytes if tma_out else 0, block_n, profile)
     bm, bn = config.block_m, config.block_n
     tiles = triton.cdiv(M, bm) * triton.cdiv(N, bn)
     launch = Launcher(block_scaled_mm_ws_kernel, (min(tiles, profile.sm_count or tiles),), dict(
-        SCALE_BN=block_n, BIAS=_bias_kind(bias), ACTIVATION=activation or "none", OUT=_KIND[out_dtype],
-        STAGES=stages, GROUP_M=_GROUP_M, PIPELINE=pipeline, TMA_OUT=tma_out, CONSUMER_REGS=_REGS[0],
-        PRODUCER_REGS=_REGS[1], num_warps=_WARPS,
+        SCALE_BN=block_n, BIAS=_bias_kind(bias), ACTIVATION=activation or "none", OUT=_KIND[kind],
+        OUT_GROUP=out_group if out_quant is not None else 1, UE8M0_OUT=bool(ue8m0_out), BLOCK_N=bn,
+        STAGES=stages, GROUP_M=config.group_m, PIPELINE=pipeline, TMA_OUT=tma_out, CONSUMER_REGS=config.consumer_regs,
+        PRODUCER_REGS=config.producer_regs, num_warps=_WARPS,
         # The promotion is one FMA per element, as the tiled kernel's under Triton 3.6's default (which
         # later versions turn off).
         enable_fp_fusion=True), a.device)
@@ -112,18 +151,23 @@ def scaled_mm(a, a_scale, b, b_scale, *, block_n, block_k, bias, activation, out
     width = triton.cdiv(K, 16) * 16
     copy_a, copy_b = not _aligned(a), not _aligned(b)
     scalars = (M, N, K, a_scale.stride(0), a_scale.stride(1), b_scale.stride(0), b_scale.stride(1),
-               0 if bias is None else bias.stride(0), N)
+               0 if bias is None else bias.stride(0), N, triton.cdiv(N, out_group) if out_quant is not None else 0, eps)
 
     def run(a, a_scale, b, b_scale, bias=None):
-        out, _ = outputs()
+        out, out_scale = outputs()
         a = _staged(a, width) if copy_a else a
         b = _staged(b, width) if copy_b else b
         # Descriptors hold the base addresses: made per call.
-        out_desc = _descriptor(out.view(out_bits), [bm // 2, bn]) if tma_out else None
-        launch(_descriptor(a, [bm, block_k]), _descriptor(b, [bn, block_k]), out_desc, a_scale, b_scale,
-               out if bias is None else _kernel_bias(bias), out, *scalars)
-        return out
+        out_desc = _descriptor(out.view(out_bits), [bm // 2, config.sub]) if tma_out else None
+        launch(_descriptor(a, [bm, block_k]), _descriptor(b, [config.sub, block_k]), out_desc, a_scale, b_scale,
+               out if bias is None else _kernel_bias(bias), out, out if out_scale is None else out_scale, *scalars)
+        return _returned(out, out_scale)
     return run
+
+
+def _returned(out, out_scale):
+    """scaled_mm's result: out, or (codes, scales) for a re-quantized output."""
+    return out if out_scale is None else (out, out_scale)
 
 
 @prepared

@@ -10,8 +10,8 @@ import triton.language as tl
 
 from .cast import load_f32, store_f32_as
 from .epilogue import activate
-from .fp8 import fp8e4m3_decode_f16, nan_absmax
-from .quant import block_scale, quantize
+from .fp8 import fp8e4m3_decode_f16
+from .quant import group_quantize
 
 
 @triton.jit
@@ -100,10 +100,8 @@ def finish_tile(acc, offs_m, offs_n, pid_n, M, N, bias_ptr, stride_bias, out_ptr
     if OUT == "fp8" or OUT == "int8":
         GROUPS: tl.constexpr = BLOCK_N // OUT_GROUP
         # Columns past N must not reach a group's amax.
-        x = tl.reshape(tl.where(mask, acc, 0.0), (BLOCK_M, GROUPS, OUT_GROUP))
-        scale = block_scale(nan_absmax(x, 2), eps, OUT, UE8M0_OUT)
-        q = quantize(x, tl.broadcast_to(scale[:, :, None], x.shape), OUT, HW_FP8)
-        tl.store(out_ptrs, tl.reshape(q, (BLOCK_M, BLOCK_N)), mask=mask)
+        q, scale = group_quantize(tl.where(mask, acc, 0.0), eps, OUT_GROUP, OUT, UE8M0_OUT, HW_FP8)
+        tl.store(out_ptrs, q, mask=mask)
         groups = pid_n * GROUPS + tl.arange(0, GROUPS)
         tl.store(out_scale_ptr + offs_m[:, None] * stride_osm + groups[None, :], scale,
                  mask=(offs_m < M)[:, None] & (groups < tl.cdiv(N, OUT_GROUP))[None, :])

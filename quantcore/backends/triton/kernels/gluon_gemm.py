@@ -10,8 +10,8 @@ block-wise kernel and DeepGEMM hide it by giving the work to different warps. So
 
 - Producer (one warp, `_produce`): walks this program's tiles and their K blocks and fills a ring
   of STAGES shared-memory slots with the A tile [BLOCK_M, BLOCK_K] and the B tile [BLOCK_N, BLOCK_K]
-  through TMA (its zero fill masks the M, N and K tails), each slot guarded by a `ready` mbarrier
-  (TMA transaction bytes) and an `empty` one (both consumers release it).
+  (in boxes of SUB_N rows) through TMA (its zero fill masks the M, N and K tails), each slot guarded
+  by a `ready` mbarrier (TMA transaction bytes) and an `empty` one (both consumers release it).
 - Two consumer warpgroups (`_consume`, the default partition and a 4-warp worker), cooperative:
   both take the same tile and slot, consumer c the rows [c·BLOCK_M/2, (c+1)·BLOCK_M/2) of A, sharing
   the B tile. Per K block each issues one asynchronous wgmma into a fresh partial (FP8 -> fp32,
@@ -22,19 +22,28 @@ block-wise kernel and DeepGEMM hide it by giving the work to different warps. So
   (two partials in registers: 3 × 64 of the 232 a consumer thread gets at BLOCK_N = 128). Ping-pong
   (each warpgroup its own tile) would need a whole tile's accumulator and partial per warpgroup:
   at 128 × 128, 256 registers a thread, more than there are.
+- Column sub-tiles (SUB_N < BLOCK_N): each K block is multiplied in BLOCK_N / SUB_N wgmmas of SUB_N
+  columns, each into its own partial and promoted into its own accumulator, so that a wide tile needs
+  two partials of SUB_N columns beside its accumulator, not two of BLOCK_N: at 128 × 256 in 64-column
+  sub-tiles, 128 + 2 × 32 registers a thread. With PIPELINE each sub-tile's wgmma runs while the one
+  before is promoted, one K block per step. A wider tile reads less of A and B per FLOP through L2
+  (128 × 192: 17 % less, 128 × 256: 25 %), what cuBLAS gets from 2-CTA clusters multicasting the
+  shared operand: Triton 3.6's Gluon launches clusters (num_ctas) but its TMA loads have no multicast
+  (none is emitted even for a CTA-broadcast layout) and its mbarriers no remote arrive.
 - Persistent: one program per SM (the launch's grid), each walking tiles pid, pid + programs, ...
   in grouped order (GROUP_M row tiles share a column strip of b while it is in L2). The producer
   runs ahead into the next tile while the consumers run the epilogue.
-- Epilogue, per consumer warpgroup from the MMA's registers: + bias, activation, the cast, into
-  shared memory and out through a TMA store that completes during the next tile's main loop
-  (masked stores where the output's rows are not 16-byte aligned). A re-quantized output is not
-  implemented here.
+- Epilogue, per consumer warpgroup from the MMA's registers: + bias, activation, then the cast or a
+  re-quantization per 1×OUT_GROUP group of its rows (`quant.group_quantize`, the tiled kernel's own
+  formulas: the same fp32 values give the same codes and scales), into shared memory and out through
+  a TMA store that completes during the next tile's main loop (masked stores where the output's rows
+  are not 16-byte aligned); a re-quantized output's scales with masked stores.
 
 The activation scales are read per K block by the consumers (the contract allows any strides, so
 they cannot come through TMA); each K block's loads are issued before its mbarrier wait, so their
-latency hides behind it. The weight scale is one scalar per tile and K block when SCALE_BN is a
-multiple of BLOCK_N (folded into the row scale, as `gemm.py` does: part · (a_s · b_s)), else one
-per column (part · a_s · b_s). FP8 wgmma adds products at reduced precision within a K block, as
+latency hides behind it. The weight scale is one scalar per sub-tile and K block when SCALE_BN is a
+multiple of SUB_N (folded into the row scale, as `gemm.py` does: part · (a_s · b_s)), else one per
+column (part · a_s · b_s). FP8 wgmma adds products at reduced precision within a K block, as
 Triton's tl.dot and cuBLAS do on Hopper (backends.base.REDUCED_FP8_ACCUMULATION).
 
 Written against Triton 3.6's `triton.experimental.gluon` (and compiles with 3.9's); this module
@@ -46,8 +55,9 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                                 warpgroup_mma_wait)
 
-from .cast import bf16_encode, load_f32, store_f32_as
+from .cast import bf16_encode, load_f32
 from .epilogue import activate
+from .quant import group_quantize
 
 # Triton 3.6 names the TMA copies async_copy_global_to_shared / async_copy_shared_to_global; later
 # versions call them async_load / async_store (and keep the old names only to raise).
@@ -65,12 +75,13 @@ def _tile(tile, M, N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.
 
 
 @gluon.jit
-def _produce(a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, GROUP_M: gl.constexpr):
+def _produce(a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr):
     """The load partition: every K block of every tile of this program into the slot ring, in the
-    order the consumers take them."""
+    order the consumers take them: A's rows whole, B's in the column sub-tiles' boxes."""
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
-    BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
+    SUB_N: gl.constexpr = b_desc.block_type.shape[0]
+    NSUB: gl.constexpr = BLOCK_N // SUB_N
     STAGES: gl.constexpr = a_bufs.type.shape[0]
     it = 0
     for tile in range(gl.program_id(0), gl.cdiv(M, BLOCK_M) * gl.cdiv(N, BLOCK_N), gl.num_programs(0)):
@@ -82,36 +93,53 @@ def _produce(a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, GROUP_M: gl.
             mbarrier.wait(empty.index(slot), ((it // STAGES) & 1) ^ 1)
             bar = ready.index(slot)
             # Bytes filled with zeros past the tensor's edge count too: the expected total is fixed.
-            mbarrier.expect(bar, a_desc.block_type.nbytes + b_desc.block_type.nbytes)
+            mbarrier.expect(bar, a_desc.block_type.nbytes + NSUB * b_desc.block_type.nbytes)
             _tma_load(a_desc, [pid_m * BLOCK_M, kb * BLOCK_K], bar, a_bufs.index(slot))
-            _tma_load(b_desc, [pid_n * BLOCK_N, kb * BLOCK_K], bar, b_bufs.index(slot))
+            for j in gl.static_range(NSUB):
+                _tma_load(b_desc, [pid_n * BLOCK_N + j * SUB_N, kb * BLOCK_K], bar, b_bufs.index(slot * NSUB + j))
             it += 1
 
 
 @gluon.jit
-def _k_scales(a_s_ptrs, b_s_ptrs, kb, stride_ask, stride_bsk):
-    """K block kb's activation scales (one per row) and weight scales (a scalar or one per column)."""
-    return gl.load(a_s_ptrs + kb * stride_ask), gl.load(b_s_ptrs + kb * stride_bsk)
+def _set(items, i: gl.constexpr, value):
+    """The tuple `items` with its i-th element replaced by `value`."""
+    return items[:i] + (value, ) + items[i + 1:]
 
 
 @gluon.jit
-def _issue(a_bufs, b_bufs, ready, it, zero, C: gl.constexpr):
-    """Wait for the slot of the it-th K block and start this warpgroup's wgmma on its rows of it."""
+def _k_scales(a_s_ptrs, b_s_ptrs, kb, stride_ask, stride_bsk):
+    """K block kb's activation scales (one per row) and, per column sub-tile, its weight scales (a
+    scalar or one per column)."""
+    b_s = ()
+    for j in gl.static_range(len(b_s_ptrs)):
+        b_s = b_s + (gl.load(b_s_ptrs[j] + kb * stride_bsk), )
+    return gl.load(a_s_ptrs + kb * stride_ask), b_s
+
+
+@gluon.jit
+def _issue(a_bufs, b_bufs, ready, it, zero, C: gl.constexpr, J: gl.constexpr):
+    """Start this warpgroup's wgmma on its rows of the it-th K block and columns [J·SUB_N, (J+1)·SUB_N)
+    of the tile, waiting for the K block's slot first when J is 0."""
     STAGES: gl.constexpr = a_bufs.type.shape[0]
     ROWS: gl.constexpr = zero.shape[0]
+    NSUB: gl.constexpr = b_bufs.type.shape[0] // STAGES
     slot = it % STAGES
-    mbarrier.wait(ready.index(slot), (it // STAGES) & 1)
+    if J == 0:
+        mbarrier.wait(ready.index(slot), (it // STAGES) & 1)
     a = a_bufs.index(slot).slice(C * ROWS, ROWS)
-    return warpgroup_mma(a, b_bufs.index(slot).permute((1, 0)), zero, use_acc=False, is_async=True)
+    return warpgroup_mma(a, b_bufs.index(slot * NSUB + J).permute((1, 0)), zero, use_acc=False, is_async=True)
 
 
 @gluon.jit
-def _retire(acc, part, a_s, b_s, empty, it, PENDING: gl.constexpr, UNIFORM_BS: gl.constexpr):
-    """Wait for the it-th K block's wgmma (PENDING later ones may stay in flight), release its slot and
-    return acc + fp32(part) · a_s[m] · b_s[n], the scale product formed as `gemm.py` forms it."""
+def _retire(acc, part, a_s, b_s, empty, it, PENDING: gl.constexpr, RELEASE: gl.constexpr,
+            UNIFORM_BS: gl.constexpr):
+    """Wait for a wgmma of the it-th K block (PENDING later ones may stay in flight), release the K
+    block's slot when it was its last (RELEASE) and return acc + fp32(part) · a_s[m] · b_s[n], the
+    scale product formed as `gemm.py` forms it."""
     STAGES: gl.constexpr = empty.type.shape[0]
     part = warpgroup_mma_wait(num_outstanding=PENDING, deps=[part])
-    mbarrier.arrive(empty.index(it % STAGES), count=1)
+    if RELEASE:
+        mbarrier.arrive(empty.index(it % STAGES), count=1)
     if UNIFORM_BS:
         return acc + part.to(gl.float32) * (a_s * b_s)[:, None]
     else:
@@ -119,56 +147,127 @@ def _retire(acc, part, a_s, b_s, empty, it, PENDING: gl.constexpr, UNIFORM_BS: g
 
 
 @gluon.jit
+def _promote(accs, part, scales, empty, it, G: gl.constexpr, PENDING: gl.constexpr, UNIFORM_BS: gl.constexpr):
+    """`_retire` group G of a step (K block it + G // NSUB, sub-tile G % NSUB) into its accumulator."""
+    NSUB: gl.constexpr = len(accs)
+    K: gl.constexpr = G // NSUB
+    J: gl.constexpr = G % NSUB
+    a_s, b_s = scales[K]
+    return _set(accs, J, _retire(accs[J], part, a_s, b_s[J], empty, it + K, PENDING, J == NSUB - 1, UNIFORM_BS))
+
+
+@gluon.jit
+def _step(accs, a_bufs, b_bufs, ready, empty, it, kb, a_s_ptrs, b_s_ptrs, stride_ask, stride_bsk, zero,
+          C: gl.constexpr, UNIFORM_BS: gl.constexpr, KSTEP: gl.constexpr, OVERLAP: gl.constexpr):
+    """KSTEP K blocks (kb, ... of the tile; it, ... of this program) into the sub-tile accumulators
+    `accs`: one wgmma per K block and sub-tile, in that order. OVERLAP: each is issued before the one
+    before it is promoted (two sub-tile partials in registers), else after."""
+    NSUB: gl.constexpr = len(accs)
+    # Every scale load is issued before the first mbarrier wait, which hides its latency.
+    scales = ()
+    for k in gl.static_range(KSTEP):
+        scales = scales + (_k_scales(a_s_ptrs, b_s_ptrs, kb + k, stride_ask, stride_bsk), )
+    part = _issue(a_bufs, b_bufs, ready, it, zero, C, 0)
+    for g in gl.static_range(1, KSTEP * NSUB):
+        # Group g (K block g // NSUB, sub-tile g % NSUB) is issued, group g - 1 promoted.
+        if OVERLAP:
+            nxt = _issue(a_bufs, b_bufs, ready, it + g // NSUB, zero, C, g % NSUB)
+            accs = _promote(accs, part, scales, empty, it, g - 1, 1, UNIFORM_BS)
+            part = nxt
+        else:
+            accs = _promote(accs, part, scales, empty, it, g - 1, 0, UNIFORM_BS)
+            part = _issue(a_bufs, b_bufs, ready, it + g // NSUB, zero, C, g % NSUB)
+    return _promote(accs, part, scales, empty, it, KSTEP * NSUB - 1, 0, UNIFORM_BS)
+
+
+@gluon.jit
 def _mainloop(a_bufs, b_bufs, ready, empty, it, num_kb, a_s_ptrs, b_s_ptrs, stride_ask, stride_bsk, zero,
               C: gl.constexpr, UNIFORM_BS: gl.constexpr, PIPELINE: gl.constexpr):
-    """One tile's fp32 accumulator over its num_kb K blocks, the first being the it-th of this program."""
-    acc = gl.zeros_like(zero, dtype=gl.float32)
-    if PIPELINE:
-        # Two K blocks per step: the second's wgmma runs while the first is promoted. No wgmma stays in
-        # flight across the loop's back edge: a loop-carried in-flight accumulator is copied there,
+    """One tile's fp32 accumulators, one per column sub-tile, over its num_kb K blocks, the first being
+    the it-th of this program."""
+    NSUB: gl.constexpr = len(b_s_ptrs)
+    accs = ()
+    for j in gl.static_range(NSUB):
+        accs = accs + (gl.zeros_like(zero, dtype=gl.float32), )
+    if PIPELINE and NSUB == 1:
+        # Two K blocks per step, the second's wgmma running while the first is promoted. No wgmma stays
+        # in flight across the loop's back edge: a loop-carried in-flight accumulator is copied there,
         # and ptxas then serializes every wgmma (its warning C7514/C7515).
         for kb in range(0, num_kb - 1, 2):
-            a_s0, b_s0 = _k_scales(a_s_ptrs, b_s_ptrs, kb, stride_ask, stride_bsk)
-            a_s1, b_s1 = _k_scales(a_s_ptrs, b_s_ptrs, kb + 1, stride_ask, stride_bsk)
-            p0 = _issue(a_bufs, b_bufs, ready, it, zero, C)
-            p1 = _issue(a_bufs, b_bufs, ready, it + 1, zero, C)
-            acc = _retire(acc, p0, a_s0, b_s0, empty, it, 1, UNIFORM_BS)
-            acc = _retire(acc, p1, a_s1, b_s1, empty, it + 1, 0, UNIFORM_BS)
+            accs = _step(accs, a_bufs, b_bufs, ready, empty, it, kb, a_s_ptrs, b_s_ptrs, stride_ask, stride_bsk,
+                         zero, C, UNIFORM_BS, 2, True)
             it += 2
         if num_kb % 2 == 1:
-            a_s, b_s = _k_scales(a_s_ptrs, b_s_ptrs, num_kb - 1, stride_ask, stride_bsk)
-            part = _issue(a_bufs, b_bufs, ready, it, zero, C)
-            acc = _retire(acc, part, a_s, b_s, empty, it, 0, UNIFORM_BS)
+            accs = _step(accs, a_bufs, b_bufs, ready, empty, it, num_kb - 1, a_s_ptrs, b_s_ptrs, stride_ask,
+                         stride_bsk, zero, C, UNIFORM_BS, 1, True)
             it += 1
     else:
+        # One K block per step; pipelined, each sub-tile's wgmma runs while the one before is promoted.
+        # (Steps of two K blocks in several sub-tiles spill accumulators under ptxas, measured at
+        # BLOCK_N = 192 and 256 in 64-column sub-tiles.)
         for kb in range(num_kb):
-            a_s, b_s = _k_scales(a_s_ptrs, b_s_ptrs, kb, stride_ask, stride_bsk)
-            part = _issue(a_bufs, b_bufs, ready, it, zero, C)
-            acc = _retire(acc, part, a_s, b_s, empty, it, 0, UNIFORM_BS)
+            accs = _step(accs, a_bufs, b_bufs, ready, empty, it, kb, a_s_ptrs, b_s_ptrs, stride_ask, stride_bsk,
+                         zero, C, UNIFORM_BS, 1, PIPELINE)
             it += 1
-    return acc, it
+    return accs, it
+
+
+@gluon.jit
+def _b_scale_ptrs(b_scale_ptr, pid_n, N, stride_bsn, zero, SCALE_BN: gl.constexpr, NSUB: gl.constexpr,
+                  UNIFORM_BS: gl.constexpr):
+    """Per column sub-tile of column tile pid_n, a pointer to its K block 0 weight scale (UNIFORM_BS:
+    the sub-tile lies within one scale block), else one per column."""
+    SUB_N: gl.constexpr = zero.shape[1]
+    ptrs = ()
+    for j in gl.static_range(NSUB):
+        col0 = (pid_n * NSUB + j) * SUB_N
+        if UNIFORM_BS:
+            # A sub-tile wholly past N (a tile wider than N's tail) reads the last scale row: never stored.
+            ptrs = ptrs + (b_scale_ptr + (gl.minimum(col0, N - 1) // SCALE_BN) * stride_bsn, )
+        else:
+            cols = col0 + gl.arange(0, SUB_N, layout=gl.SliceLayout(0, zero.type.layout))
+            # Tail columns wrap back into range: their loads need no mask, and they are never stored.
+            ptrs = ptrs + (b_scale_ptr + ((cols % N) // SCALE_BN) * stride_bsn, )
+    return ptrs
+
+
+@gluon.jit
+def _store_scales(out_scale_ptr, scale, row0, col0, M, N, stride_osm, OUT_GROUP: gl.constexpr):
+    """A re-quantized sub-tile's scales [ROWS, GROUPS] (rows from row0, columns from col0) into
+    out_scale [M, ceil(N/OUT_GROUP)], in the layout the group reduction left them in."""
+    ROWS: gl.constexpr = scale.shape[0]
+    GROUPS: gl.constexpr = scale.shape[1]
+    layout: gl.constexpr = scale.type.layout
+    rows = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
+    groups = col0 // OUT_GROUP + gl.arange(0, GROUPS, layout=gl.SliceLayout(0, layout))
+    mask = (rows < M)[:, None] & (groups < gl.cdiv(N, OUT_GROUP))[None, :]
+    gl.store(out_scale_ptr + rows[:, None] * stride_osm + groups[None, :], scale, mask=mask)
 
 
 @gluon.jit
 def _consume(a_bufs, b_bufs, ready, empty, out_desc, c_smem, params, C: gl.constexpr, SCALE_BN: gl.constexpr,
-             BIAS: gl.constexpr, ACTIVATION: gl.constexpr, OUT: gl.constexpr, GROUP_M: gl.constexpr,
-             PIPELINE: gl.constexpr, TMA_OUT: gl.constexpr):
+             BIAS: gl.constexpr, ACTIVATION: gl.constexpr, OUT: gl.constexpr, OUT_GROUP: gl.constexpr,
+             UE8M0_OUT: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr, PIPELINE: gl.constexpr,
+             TMA_OUT: gl.constexpr):
     """Consumer warpgroup C: rows [C·ROWS, (C+1)·ROWS) of every tile of this program, K block by K
-    block from the slot ring, then the epilogue from the MMA's register layout: through shared memory
-    and a TMA store (TMA_OUT: out_desc, this warpgroup's buffer c_smem[C]; the store of one tile runs
-    during the next tile's main loop) or with masked stores. `params`: the kernel's pointers, sizes
-    and strides (`block_scaled_mm_ws_kernel`)."""
-    a_scale_ptr, b_scale_ptr, bias_ptr, out_ptr, M, N, K, stride_asm, stride_ask, stride_bsn, stride_bsk, \
-        stride_bias, stride_om = params
+    block from the slot ring, in column sub-tiles of SUB_N, then the epilogue sub-tile by sub-tile from
+    the MMA's register layout: through shared memory and a TMA store (TMA_OUT: out_desc, this
+    warpgroup's EPI buffers in c_smem, taken in turn; the stores of one tile run during the next tile's
+    main loop) or with masked stores. `params`: the kernel's pointers, sizes, strides and eps
+    (`block_scaled_mm_ws_kernel`)."""
+    a_scale_ptr, b_scale_ptr, bias_ptr, out_ptr, out_scale_ptr, M, N, K, stride_asm, stride_ask, stride_bsn, \
+        stride_bsk, stride_bias, stride_om, stride_osm, eps = params
     BLOCK_M: gl.constexpr = a_bufs.type.shape[1]
     BLOCK_K: gl.constexpr = a_bufs.type.shape[2]
-    BLOCK_N: gl.constexpr = b_bufs.type.shape[1]
+    SUB_N: gl.constexpr = b_bufs.type.shape[1]
     ROWS: gl.constexpr = BLOCK_M // 2
-    UNIFORM_BS: gl.constexpr = SCALE_BN % BLOCK_N == 0
-    # One warpgroup, m64nBLOCK_Nk32 instructions (k is 32 for 8-bit operands), repeated over ROWS.
+    NSUB: gl.constexpr = BLOCK_N // SUB_N
+    UNIFORM_BS: gl.constexpr = SCALE_BN % SUB_N == 0
+    EPI: gl.constexpr = c_smem.type.shape[0] // 2  # output buffers per warpgroup (with TMA_OUT)
+    # One warpgroup, m64nSUB_Nk32 instructions (k is 32 for 8-bit operands), repeated over ROWS.
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                  instr_shape=[16, BLOCK_N, 256 // a_bufs.dtype.primitive_bitwidth])
-    zero = gl.zeros([ROWS, BLOCK_N], gl.int32 if a_bufs.dtype == gl.int8 else gl.float32, mma)
+                                                  instr_shape=[16, SUB_N, 256 // a_bufs.dtype.primitive_bitwidth])
+    zero = gl.zeros([ROWS, SUB_N], gl.int32 if a_bufs.dtype == gl.int8 else gl.float32, mma)
 
     num_kb = gl.cdiv(K, BLOCK_K)
     it = 0
@@ -177,60 +276,78 @@ def _consume(a_bufs, b_bufs, ready, empty, out_desc, c_smem, params, C: gl.const
         pid_m, pid_n = _tile(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
         row0 = pid_m * BLOCK_M + C * ROWS
         rows = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, mma))
-        cols = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, mma))
-        # Tail rows and columns wrap back into range: their scale loads need no mask, and they are
-        # never stored.
+        # Tail rows wrap back into range: their scale loads need no mask, and they are never stored.
         a_s_ptrs = a_scale_ptr + (rows % M) * stride_asm
-        if UNIFORM_BS:
-            b_s_ptrs = b_scale_ptr + (pid_n * BLOCK_N // SCALE_BN) * stride_bsn
-        else:
-            b_s_ptrs = b_scale_ptr + ((cols % N) // SCALE_BN) * stride_bsn
-        acc, it = _mainloop(a_bufs, b_bufs, ready, empty, it, num_kb, a_s_ptrs, b_s_ptrs, stride_ask, stride_bsk,
-                            zero, C, UNIFORM_BS, PIPELINE)
+        b_s_ptrs = _b_scale_ptrs(b_scale_ptr, pid_n, N, stride_bsn, zero, SCALE_BN, NSUB, UNIFORM_BS)
+        accs, it = _mainloop(a_bufs, b_bufs, ready, empty, it, num_kb, a_s_ptrs, b_s_ptrs, stride_ask, stride_bsk,
+                             zero, C, UNIFORM_BS, PIPELINE)
 
-        n_mask = cols < N
-        if BIAS != "none":
-            acc = acc + load_f32(bias_ptr + cols * stride_bias, n_mask, BIAS)[None, :]
-        acc = activate(acc, ACTIVATION)
-        if TMA_OUT:
-            buf = c_smem.index(C)
-            tma.store_wait(pendings=0)  # the previous tile's store has read the buffer
-            if OUT == "bf16":
-                buf.store(bf16_encode(acc))
-            else:
-                buf.store(acc.to(buf.dtype))
-            fence_async_shared()
-            _tma_store(out_desc, [row0, pid_n * BLOCK_N], buf)
-        else:
+        for j in gl.static_range(NSUB):
+            col0 = pid_n * BLOCK_N + j * SUB_N
+            cols = col0 + gl.arange(0, SUB_N, layout=gl.SliceLayout(0, mma))
+            n_mask = cols < N
             mask = (rows < M)[:, None] & n_mask[None, :]
-            store_f32_as(out_ptr + rows[:, None] * stride_om + cols[None, :], acc, mask, OUT)
+            acc = accs[j]
+            if BIAS != "none":
+                acc = acc + load_f32(bias_ptr + cols * stride_bias, n_mask, BIAS)[None, :]
+            acc = activate(acc, ACTIVATION)
+            if OUT == "fp8" or OUT == "int8":
+                # Elements past M and N must not reach a group's amax; the codes come back to the MMA's
+                # layout (the reshapes' round trip: no data moves) for the stores below.
+                res, scale = group_quantize(gl.where(mask, acc, 0.0), eps, OUT_GROUP, OUT, UE8M0_OUT, True)
+                res = gl.convert_layout(res, mma)
+                _store_scales(out_scale_ptr, scale, row0, col0, M, N, stride_osm, OUT_GROUP)
+            elif OUT == "bf16":
+                res = bf16_encode(acc)
+            else:
+                res = acc
+            if TMA_OUT:
+                # Stores complete in order, and NSUB is a multiple of EPI: with at most EPI - 1 of them
+                # pending, the one that last read this buffer (this tile's or the previous one's) is done.
+                tma.store_wait(pendings=EPI - 1)
+                buf = c_smem.index(C * EPI + j % EPI)
+                buf.store(res.to(buf.dtype))
+                fence_async_shared()
+                _tma_store(out_desc, [row0, col0], buf)
+            else:
+                gl.store(out_ptr + rows[:, None] * stride_om + cols[None, :], res.to(out_ptr.dtype.element_ty),
+                         mask=mask)
     if TMA_OUT:
         tma.store_wait(pendings=0)
 
 
 @gluon.jit
 def block_scaled_mm_ws_kernel(
-        a_desc, b_desc, out_desc, a_scale_ptr, b_scale_ptr, bias_ptr, out_ptr, M, N, K,
-        stride_asm, stride_ask, stride_bsn, stride_bsk, stride_bias, stride_om,
+        a_desc, b_desc, out_desc, a_scale_ptr, b_scale_ptr, bias_ptr, out_ptr, out_scale_ptr, M, N, K,
+        stride_asm, stride_ask, stride_bsn, stride_bsk, stride_bias, stride_om, stride_osm, eps,
         SCALE_BN: gl.constexpr, BIAS: gl.constexpr, ACTIVATION: gl.constexpr, OUT: gl.constexpr,
-        STAGES: gl.constexpr, GROUP_M: gl.constexpr, PIPELINE: gl.constexpr, TMA_OUT: gl.constexpr,
-        CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
+        OUT_GROUP: gl.constexpr, UE8M0_OUT: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+        GROUP_M: gl.constexpr, PIPELINE: gl.constexpr, TMA_OUT: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+        PRODUCER_REGS: gl.constexpr):
     """a [M, K] @ b [N, K]^T with block scales and a fused epilogue, on sm_90.
 
     a_desc / b_desc: Gluon TMA descriptors over a and b (e4m3 or int8, both alike) with blocks
-    [BLOCK_M, BLOCK_K] and [BLOCK_N, BLOCK_K], BLOCK_K the scale block along K. a_scale [M, ceil(K/BLOCK_K)]
+    [BLOCK_M, BLOCK_K] and [SUB_N, BLOCK_K], BLOCK_K the scale block along K, SUB_N a power of two dividing
+    BLOCK_N (<= 256): the columns of one wgmma, its partial and one epilogue step. a_scale [M, ceil(K/BLOCK_K)]
     and b_scale [ceil(N/SCALE_BN), ceil(K/BLOCK_K)] fp32 with the given strides; bias [N] of kind BIAS
     ("none", "fp32", "fp16", "bf16"); ACTIVATION as `epilogue.activate`; out [M, N] of kind OUT ("fp32",
-    "fp16", "bf16" as int16 bits), written through out_desc (blocks [BLOCK_M / 2, BLOCK_N]) when
-    TMA_OUT, else through out_ptr with row stride stride_om. Launched with num_warps=4 (the default
-    partition, consumer 0) and a grid of at most one program per SM; STAGES slots in the ring;
-    PIPELINE as in the module docstring; CONSUMER_REGS / PRODUCER_REGS the registers per thread of the
-    worker partitions.
+    "fp16", "bf16" as int16 bits; or "fp8" as uint8 bits, "int8": codes re-quantized per 1×OUT_GROUP,
+    OUT_GROUP dividing SUB_N, with scales max(amax, eps) / qmax, rounded up to a power of two when
+    UE8M0_OUT, into out_scale [M, ceil(N/OUT_GROUP)] fp32 with row stride stride_osm), written through
+    out_desc (blocks [BLOCK_M / 2, SUB_N]) when TMA_OUT, else through out_ptr with row stride
+    stride_om. Launched with num_warps=4 (the default partition, consumer 0) and a grid of at most
+    one program per SM; STAGES slots in the ring; PIPELINE as in the module docstring; CONSUMER_REGS /
+    PRODUCER_REGS the registers per thread of the worker partitions.
     """
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
-    b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
+    NSUB: gl.constexpr = BLOCK_N // b_desc.block_type.shape[0]
+    # Slot s holds B's sub-tiles s·NSUB, ..., s·NSUB + NSUB - 1.
+    b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES * NSUB] + b_desc.block_type.shape, b_desc.layout)
     if TMA_OUT:
-        c_smem = gl.allocate_shared_memory(out_desc.dtype, [2] + out_desc.block_type.shape, out_desc.layout)
+        # Per consumer warpgroup EPI buffers of one column sub-tile, used in turn: two where NSUB is even
+        # (halving the shared memory of a 256-wide tile's), else one per sub-tile.
+        EPI: gl.constexpr = 2 if NSUB % 2 == 0 else NSUB
+        c_smem = gl.allocate_shared_memory(out_desc.dtype, [2 * EPI] + out_desc.block_type.shape, out_desc.layout)
     else:
         c_smem = a_bufs  # unused
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -239,12 +356,12 @@ def block_scaled_mm_ws_kernel(
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=2)  # one arrival per consumer warpgroup
 
-    params = (a_scale_ptr, b_scale_ptr, bias_ptr, out_ptr, M, N, K, stride_asm, stride_ask, stride_bsn, stride_bsk,
-              stride_bias, stride_om)
+    params = (a_scale_ptr, b_scale_ptr, bias_ptr, out_ptr, out_scale_ptr, M, N, K, stride_asm, stride_ask,
+              stride_bsn, stride_bsk, stride_bias, stride_om, stride_osm, eps)
     gl.warp_specialize([
         (_consume, (a_bufs, b_bufs, ready, empty, out_desc, c_smem, params, 0, SCALE_BN, BIAS, ACTIVATION, OUT,
-                    GROUP_M, PIPELINE, TMA_OUT)),
+                    OUT_GROUP, UE8M0_OUT, BLOCK_N, GROUP_M, PIPELINE, TMA_OUT)),
         (_consume, (a_bufs, b_bufs, ready, empty, out_desc, c_smem, params, 1, SCALE_BN, BIAS, ACTIVATION, OUT,
-                    GROUP_M, PIPELINE, TMA_OUT)),
-        (_produce, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, GROUP_M)),
+                    OUT_GROUP, UE8M0_OUT, BLOCK_N, GROUP_M, PIPELINE, TMA_OUT)),
+        (_produce, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, BLOCK_N, GROUP_M)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])

@@ -39,7 +39,9 @@ def block_scale(amax, eps, QFMT: tl.constexpr, UE8M0: tl.constexpr):
     qmax = 448.0 if QFMT == "fp8" else 127.0
     # A NaN amax fails the comparison and stays NaN, where tl.maximum would return eps.
     floored = tl.where(amax < eps, eps, amax)
-    s = tl.div_rn(floored, tl.full(floored.shape, qmax, tl.float32))
+    # tl.div_rn takes no scalar, and under Gluon tl.full makes no tensor (it needs a layout): a select
+    # makes qmax a tensor shaped and laid out like `floored`.
+    s = tl.div_rn(floored, tl.where(True, qmax, floored))
     if UE8M0:
         s = ue8m0_round_up(s)
     return s
@@ -54,6 +56,18 @@ def quantize(x, scale, QFMT: tl.constexpr, HW_FP8: tl.constexpr):
         return fp8e4m3_encode_as(v, HW_FP8)
     else:
         return int8_encode(v)
+
+
+@triton.jit
+def group_quantize(x, eps, GROUP: tl.constexpr, QFMT: tl.constexpr, UE8M0: tl.constexpr, HW_FP8: tl.constexpr):
+    """x [R, C] fp32 quantized per 1×GROUP block of its rows (GROUP divides C) -> (codes [R, C] in QFMT,
+    scales [R, C // GROUP] fp32): the GEMMs' re-quantized output, in Triton's and Gluon's kernels alike."""
+    R: tl.constexpr = x.shape[0]
+    C: tl.constexpr = x.shape[1]
+    x = tl.reshape(x, (R, C // GROUP, GROUP))
+    scale = block_scale(nan_absmax(x, 2), eps, QFMT, UE8M0)
+    q = quantize(x, tl.broadcast_to(scale[:, :, None], x.shape), QFMT, HW_FP8)
+    return tl.reshape(q, (R, C)), scale
 
 
 @triton.jit
