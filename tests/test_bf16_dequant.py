@@ -18,6 +18,7 @@ from helpers import assert_same_q, randn
 from quantcore import InvalidInputError, NumericsWarning, capability, measured, opdef, ops, registry, report
 from quantcore.backends import base
 from quantcore.backends.torch import bf16_dequant
+from quantcore.backends.torch import quant as torch_quant
 from quantcore.gradients import activation_grad
 from quantcore.nn import QuantLinear
 from quantcore.specs.gemm_query import GemmQuery
@@ -135,12 +136,13 @@ def test_needs_torch_with_an_fp32_bf16_gemm_on_cuda(monkeypatch):
 def test_operands_are_bf16_dequantized_bit_for_bit(fmt, m, n, k, block):
     a, a_s, b, b_s, _ = operands(fmt, m, n, k, block)
     bf16 = torch.bfloat16
-    assert torch.equal(bf16_dequant.dequantize(a, a_s, 1, block[1]),
+    assert torch.equal(torch_quant.dequantize(a, a_s, 1, block[1], torch.bfloat16),
                        ops.act_dequant(a, a_s, group_size=block[1], out_dtype=bf16))
-    assert torch.equal(bf16_dequant.dequantize(b, b_s, block[0], block[1]),
+    assert torch.equal(torch_quant.dequantize(b, b_s, block[0], block[1], torch.bfloat16),
                        ops.weight_dequant(b, b_s, block_size=block, out_dtype=bf16))
     m_major = a_s.t().contiguous().t()
-    assert torch.equal(bf16_dequant.dequantize(a, m_major, 1, block[1]), bf16_dequant.dequantize(a, a_s, 1, block[1]))
+    assert torch.equal(torch_quant.dequantize(a, m_major, 1, block[1], torch.bfloat16),
+                       torch_quant.dequantize(a, a_s, 1, block[1], torch.bfloat16))
 
 
 @pytest.mark.parametrize("fmt", FORMATS)

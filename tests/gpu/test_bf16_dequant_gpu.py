@@ -16,6 +16,7 @@ import torch
 import quantcore
 from quantcore import ops
 from quantcore.backends.torch import bf16_dequant
+from quantcore.backends.torch import quant as torch_quant
 from quantcore.specs.tolerances import LOW_PRECISION_OUT, bf16_dequant_bound, rel_error
 
 pytestmark = [pytest.mark.gpu, pytest.mark.filterwarnings("ignore::quantcore.NumericsWarning")]
@@ -61,9 +62,9 @@ def test_within_its_bound_of_the_reference_and_never_automatic(m, n, k, qdtype, 
 def test_operands_are_the_reference_bf16_dequantization(m, n, k, qdtype):
     a, a_s, b, b_s, _ = operands(qdtype, m, n, k, seed=1)
     bf16 = torch.bfloat16
-    assert torch.equal(bf16_dequant.dequantize(a, a_s, 1, 128),
+    assert torch.equal(torch_quant.dequantize(a, a_s, 1, 128, torch.bfloat16),
                        ops.act_dequant(a, a_s, out_dtype=bf16, backend="torch"))
-    assert torch.equal(bf16_dequant.dequantize(b, b_s, 128, 128),
+    assert torch.equal(torch_quant.dequantize(b, b_s, 128, 128, torch.bfloat16),
                        ops.weight_dequant(b, b_s, out_dtype=bf16, backend="torch"))
 
 

@@ -1,8 +1,7 @@
 """The opt-in `torch[bf16_dequant]` GEMM: exactness traded for the vendor's bf16 GEMM.
 
-Both operands are dequantized to bf16 — `fp32(q)·scale` rounded once to bf16, bit for bit what
-`act_dequant` (a, per 1×Bk group) and `weight_dequant` (b, per Bn×Bk block) return for
-`out_dtype=torch.bfloat16` — then multiplied by one bf16 GEMM with an fp32 result (cuBLAS through
+Both operands are dequantized to bf16 by the reference's own `act_dequant` (a, per 1×Bk group) and
+`weight_dequant` (b, per Bn×Bk block) — `fp32(q)·scale` rounded once to bf16 — then multiplied by one bf16 GEMM with an fp32 result (cuBLAS through
 `torch.mm(..., out_dtype=torch.float32)` on CUDA; on the CPU, where torch has no bf16 GEMM with an
 fp32 output, an fp32 matmul of the same bf16 values, which computes the same function), and the
 reference's epilogue runs on that fp32 result. The contract's per-K-block fp32 promotion with both
@@ -19,7 +18,7 @@ import torch
 
 from ..base import composed_quant_linear
 from .gemm import epilogue
-from .quant import act_quant
+from .quant import act_dequant, act_quant, weight_dequant
 
 NUMERICS = ("operands rounded to bf16 after scaling (fp32 q·scale -> bf16), a bf16 GEMM with fp32 sums: "
             "|error| <= (2^-7 + 2^-15 + K·2^-23)·Σ_k |a_k·b_k| per output (docs/numerics.md)")
@@ -30,24 +29,6 @@ def vendor_gemm_reasons(kind: str) -> list[str]:
     if kind == "cuda" and "dtype" not in torch.ops.aten.mm.overloads():
         return [f"needs torch >= 2.8 on CUDA (torch.mm with out_dtype=float32 from bf16), torch is {torch.__version__}"]
     return []
-
-
-def dequantize(q: torch.Tensor, scale: torch.Tensor, rows: int, block_k: int) -> torch.Tensor:
-    """q [R, K] fp8/int8 with scale [ceil(R/rows), ceil(K/block_k)] fp32 -> [R, K] bf16, fp32(q)·scale
-    rounded once to bf16 (act_dequant for rows=1, weight_dequant for rows=Bn, with out_dtype=bf16)."""
-    R, K = q.shape
-    s = scale.float() if rows == 1 else scale.float().repeat_interleave(rows, 0)[:R]  # [R, KB]
-    # Every e4m3 and int8 code has at most 8 significant bits, so it is exact in bf16; the multiply by
-    # the fp32 scale is done in fp32 and rounded to bf16 as it is stored.
-    x = q.to(torch.bfloat16)
-    out = torch.empty_like(x)
-    whole, cut = K // block_k, K - K % block_k
-    if whole:
-        torch.mul(x[:, :cut].unflatten(1, (whole, block_k)), s[:, :whole, None],
-                  out=out[:, :cut].unflatten(1, (whole, block_k)))
-    if cut < K:
-        torch.mul(x[:, cut:], s[:, whole:], out=out[:, cut:])
-    return out
 
 
 def matmul_fp32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -62,7 +43,8 @@ def scaled_mm(a, a_scale, b, b_scale, *, block_n, block_k, bias, activation, out
               ue8m0_out, eps, profile=None):
     """The backend contract's scaled_mm on bf16-dequantized operands (any format, blocks and shape);
     the epilogue as the reference's, on the GEMM's fp32 result."""
-    acc = matmul_fp32(dequantize(a, a_scale, 1, block_k), dequantize(b, b_scale, block_n, block_k))
+    acc = matmul_fp32(act_dequant(a, a_scale, group_size=block_k, out_dtype=torch.bfloat16),
+                      weight_dequant(b, b_scale, block_n=block_n, block_k=block_k, out_dtype=torch.bfloat16))
     return epilogue(acc, bias=bias, activation=activation, out_dtype=out_dtype, out_quant=out_quant,
                     out_group=out_group, ue8m0_out=ue8m0_out, eps=eps)
 

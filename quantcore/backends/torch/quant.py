@@ -66,13 +66,29 @@ def act_quant(x, *, qdtype, group_size, ue8m0, eps, scale_m_major, profile=None)
     return q, (scale.t().contiguous().t() if scale_m_major else scale)
 
 
+def dequantize(q: torch.Tensor, scale: torch.Tensor, rows: int, block_k: int, out_dtype: torch.dtype) -> torch.Tensor:
+    """q [R, K] fp8/int8 with scale [ceil(R/rows), ceil(K/block_k)] fp32 (any strides) -> fp32(q)·scale
+    rounded once to out_dtype, [R, K] contiguous: per 1×block_k group for rows=1, per block otherwise."""
+    R, K = q.shape
+    s = scale.float() if rows == 1 else scale.float().repeat_interleave(rows, 0)[:R]  # [R, KB]
+    # Every e4m3 and int8 code is exact in bf16, fp16 and fp32, so the codes are widened straight to
+    # out_dtype; the multiply by the fp32 scale promotes to fp32 and rounds once as it is stored: two
+    # passes over memory instead of an fp32 copy, a product and a cast.
+    x = q.to(out_dtype, memory_format=torch.contiguous_format)
+    out = torch.empty_like(x)
+    whole, cut = K // block_k, K - K % block_k
+    if whole:
+        torch.mul(x[:, :cut].unflatten(1, (whole, block_k)), s[:, :whole, None],
+                  out=out[:, :cut].unflatten(1, (whole, block_k)))
+    if cut < K:
+        torch.mul(x[:, cut:], s[:, whole:], out=out[:, cut:])
+    return out
+
+
 @torch.no_grad()
 def act_dequant(q, scale, *, group_size, out_dtype, profile=None):
     """q [M, K], scale [M, KB] -> fp32(q) * scale cast to out_dtype, [M, K]."""
-    M, K = q.shape
-    kb = math.ceil(K / group_size)
-    qb = _pad_last(q.float(), group_size).reshape(M, kb, group_size)
-    return (qb * scale.unsqueeze(-1)).reshape(M, kb * group_size)[:, :K].to(out_dtype).contiguous()
+    return dequantize(q, scale, 1, group_size, out_dtype)
 
 
 def weight_blocks(t: torch.Tensor, block_n: int, block_k: int) -> torch.Tensor:
@@ -95,6 +111,4 @@ def weight_quant(w, *, qdtype, block_n, block_k, ue8m0, eps, profile=None):
 @torch.no_grad()
 def weight_dequant(q, scale, *, block_n, block_k, out_dtype, profile=None):
     """q [N, K], scale [NB, KB] -> fp32(q) * scale cast to out_dtype, [N, K]."""
-    N, K = q.shape
-    w = weight_blocks(q.float(), block_n, block_k) * scale[:, None, :, None]
-    return w.reshape(w.shape[0] * block_n, -1)[:N, :K].to(out_dtype).contiguous()
+    return dequantize(q, scale, block_n, block_k, out_dtype)
