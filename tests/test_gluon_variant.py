@@ -52,12 +52,17 @@ def test_it_can_run_on_sm90_but_automatic_selection_never_takes_it(installed, op
     assert registry.select(q, backend="triton").label == "triton"  # the backend's name alone neither
 
 
-def test_a_gpu_with_the_shipped_tables_never_selects_it(installed):
+def test_a_gpu_with_the_shipped_tables_selects_it_exactly_where_they_rank_it_first(installed):
+    ranked_first = []
     for table in (t for t in measured.tables() if t.arch == "sm_90"):
         gpu = capability.simulated_profile("sm90").model_copy(update={"name": table.device})
         for op, fmt in OPS_FMTS:
             for m in (1, 64, 128, 512, 4096, 16384):
-                assert registry.select(gemm_query(gpu, fmt, op, m)).label != GLUON, (table.device, op, fmt, m)
+                order = measured.lookup(table.device, op, fmt, m_bucket(m)) or ()
+                first = order[:1] == (GLUON,)
+                ranked_first += [first]
+                assert (registry.select(gemm_query(gpu, fmt, op, m)).label == GLUON) == first, (table.device, op, fmt, m)
+    assert any(ranked_first)  # the H100's table (round 4) ranks it first for FP8 at 128-512 rows, INT8 from 512
 
 
 def test_a_measured_table_that_lists_it_selects_it(installed, monkeypatch):
@@ -116,6 +121,20 @@ def test_the_consumers_share_what_the_producer_leaves():
     assert all(3 * 168 - p - c >= c for p, c in regs.items())
     sub_tiled = gluon_launch.GluonConfig(block_n=192, sub_n=64)
     assert sub_tiled.sub == 64 and gluon_launch.DEFAULT.sub == 128
+
+
+@pytest.mark.parametrize("M, N, block_n, out_group, wide", [
+    (4096, 7168, 128, None, 256), (16384, 2112, 128, None, 192), (4096, 1000, 128, None, None),
+    (2048, 7168, 128, None, None), (4096, 7168, 96, None, None), (4096, 7168, 128, 64, 256),
+    (4096, 7168, 128, 128, None),
+])
+def test_wide_tiles_only_where_n_fills_them_at_large_m(M, N, block_n, out_group, wide):
+    """128x256 where N is a multiple of 256, else 128x192 where of 192, from M = 4096; never where a
+    sub-tile would straddle a weight-scale block or split a re-quantization group."""
+    gluon_launch = pytest.importorskip("quantcore.backends.triton.gluon_launch")
+    cfg = gluon_launch.config_for(M, N, block_n, out_group)
+    assert cfg == (gluon_launch.DEFAULT if wide is None else next(c for c in gluon_launch.WIDE if c.block_n == wide))
+    assert out_group is None or cfg.sub % out_group == 0
 
 
 @pytest.mark.parametrize("fmt", ["fp8_e4m3", "int8"])

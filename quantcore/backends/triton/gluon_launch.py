@@ -81,7 +81,22 @@ class GluonConfig:
 
 # The default tile; the stage count and pipelining follow from shared memory and the weight's scale block.
 DEFAULT = GluonConfig()
+# Wider tiles read fewer A and B bytes per FLOP. Measured on the H100 (docs/performance.md, round 4) at
+# M = 4096 and 16384 on the six bench shapes, they beat the default where N is a whole number of them
+# (128x192 on N = 2112 by 4-19 %, 128x256 by up to 14 % on the others, never 2 % slower); at smaller
+# M their fewer tiles leave SMs idle, so the default stays there.
+WIDE = (GluonConfig(block_n=256, sub_n=64, producer_regs=24), GluonConfig(block_n=192, sub_n=64))
+WIDE_M_MIN = 4096
 _MAX_STAGES = 6
+
+
+def config_for(M: int, N: int, block_n: int, out_group: int | None) -> GluonConfig:
+    """The configuration for an M×N output with weight-scale blocks `block_n` wide and, when the output
+    is re-quantized, groups of `out_group`: a wide tile that N fills exactly at large M, where the
+    sub-tiles lie within one weight-scale block and hold whole groups, else the default."""
+    if M >= WIDE_M_MIN and block_n % 64 == 0 and (out_group is None or 64 % out_group == 0):
+        return next((cfg for cfg in WIDE if N % cfg.block_n == 0), DEFAULT)
+    return DEFAULT
 
 
 def _fitted(cfg: GluonConfig, block_k: int, out_bytes: int, block_n: int, profile) -> tuple[int, bool]:
@@ -105,13 +120,15 @@ def _staged(t: torch.Tensor, width: int) -> torch.Tensor:
     return buf.view(t.dtype)
 
 
-def _descriptor(t: torch.Tensor, block: list[int]) -> TensorDescriptor:
-    return TensorDescriptor.from_tensor(t, block, gl.NVMMASharedLayout.get_default_for(block, _GL_DTYPE[t.dtype]))
+def _layout(block: list[int], dtype: torch.dtype) -> gl.NVMMASharedLayout:
+    """The shared-memory layout of a TMA box of `block` elements of `dtype`; made once per plan, as making
+    one costs more host time (~6 µs) than the descriptor that carries it."""
+    return gl.NVMMASharedLayout.get_default_for(block, _GL_DTYPE[dtype])
 
 
 @prepared
 def scaled_mm(a, a_scale, b, b_scale, *, block_n, block_k, bias, activation, out_dtype, out_quant, out_group,
-              ue8m0_out, eps, profile, config: GluonConfig = DEFAULT):
+              ue8m0_out, eps, profile, config: GluonConfig | None = None):
     """Block-scaled GEMM a @ b^T with a fused epilogue, warp-specialized and persistent (sm_90).
 
     a [M, K] and b [N, K] fp8_e4m3fn or int8 (same), a_scale [M, ceil(K/Bk)] and
@@ -120,14 +137,15 @@ def scaled_mm(a, a_scale, b, b_scale, *, block_n, block_k, bias, activation, out
     (fp8_e4m3fn/int8) (q [M, N] out_quant, scale [M, ceil(N/out_group)] fp32) re-quantized per
     1×out_group (a power of two dividing the config's sub-tile; scales rounded up to powers of two when
     ue8m0_out, floored at eps). block_k (the K tile) a power of two from 32 to 128. `config` picks the
-    tile, ring and schedule (`GluonConfig`).
+    tile, ring and schedule (`GluonConfig`; None: `config_for` the call).
     """
+    M, K = a.shape
+    N = b.shape[0]
+    config = config or config_for(M, N, block_n, None if out_quant is None else out_group)
     if out_quant is not None and config.sub % out_group:
         raise InvalidInputError(f"triton[gluon] scaled_mm: out_group_size {out_group} must divide the tile's N "
                                 f"sub-tile ({config.sub}); use a GluonConfig whose sub-tile it divides, or "
                                 f"backend='triton'")
-    M, K = a.shape
-    N = b.shape[0]
     outputs = _gemm_outputs(M, N, a.device, out_dtype, out_quant, out_group)
     if M == 0 or N == 0:
         return lambda a, a_scale, b, b_scale, bias=None: _returned(*outputs())
@@ -153,13 +171,17 @@ def scaled_mm(a, a_scale, b, b_scale, *, block_n, block_k, bias, activation, out
     scalars = (M, N, K, a_scale.stride(0), a_scale.stride(1), b_scale.stride(0), b_scale.stride(1),
                0 if bias is None else bias.stride(0), N, triton.cdiv(N, out_group) if out_quant is not None else 0, eps)
 
+    boxes = ([bm, block_k], [config.sub, block_k], [bm // 2, config.sub])
+    layouts = _layout(boxes[0], a.dtype), _layout(boxes[1], b.dtype), _layout(boxes[2], out_bits)
+
     def run(a, a_scale, b, b_scale, bias=None):
         out, out_scale = outputs()
         a = _staged(a, width) if copy_a else a
         b = _staged(b, width) if copy_b else b
         # Descriptors hold the base addresses: made per call.
-        out_desc = _descriptor(out.view(out_bits), [bm // 2, config.sub]) if tma_out else None
-        launch(_descriptor(a, [bm, block_k]), _descriptor(b, [config.sub, block_k]), out_desc, a_scale, b_scale,
+        descs = [TensorDescriptor.from_tensor(t, box, layout) for t, box, layout in zip((a, b), boxes, layouts)]
+        out_desc = TensorDescriptor.from_tensor(out.view(out_bits), boxes[2], layouts[2]) if tma_out else None
+        launch(*descs, out_desc, a_scale, b_scale,
                out if bias is None else _kernel_bias(bias), out, out if out_scale is None else out_scale, *scalars)
         return _returned(out, out_scale)
     return run
