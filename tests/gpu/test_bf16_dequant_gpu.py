@@ -68,6 +68,25 @@ def test_operands_are_the_reference_bf16_dequantization(m, n, k, qdtype):
                        ops.weight_dequant(b, b_s, out_dtype=bf16, backend="torch"))
 
 
+@pytest.mark.parametrize("qdtype", FORMATS)
+@pytest.mark.parametrize("m,n,k", SHAPES[1:3])
+def test_a_plain_bf16_output_is_one_cublas_gemm_where_sums_round_once(m, n, k, qdtype, monkeypatch):
+    """With reduced-precision reductions forbidden, a bf16 output without epilogue is cuBLAS's bf16 GEMM
+    of the dequantized operands itself; with them allowed (torch's default), the fp32 result cast once."""
+    a, a_s, b, b_s, _ = operands(qdtype, m, n, k, seed=3)
+    a16, b16 = ops.act_dequant(a, a_s), ops.weight_dequant(b, b_s)
+    out32 = ops.scaled_mm(a, a_s, b, b_s, out_dtype=torch.float32, backend=LABEL)
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_bf16_reduced_precision_reduction", True)
+    assert torch.equal(ops.scaled_mm(a, a_s, b, b_s, backend=LABEL), out32.to(torch.bfloat16))
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_bf16_reduced_precision_reduction", False)
+    one_step = ops.scaled_mm(a, a_s, b, b_s, backend=LABEL)
+    assert torch.equal(one_step, torch.mm(a16, b16.t()))
+    # Both round the fp32 sums once: they differ by at most cuBLAS's summation order and one bf16 step.
+    sums = a16.double().abs() @ b16.double().abs().t()
+    err = (one_step.double() - out32.double()).abs()
+    assert bool((err <= 2.0**-8 * out32.double().abs() + 2 * k * 2.0**-23 * sums).all())
+
+
 def test_quant_linear_runs_it_on_the_gpu():
     a, a_s, b, b_s, bias = operands(torch.float8_e4m3fn, 256, 2112, 7168, seed=2)
     x = ops.act_dequant(a, a_s, out_dtype=torch.bfloat16)
