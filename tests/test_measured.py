@@ -41,6 +41,11 @@ def test_lookup_takes_the_nearest_bucket_below(monkeypatch, tmp_path):
     q = GemmQuery("scaled_mm", H100, "fp8_e4m3", blocks=(128, 128), m_bucket=4096, nk=(2112, 7168))
     assert registry.current_priority(q) == ("torch[cublas]", "triton", "cupy", "torch")
     assert registry.table.ordered("scaled_mm", registry.current_priority(q))[0].label == "torch[cublas]"
+    # a plain quant_linear (act_quant and the same GEMM) follows scaled_mm's ranking, skipping the
+    # variants it has no implementation of
+    ql = GemmQuery("quant_linear", H100, "fp8_e4m3", blocks=(128, 128), m_bucket=4096, nk=(2112, 7168))
+    assert registry.current_priority(ql) == ("torch[cublas]", "triton", "cupy", "torch")
+    assert registry.table.ordered("quant_linear", registry.current_priority(ql))[0].label == "triton"
     # fused epilogues are not what the bench times: they keep the default order
     fused = GemmQuery("scaled_mm", H100, "fp8_e4m3", blocks=(128, 128), m_bucket=4096, nk=(2112, 7168), fused=True)
     assert registry.current_priority(fused) == ("triton", "cupy", "torch")

@@ -71,7 +71,7 @@ def current_priority(query: Query) -> tuple[str, ...]:
     else:
         p = query.profile
         found = None if p.kind != "cuda" or p.simulated_from or not query.timed else measured.lookup(
-            p.name, query.op, query.fmt, query.m_bucket)
+            p.name, query.measured_as, query.fmt, query.m_bucket)
         if found:
             found = tuple(n for n in found if n not in table.opt_in_labels(query.op))
         default = DEFAULT_PRIORITY.get(p.kind, (table.REFERENCE,))

@@ -35,6 +35,11 @@ class Query:
         """Whether the bench times calls like this one, so that a measured priority applies to it."""
         return True
 
+    @property
+    def measured_as(self) -> str:
+        """The op whose measured priorities rank this call's implementations: its own."""
+        return self.op
+
 
 def m_bucket(m: int) -> int:
     """Rows rounded up to a power of two, capped at 16384: the granularity of measured priorities."""

@@ -30,6 +30,13 @@ class GemmQuery(Query):
         extra passes."""
         return not self.fused
 
+    @property
+    def measured_as(self) -> str:
+        """scaled_mm for both GEMM ops: the bench times scaled_mm, and quant_linear is act_quant and the
+        same GEMM (at decode sizes one launch of the same kernel), whose time dominates, so a plain
+        quant_linear follows scaled_mm's ranking (skipping what has no quant_linear, as cuBLAS)."""
+        return "scaled_mm"
+
 
 @dataclass(frozen=True)
 class GemmConstraints(Constraints):
