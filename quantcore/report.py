@@ -98,14 +98,9 @@ def build(simulate: str | None = None) -> Report:
 
 def _priority_in_force(profile: capability.DeviceProfile) -> tuple[tuple[str, ...], str]:
     """(the priority before measured tables, reference last; where it comes from)."""
-    context, env = registry.priority_state()
-    if context:
-        order, source = context, "quantcore.priority()"
-    elif env and env.strip(","):
-        order, source = tuple(n.strip() for n in env.split(",") if n.strip()), "QUANTCORE_PRIORITY"
-    else:
-        order, source = registry.DEFAULT_PRIORITY.get(profile.kind, (registry.REFERENCE,)), "default"
-    return (order if registry.REFERENCE in order else (*order, registry.REFERENCE)), source
+    order, source = registry.explicit_priority() or (registry.DEFAULT_PRIORITY.get(profile.kind, (registry.REFERENCE,)),
+                                                     "default")
+    return registry.with_reference(order), source
 
 
 def _by_m(profile: capability.DeviceProfile, table: measured.Table) -> list[MRange]:

@@ -20,6 +20,7 @@ from ..capability import module_available
 from . import BACKEND_PACKAGES
 
 if TYPE_CHECKING:  # the registry loads backends: a runtime import would go up a layer
+    from ..capability import DeviceProfile
     from ..registry.query import Query
 
 

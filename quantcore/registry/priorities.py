@@ -62,11 +62,9 @@ def current_priority(query: Query) -> tuple[str, ...]:
     epilogues: an implementation fastest at a plain GEMM may run the epilogue as extra passes), then
     the default for the device kind. A measured table never brings in an opt-in variant (only a
     priority the user names does): one found in a table, written by hand, is dropped."""
-    context, env = priority_state()
-    if context:
-        order = context
-    elif env:
-        order = tuple(n.strip() for n in env.split(",") if n.strip())
+    explicit = explicit_priority()
+    if explicit:
+        order = explicit[0]
         check_names(order)
     else:
         p = query.profile
@@ -77,6 +75,16 @@ def current_priority(query: Query) -> tuple[str, ...]:
         default = DEFAULT_PRIORITY.get(p.kind, (table.REFERENCE,))
         order = (*found, *[n for n in default if n not in found]) if found else default
     return with_reference(order)
+
+
+def explicit_priority() -> tuple[tuple[str, ...], str] | None:
+    """(the priority a user set, where it was set): a `priority` block, else `QUANTCORE_PRIORITY` where
+    it names a backend; None where neither sets one (the measured table or the default then applies)."""
+    context, env = priority_state()
+    if context:
+        return context, "quantcore.priority()"
+    names = tuple(n.strip() for n in (env or "").split(",") if n.strip())
+    return (names, PRIORITY_ENV) if names else None
 
 
 def with_reference(order: tuple[str, ...]) -> tuple[str, ...]:

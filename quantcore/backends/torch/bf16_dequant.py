@@ -6,13 +6,15 @@ every backend, so the call takes the device's own kernels (the reference's two-p
 four times slower on the H100) — then multiplied by one bf16 GEMM with an fp32 result (cuBLAS through
 `torch.mm(..., out_dtype=torch.float32)` on CUDA; on the CPU, where torch has no bf16 GEMM with an
 fp32 output, an fp32 matmul of the same bf16 values, which computes the same function), and the
-reference's epilogue runs on that fp32 result. A plain bf16 output (no bias, activation or
-re-quantization) comes straight from cuBLAS's bf16 GEMM where torch forbids it reduced-precision
-reductions (`torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False`): each fp32
-sum is then rounded once to bf16, as the epilogue's cast would, without writing and re-reading the
-fp32 result; under torch's default cuBLAS may add split-K partial sums in bf16, outside the bound. The contract's per-K-block fp32 promotion with both
+reference's epilogue runs on that fp32 result. The contract's per-K-block fp32 promotion with both
 scales becomes one scaled-operand product per element, so numerics change (`NUMERICS`, derived in
 docs/numerics.md): it runs only where named (`Impl.opt_in`).
+
+A plain bf16 output (no bias, activation or re-quantization) comes straight from cuBLAS's bf16 GEMM
+where torch forbids it reduced-precision reductions
+(`torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False`): each fp32 sum is then
+rounded once to bf16, as the epilogue's cast would, without writing and re-reading the fp32 result.
+Under torch's default cuBLAS may add split-K partial sums in bf16, outside the bound.
 
 bf16 also for fp16 outputs: fp16's range would overflow `q·scale` above 65504 and lose the relative
 bound below 2^-14 (small weights' scales put values there), where bf16 keeps fp32's range.

@@ -40,7 +40,8 @@ class GluonConfig:
     the weight scale is one per sub-tile: a per-column one in two sets of registers spills); `group_m`
     row tiles per L2 group of the persistent walk; `producer_regs` the producer warp's registers a
     thread (setmaxnreg: a multiple of 8 from 24), the two consumer warpgroups sharing the rest (40: 232
-    each, 24: 240 each). The default is round 3's measured configuration; the others await a probe's."""
+    each, 24: 240 each). `DEFAULT` is round 3's measured configuration; `config_for` picks the wide
+    ones (`WIDE`) where round 4's probe measured them faster."""
 
     block_m: int = 128
     block_n: int = TILE_N
