@@ -620,6 +620,9 @@ def test_direct_launches_need_a_known_triton_and_a_gpu():
     assert direct.version_supported("3.6.0") and direct.version_supported("3.3.1+git1234")
     assert not direct.version_supported("3.2.0") and not direct.version_supported("4.0.0")
     assert not direct.version_supported("nightly")
+    assert direct.version_supported("3.6.0", direct.RAW_SUPPORTED)
+    assert not direct.version_supported("3.9.0", direct.RAW_SUPPORTED)
+    assert not direct.version_supported("3.5.1", direct.RAW_SUPPORTED)
     assert not direct.enabled()  # the interpreter runs every launch through the JIT
 
 def test_only_the_differentiable_ops_outputs_require_grad():

@@ -10,6 +10,13 @@ internals, so the direct path is taken only for Triton versions in `SUPPORTED` (
 one installed, and tested on the GPU), never under the interpreter, and not when
 QUANTCORE_TRITON_DIRECT=0; otherwise every call goes through the JIT as before. Direct launches
 skip Triton's launch hooks (its profiler sees JIT launches only).
+
+On the Triton versions in `RAW_SUPPORTED` a kernel that needs no scratch memory and takes no tensor
+descriptors is launched one step further down: `compiled.run` is then a Python wrapper that only
+finds there is no scratch to allocate and forwards to the C launcher it holds, adding two flags and
+two null scratch pointers; calling that C function with them skips the wrapper (on the H100 host,
+5.9 µs against 7.2 µs a launch; launching with `cuLaunchKernel` through ctypes on parameters packed
+once took 7.4: docs/bench/round5/r5_eager.txt).
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ from __future__ import annotations
 import functools
 import os
 import re
+import types
 from typing import Any
 
 import torch
@@ -27,19 +35,25 @@ DIRECT_ENV = "QUANTCORE_TRITON_DIRECT"
 # `CompiledKernel.run(grid0, grid1, grid2, stream, function, packed_metadata, launch_metadata,
 # enter_hook, exit_hook, *every kernel argument in signature order)`: Triton 3.3 through 3.9.
 SUPPORTED = ((3, 3), (3, 9))
+# `CompiledKernel.run.launch(grid0, grid1, grid2, stream, function, cooperative, pdl, global_scratch,
+# profile_scratch, packed_metadata, launch_metadata, enter_hook, exit_hook, *kernel arguments)`, the C
+# launcher itself where the kernel has no tensor descriptors: Triton 3.6 (3.9 passes its arguments
+# differently).
+RAW_SUPPORTED = ((3, 6), (3, 6))
 
 
-def version_supported(version: str) -> bool:
-    """Whether Triton `version` ("3.6.0", "3.4.0+git…") launches compiled kernels the way `Launcher` does."""
+def version_supported(version: str, within: tuple[tuple[int, int], tuple[int, int]] = SUPPORTED) -> bool:
+    """Whether Triton `version` ("3.6.0", "3.4.0+git…") lies in the (major, minor) range `within`:
+    by default, whether it launches compiled kernels the way `Launcher` does."""
     match = re.match(r"(\d+)\.(\d+)", version)
-    return bool(match) and SUPPORTED[0] <= (int(match[1]), int(match[2])) <= SUPPORTED[1]
+    return bool(match) and within[0] <= (int(match[1]), int(match[2])) <= within[1]
 
 
 @functools.lru_cache(maxsize=None)
-def _installed_supported() -> bool:
+def _installed_supported(within: tuple[tuple[int, int], tuple[int, int]] = SUPPORTED) -> bool:
     import triton
 
-    return version_supported(triton.__version__)
+    return version_supported(triton.__version__, within)
 
 
 def enabled() -> bool:
@@ -64,15 +78,18 @@ class Launcher:
     options (num_warps, ...). The compiled kernel already knows the tensors' element types, so direct
     launches pass tensors as they are; JIT launches see bf16/FP8 tensors as their integer bits."""
 
-    __slots__ = ("fn", "grid", "constants", "device", "_run", "_function", "_packed", "_tail")
+    __slots__ = ("fn", "grid", "constants", "device", "_run", "_function", "_packed", "_tail", "_raw", "_head")
 
     def __init__(self, fn, grid: tuple[int, ...], constants: dict[str, Any], device: torch.device):
         self.fn, self.constants = fn, constants
         self.grid = (tuple(grid) + (1, 1))[:3]
         self.device = device.index if device.index is not None else 0
-        self._run = None
+        self._run = self._raw = None
 
     def __call__(self, *args: Any) -> None:
+        if self._raw is not None:
+            self._raw(*self.grid, torch._C._cuda_getCurrentRawStream(self.device), *self._head, *args, *self._tail)
+            return
         if self._run is not None:
             self._run(*self.grid, torch._C._cuda_getCurrentRawStream(self.device), self._function, self._packed,
                       None, None, None, *args, *self._tail)
@@ -90,8 +107,22 @@ class Launcher:
             return
         self._tail = tuple(self.constants[n] for n in names[nargs:])
         self._function, self._packed, self._run = compiled.function, compiled.packed_metadata, compiled.run
+        raw = getattr(self._run, "launch", None)
+        if (_installed_supported(RAW_SUPPORTED) and callable(raw) and not isinstance(raw, types.FunctionType)
+                and getattr(self._run, "global_scratch_size", None) == 0
+                and getattr(self._run, "profile_scratch_size", None) == 0
+                and hasattr(self._run, "launch_cooperative_grid") and hasattr(self._run, "launch_pdl")):
+            # A C function (a Python one wraps tensor descriptors) and nothing to allocate per launch.
+            self._raw = raw
+            self._head = (self._function, self._run.launch_cooperative_grid, self._run.launch_pdl, None, None,
+                          self._packed, None, None, None)
 
     @property
     def direct(self) -> bool:
         """Whether calls now bypass the JIT."""
         return self._run is not None
+
+    @property
+    def raw(self) -> bool:
+        """Whether calls now go straight to Triton's C launcher (`RAW_SUPPORTED`)."""
+        return self._raw is not None
