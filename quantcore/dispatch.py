@@ -52,6 +52,11 @@ on_reset(_plans.clear)  # registry.reset(): kept plans are stale after it (the e
 
 def call(op: str, args: tuple, options: dict[str, Any], backend: BackendChoice) -> Any:
     """Run `op` (a defined op's name, `quantcore.opdef`) on positional `args` and keyword `options`."""
+    return _run(_plan(op, args, options, backend), args)
+
+
+def _plan(op: str, args: tuple, options: dict[str, Any], backend: BackendChoice) -> _Plan:
+    """The call's plan: the kept one for its key, else a new one (kept when it can be replayed)."""
     try:
         key = _key(op, args, options, backend)
         plan = _plans.get(key)
@@ -63,11 +68,56 @@ def call(op: str, args: tuple, options: dict[str, Any], backend: BackendChoice) 
             if len(_plans) >= _MAX_PLANS:
                 _plans.clear()
             _plans[key] = plan
+    return plan
+
+
+def _run(plan: _Plan, args: tuple) -> Any:
+    """Launch `plan` on this call's `args`."""
     kwargs = dict(plan.static)
     for name, index, view in plan.bindings or ():
         t = args[index]
-        kwargs[name] = t if view is None else t.as_strided(view[0], view[1], t.storage_offset() + view[2])
+        if view is None:
+            kwargs[name] = t
+        elif view[2]:
+            kwargs[name] = t.as_strided(view[0], view[1], t.storage_offset() + view[2])
+        else:  # at the argument's own offset, which as_strided takes by default (a cheaper call)
+            kwargs[name] = t.as_strided(view[0], view[1])
     return plan.finish(plan.launch(**kwargs))
+
+
+def _state() -> tuple:
+    """What selection reads besides the call: the registry's epoch, the simulation and the priority in force."""
+    return registry.epoch(), capability.simulation_state(), registry.priority_state()
+
+
+class Site:
+    """One place in a program that calls `op` again and again with arguments of the same metadata (a
+    layer's forward, with its parameters among the arguments): it reuses its last call's plan while
+    the caller's `signature` of the call and the registry's state are unchanged, skipping `call`'s key.
+
+    `signature` is the caller's to compute, cheaper than the key because the caller knows what can
+    change between its calls: it must change whenever the key would, so it holds the shape, strides,
+    dtype, device and address mod 16 of each tensor that can change, every option that can change,
+    and, for tensors whose metadata changes only with their memory (a module's parameters, replaced
+    or moved as a whole), their address."""
+
+    __slots__ = ("op", "_signature", "_plan")
+
+    def __init__(self, op: str):
+        self.op, self._signature, self._plan = op, None, None
+
+    def __reduce__(self):  # copied or pickled with its owner (a module), as a new site: plans hold kernels
+        return Site, (self.op,)
+
+    def __call__(self, signature: tuple, args: tuple, options: Callable[[], dict[str, Any]],
+                 backend: BackendChoice = None) -> Any:
+        """`call(op, args, options(), backend)`; `options` is called only when the plan is not reused."""
+        signature = (signature, backend, _state())
+        plan = self._plan
+        if plan is None or signature != self._signature:
+            plan = _plan(self.op, args, options(), backend)
+            self._signature, self._plan = (signature, plan) if plan.bindings is not None else (None, None)
+        return _run(plan, args)
 
 
 def _key(op: str, args: tuple, options: dict[str, Any], backend: BackendChoice) -> tuple:
@@ -91,8 +141,7 @@ def _key(op: str, args: tuple, options: dict[str, Any], backend: BackendChoice) 
                 raise _Uncacheable
     except RuntimeError:  # sparse and other layouts have no strides
         raise _Uncacheable from None
-    return (op, _choice_key(backend), registry.epoch(), capability.simulation_state(), registry.priority_state(),
-            *signatures, *types, *values)
+    return (op, _choice_key(backend), *_state(), *signatures, *types, *values)
 
 
 def _choice_key(backend: BackendChoice) -> Any:

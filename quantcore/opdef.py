@@ -84,13 +84,25 @@ class OpDef:
     custom_ops: tuple[CustomOp, ...] = ()
     example: Callable[..., tuple[tuple, dict[str, Any]]] | None = None
     function: Callable[..., Any] = field(init=False, repr=False, compare=False)
+    defaults: dict[str, Any] = field(init=False, repr=False, compare=False)  # every option's default, in order
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "function", _generate(self))
+        params = inspect.signature(self.stub).parameters
+        object.__setattr__(self, "defaults", {n: p.default for n, p in params.items()
+                                              if n not in self.tensors and n != BACKEND_ARG})
 
     @property
     def name(self) -> str:
         return self.stub.__name__
+
+    def options(self, **given: Any) -> dict[str, Any]:
+        """The options of a call with keyword arguments `given` (the others at their defaults), as the
+        public function hands them to the dispatcher: every option, in the signature's order."""
+        unknown = [n for n in given if n not in self.defaults]
+        if unknown:
+            raise InvalidInputError(f"{self.name}: no option(s) {unknown}; its options are {list(self.defaults)}")
+        return {n: given.get(n, d) for n, d in self.defaults.items()}
 
     @property
     def differentiable(self) -> bool:

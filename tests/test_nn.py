@@ -15,6 +15,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from helpers import randn
+import quantcore
 from quantcore import InvalidInputError, capability, ops
 from quantcore.capability import SIMULATED
 from quantcore.nn import QuantLinear, load_fp8_checkpoint, quantize_model
@@ -325,3 +326,52 @@ def test_example_runs_on_cpu(example, tmp_path, dtype, capsys):
     assert result["implementation"]["decode"]["scaled_mm"] == "torch"
     assert min(result["tokens_per_s"].values()) > 0
     assert "top-1 agreement" in capsys.readouterr().out
+
+
+def test_layer_keeps_its_plan_and_follows_what_changes(gen, monkeypatch):
+    """QuantLinear's own call site (`dispatch.Site`): a repeated call skips validation and selection;
+    a new input shape, new parameters (replaced, or loaded with assign=True), an output dtype or a
+    priority in force each get a plan of their own; every result is ops.quant_linear's."""
+    from quantcore import dispatch
+
+    layer = QuantLinear.from_linear(linear(256, 40, gen), dtype=FP8)
+    planned = []  # the calls that went through the dispatcher's key
+    real = dispatch._plan
+    monkeypatch.setattr(dispatch, "_plan", lambda *a: planned.append(a[0]) or real(*a))
+
+    def check(x):
+        expected = ops.quant_linear(x, layer.weight, layer.weight_scale_inv, layer.bias, out_dtype=x.dtype)
+        assert torch.equal(layer(x), expected)
+
+    x = randn((2, 1, 256), gen=gen, dtype=torch.bfloat16)
+    layer(x)
+    planned.clear()
+    for _ in range(3):
+        layer(randn((2, 1, 256), gen=gen, dtype=torch.bfloat16))
+    assert planned == []  # the site's plan, without the dispatcher's key
+    check(randn((2, 1, 256), gen=gen, dtype=torch.bfloat16))
+    check(randn((5, 256), gen=gen, dtype=torch.bfloat16))  # new shape
+    check(randn((5, 256), gen=gen, dtype=torch.float32))  # new dtype, so a new output dtype
+    other = QuantLinear.from_linear(linear(256, 40, torch.Generator().manual_seed(5)), dtype=FP8)
+    layer.load_state_dict(other.state_dict(), assign=True)  # new parameters in the same module
+    check(x)
+    assert torch.equal(layer(x), other(x))
+    layer.weight = other.weight  # a parameter replaced by hand
+    check(x)
+    with quantcore.priority("torch"):
+        check(x)
+    planned.clear()
+    layer(x)
+    layer(x)
+    assert planned == ["quant_linear"]  # back to the default priority: planned once more, then kept
+
+
+def test_layer_with_its_kept_plan_copies_and_pickles(gen):
+    import copy
+    import pickle
+
+    layer = QuantLinear.from_linear(linear(256, 40, gen), dtype=INT8)
+    x = randn((3, 256), gen=gen, dtype=torch.bfloat16)
+    y = layer(x)
+    for twin in (copy.deepcopy(layer), pickle.loads(pickle.dumps(layer))):
+        assert torch.equal(twin(x), y)

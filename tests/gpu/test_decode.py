@@ -101,6 +101,34 @@ def test_cuda_graph_replays_the_quantized_linear(backend):
     assert not torch.equal(out, eager)
 
 
+@pytest.mark.parametrize("qdtype", list(FMTS))
+def test_layer_eagerly_and_in_a_cuda_graph_is_the_op(qdtype):
+    """QuantLinear's kept call site (`dispatch.Site`) on decoder-shaped inputs [B, 1, K], with a bias:
+    bit for bit ops.quant_linear, eagerly (driver launches) and replayed from a CUDA graph."""
+    from quantcore.nn import QuantLinear
+
+    lin = torch.nn.Linear(7168, 2112, device="cuda", dtype=torch.bfloat16).requires_grad_(False)
+    layer = QuantLinear.from_linear(lin, dtype=qdtype)
+    with torch.inference_mode():
+        for batch in (1, 8):
+            x = rand((batch, 1, 7168), seed=20 + batch)
+            op = lambda: ops.quant_linear(x, layer.weight, layer.weight_scale_inv, layer.bias)
+            for _ in range(3):
+                assert torch.equal(layer(x), op())
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.stream(side):
+                layer(x)
+                with torch.cuda.graph(graph, stream=side):
+                    out = layer(x)
+            torch.cuda.current_stream().wait_stream(side)
+            x.copy_(rand((batch, 1, 7168), seed=30 + batch))
+            graph.replay()
+            torch.cuda.synchronize()
+            assert torch.equal(out, op())
+
+
 def test_direct_and_jit_launches_compute_the_same(monkeypatch):
     """Every Triton op launched through the JIT (QUANTCORE_TRITON_DIRECT=0) and directly: same bits."""
     from quantcore.backends.triton import direct
@@ -131,16 +159,19 @@ def test_launcher_goes_direct_after_its_first_call(monkeypatch):
     from quantcore.backends.triton import direct
 
     @triton.jit
-    def add_one(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    def add_one(x_ptr, y_ptr, n, scale, BLOCK: tl.constexpr):
         offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        tl.store(y_ptr + offs, tl.load(x_ptr + offs, mask=offs < n) + 1, mask=offs < n)
+        tl.store(y_ptr + offs, tl.load(x_ptr + offs, mask=offs < n) * scale + 1, mask=offs < n)
 
     x = torch.arange(1000, device="cuda", dtype=torch.float32)
     for mode, goes_direct in (("1", True), ("0", False)):
         monkeypatch.setenv(direct.DIRECT_ENV, mode)
         launcher = direct.Launcher(add_one, (8,), dict(BLOCK=128, num_warps=4), x.device)
-        for _ in range(3):
-            y = torch.full_like(x, -1.0)
-            launcher(x, y, 1000)
-            assert torch.equal(y, x + 1)
+        for stream in (torch.cuda.current_stream(), torch.cuda.Stream(), torch.cuda.current_stream()):
+            with torch.cuda.stream(stream):  # each launch on the stream current then
+                y = torch.full_like(x, -1.0)
+                launcher(x, y, 1000, 2.5)
+                assert torch.equal(y, x * 2.5 + 1)
         assert launcher.direct is goes_direct
+        # Straight to the C launcher where the Triton version's is known (no scratch, no descriptors here).
+        assert launcher.raw is (goes_direct and direct.version_supported(triton.__version__, direct.RAW_SUPPORTED))
