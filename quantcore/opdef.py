@@ -87,10 +87,10 @@ class OpDef:
     defaults: dict[str, Any] = field(init=False, repr=False, compare=False)  # every option's default, in order
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "function", _generate(self))
         params = inspect.signature(self.stub).parameters
         object.__setattr__(self, "defaults", {n: p.default for n, p in params.items()
                                               if n not in self.tensors and n != BACKEND_ARG})
+        object.__setattr__(self, "function", _generate(self))
 
     @property
     def name(self) -> str:
@@ -144,7 +144,7 @@ def _generate(op: OpDef) -> Callable[..., Any]:
         elif p.kind not in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY):
             raise InvalidInputError(f"define: {op.name}'s argument {p.name} must be a plain or keyword-only one")
         source.append(p.name if p.default is p.empty else f"{p.name}=_defaults[{p.name!r}]")
-    options = ", ".join(f"{n!r}: {n}" for n in params if n not in op.tensors and n != BACKEND_ARG)
+    options = ", ".join(f"{n!r}: {n}" for n in op.defaults)  # the order `OpDef.options` gives too
     tensors = "".join(f"{t}, " for t in op.tensors)
     # The stub's module globals too, so that `typing.get_type_hints` resolves the copied annotations.
     namespace = {**op.stub.__globals__, "_call": call, "_defaults": {n: p.default for n, p in params.items()},
