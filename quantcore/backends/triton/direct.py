@@ -16,7 +16,10 @@ descriptors is launched one step further down: `compiled.run` is then a Python w
 finds there is no scratch to allocate and forwards to the C launcher it holds, adding two flags and
 two null scratch pointers; calling that C function with them skips the wrapper (on the H100 host,
 5.9 µs against 7.2 µs a launch; launching with `cuLaunchKernel` through ctypes on parameters packed
-once took 7.4: docs/bench/round5/r5_eager.txt).
+once took 7.4: docs/bench/round5/r5_eager.txt). It is also handed the tensors' addresses as integers:
+for a tensor it looks up and calls `data_ptr` and asks the driver what the pointer is
+(`cuPointerGetAttribute`), a check that validation has made already; with seven tensors that was
+9.0 µs a launch against 6.3 with addresses read in Python (docs/bench/round6/dev1.txt).
 """
 
 from __future__ import annotations
@@ -78,7 +81,8 @@ class Launcher:
     options (num_warps, ...). The compiled kernel already knows the tensors' element types, so direct
     launches pass tensors as they are; JIT launches see bf16/FP8 tensors as their integer bits."""
 
-    __slots__ = ("fn", "grid", "constants", "device", "_run", "_function", "_packed", "_tail", "_raw", "_head")
+    __slots__ = ("fn", "grid", "constants", "device", "_run", "_function", "_packed", "_tail", "_raw", "_head",
+                 "_tensors")
 
     def __init__(self, fn, grid: tuple[int, ...], constants: dict[str, Any], device: torch.device):
         self.fn, self.constants = fn, constants
@@ -88,7 +92,9 @@ class Launcher:
 
     def __call__(self, *args: Any) -> None:
         if self._raw is not None:
-            self._raw(*self.grid, torch._C._cuda_getCurrentRawStream(self.device), *self._head, *args, *self._tail)
+            n = self._tensors
+            self._raw(*self.grid, torch._C._cuda_getCurrentRawStream(self.device), *self._head,
+                      *map(torch.Tensor.data_ptr, args[:n]), *args[n:], *self._tail)
             return
         if self._run is not None:
             self._run(*self.grid, torch._C._cuda_getCurrentRawStream(self.device), self._function, self._packed,
@@ -96,9 +102,10 @@ class Launcher:
             return
         compiled = self.fn[self.grid](*map(_kernel_view, args), **self.constants)
         if enabled():
-            self._bind(compiled, len(args))
+            self._bind(compiled, args)
 
-    def _bind(self, compiled: Any, nargs: int) -> None:
+    def _bind(self, compiled: Any, args: tuple) -> None:
+        nargs = len(args)
         names = getattr(self.fn, "arg_names", None)
         if names is None or not all(hasattr(compiled, a) for a in ("run", "function", "packed_metadata")):
             return  # not the internals this class knows: stay on the JIT path
@@ -116,6 +123,8 @@ class Launcher:
             self._raw = raw
             self._head = (self._function, self._run.launch_cooperative_grid, self._run.launch_pdl, None, None,
                           self._packed, None, None, None)
+            # The leading tensor arguments, passed as addresses (a plan fixes which arguments are tensors).
+            self._tensors = next((i for i, a in enumerate(args) if not isinstance(a, torch.Tensor)), nargs)
 
     @property
     def direct(self) -> bool:
