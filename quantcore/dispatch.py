@@ -22,6 +22,7 @@ are copies rather than views, and calls whose inputs share memory are never kept
 
 from __future__ import annotations
 
+import inspect
 from typing import Any, Callable, NamedTuple
 
 import torch
@@ -29,6 +30,7 @@ import torch
 from . import capability, opdef, registry
 from .backends.base import on_reset
 from .registry import BackendChoice
+from .specs.base import keep
 
 _MAX_PLANS = 4096
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
@@ -44,6 +46,9 @@ class _Plan(NamedTuple):
     # (argument, input index, view or None: the input itself); None: a plan for this call only
     bindings: tuple[tuple[str, int, tuple | None], ...] | None
     finish: Callable[[Any], Any]
+    # k when the launch takes the call's first k inputs themselves as its first k parameters and
+    # nothing else (`_positional`): the common case, replayed as `launch(*args[:k])`
+    direct: int | None = None
 
 
 _plans: dict[tuple, _Plan] = {}
@@ -73,6 +78,8 @@ def _plan(op: str, args: tuple, options: dict[str, Any], backend: BackendChoice)
 
 def _run(plan: _Plan, args: tuple) -> Any:
     """Launch `plan` on this call's `args`."""
+    if plan.direct is not None:
+        return plan.finish(plan.launch(*args[:plan.direct]))
     kwargs = dict(plan.static)
     for name, index, view in plan.bindings or ():
         t = args[index]
@@ -117,6 +124,8 @@ class Site:
         if plan is None or signature != self._signature:
             plan = _plan(self.op, args, options(), backend)
             self._signature, self._plan = (signature, plan) if plan.bindings is not None else (None, None)
+        if plan.direct is not None:  # `_run`'s first line, inline: a layer's call pays one Python frame less
+            return plan.finish(plan.launch(*args[:plan.direct]))
         return _run(plan, args)
 
 
@@ -164,12 +173,35 @@ def _prepare(op: str, args: tuple, options: dict[str, Any], backend: BackendChoi
     storages = [x.untyped_storage().data_ptr() for x in args if isinstance(x, torch.Tensor)]
     # Not replayable: a copy made by the spec (no source), or inputs sharing memory in this call (a
     # kernel argument could then be traced to the wrong input, which later calls need not alias).
-    launch = impl.function()
+    launch, finish = impl.function(), prepared.finish
     if hasattr(launch, "prepare"):
-        launch, static = launch.prepare(**static, **tensors), {}
+        lead = getattr(finish, "lead", None)
+        if lead is not None and getattr(launch, "shapes_results", False):
+            launch, finish = launch.prepare(**static, **tensors, lead=lead), keep
+        else:
+            launch = launch.prepare(**static, **tensors)
+        static = {}
     if prepared.empty or None in sources.values() or len(set(storages)) < len(storages):
-        return _Plan(launch, static | tensors, None, prepared.finish)
-    return _Plan(launch, static, tuple((name, *src) for name, src in sources.items()), prepared.finish)
+        return _Plan(launch, static | tensors, None, finish)
+    if getattr(launch, "by_address", False):  # a view at its input's own address is, to it, the input
+        sources = {name: (i, None if view is None or not view[2] else view) for name, (i, view) in sources.items()}
+    bindings = tuple((name, *src) for name, src in sources.items())
+    return _Plan(launch, static, bindings, finish, None if static else _positional(launch, bindings))
+
+
+def _positional(launch: Callable[..., Any], bindings: tuple[tuple[str, int, tuple | None], ...]) -> int | None:
+    """k when the kernel arguments are the call's first k inputs themselves, in order, and `launch`
+    takes them as its first k positional parameters; else None."""
+    if any(view is not None for *_, view in bindings) or [i for _, i, _ in bindings] != list(range(len(bindings))):
+        return None
+    try:
+        params = list(inspect.signature(launch).parameters.values())[:len(bindings)]
+    except (TypeError, ValueError):  # no signature to read (a builtin)
+        return None
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    if [p.name for p in params] != [name for name, _, _ in bindings] or any(p.kind not in positional for p in params):
+        return None
+    return len(bindings)
 
 
 def _source(t: torch.Tensor, args: tuple) -> tuple[int, tuple | None] | None:

@@ -171,3 +171,91 @@ def test_split_k_buffers_are_shared_grown_and_kept():
     grown = splitk.buffers(device, 150, 3)
     assert grown[0].numel() >= 200 and grown[1].numel() >= 6
     assert any(c is first[1] for c in splitk.counters()) and not any(c.any() for c in splitk.counters())
+
+
+
+def _register_fake(launch):
+    impl = Impl("act_quant", "fake", launch, Constraints(devices=("cpu",)))
+    registry.register(impl)
+    return impl
+
+
+def _outputs(x, qdtype, rows):
+    """act_quant's results for x [M, K] as a fake launch makes them, with leading dims `rows`."""
+    return torch.zeros((*rows, x.shape[-1]), dtype=qdtype), torch.ones((*rows, 2))
+
+
+@pytest.mark.parametrize("reads_addresses", [True, False])
+def test_a_launch_reading_only_addresses_is_given_the_input_itself(gen, reads_addresses):
+    """[2, 3, K] is flattened to a [6, K] view at the same address: a `by_address` run is handed the
+    caller's tensor on replays (no view made per call), any other run the view."""
+    from quantcore.backends.base import by_address, prepared
+
+    seen = []
+
+    @prepared
+    def launch(x, *, qdtype, group_size, ue8m0, eps, scale_m_major, profile):
+        def run(x):
+            seen.append((x.shape, x.data_ptr()))
+            return _outputs(x, qdtype, (6,))
+        return by_address(run) if reads_addresses else run
+
+    impl = _register_fake(launch)
+    try:
+        xs = [randn((2, 3, 256), gen=gen) for _ in range(3)]
+        for x in xs:
+            q, s = ops.act_quant(x, backend="fake")
+            assert q.shape == (2, 3, 256) and s.shape == (2, 3, 2)
+        replayed = (2, 3, 256) if reads_addresses else (6, 256)
+        assert seen[1:] == [(replayed, x.data_ptr()) for x in xs[1:]]
+    finally:
+        registry.unregister(impl)
+
+
+@pytest.mark.parametrize("keyword_only", [False, True])
+def test_a_launch_given_the_leading_dims_shapes_its_results(gen, keyword_only):
+    """A prepare stage with a `lead` keyword is given the caller's leading dims and its results are
+    returned as they are (no reshape); replays take the inputs positionally where the run's
+    parameters allow it and by name where not, with the same results."""
+    from quantcore.backends.base import by_address, prepared
+
+    leads, results = [], []
+
+    @prepared
+    def launch(x, *, qdtype, group_size, ue8m0, eps, scale_m_major, profile, lead=None):
+        leads.append(lead)
+
+        def positional(x):
+            results.append(_outputs(x, qdtype, lead or x.shape[:1]))
+            return results[-1]
+
+        def by_name(*, x):
+            return positional(x)
+        return by_address(by_name if keyword_only else positional)
+
+    impl = _register_fake(launch)
+    try:
+        for _ in range(3):
+            got = ops.act_quant(randn((2, 3, 256), gen=gen), backend="fake")
+            assert got[0] is results[-1][0] and got[1] is results[-1][1]
+            assert got[0].shape == (2, 3, 256)
+        assert leads == [(2, 3)]
+        assert launch(randn((6, 256), gen=gen), qdtype=torch.int8, group_size=128, ue8m0=False, eps=1e-4,
+                      scale_m_major=False, profile=None)[0].shape == (6, 256)  # no lead: the contract's [M, K]
+    finally:
+        registry.unregister(impl)
+
+
+def test_allocator_gives_fresh_contiguous_tensors():
+    from quantcore.backends.base import allocator
+
+    with torch.inference_mode():
+        new = allocator((2, 1, 5), torch.bfloat16, torch.device("cpu"))
+        inside = new()
+    a, b = new(), new()
+    for t in (a, b, inside):
+        assert t.shape == (2, 1, 5) and t.dtype == torch.bfloat16 and t.is_contiguous()
+        assert t.stride() == (5, 5, 1)
+    assert a.data_ptr() != b.data_ptr()
+    assert inside.is_inference() and not a.is_inference()  # the mode of each call, as torch.empty
+    assert allocator((0, 7), torch.float32, torch.device("cpu"))().shape == (0, 7)

@@ -36,4 +36,5 @@ def leading(lead: tuple[int, ...]) -> Callable[[Any], Any]:
             return tuple(t.reshape(*lead, t.shape[-1]) for t in out)
         return out.reshape(*lead, out.shape[-1])
 
+    finish.lead = tuple(lead)  # type: ignore[attr-defined]  (a launch that shapes its results itself takes it)
     return finish

@@ -14,6 +14,7 @@ import torch
 
 import quantcore
 from quantcore import ops, registry
+from quantcore.specs.base import keep
 from quantcore.specs.tolerances import gemm_tolerance, rel_error
 
 from test_parity import FMTS, rand, run
@@ -127,6 +128,9 @@ def test_layer_eagerly_and_in_a_cuda_graph_is_the_op(qdtype):
             graph.replay()
             torch.cuda.synchronize()
             assert torch.equal(out, op())
+            # Triton's replay takes x [B, 1, K] itself (no flattening view) and allocates [B, 1, N] (no reshape).
+            plan = layer._site._plan
+            assert plan.direct == 4 and plan.finish is keep
 
 
 def test_direct_and_jit_launches_compute_the_same(monkeypatch):

@@ -37,7 +37,7 @@ import torch
 
 from ...errors import UnsupportedError
 from .. import splitk
-from ..base import prepared, prepared_quant_linear
+from ..base import allocator, by_address, prepared, prepared_quant_linear
 from . import compiler
 from .launcher import POINTER, Launcher, f32, i32, i64
 
@@ -151,13 +151,13 @@ def act_quant(x, *, qdtype, group_size, ue8m0, eps, scale_m_major, profile):
     kb = math.ceil(K / group_size)
     buffer = (kb, M) if scale_m_major else (M, kb)
     launch = _float_quantizer(x, qdtype, (1, group_size), (1, M) if scale_m_major else (kb, 1), ue8m0, eps, profile)
+    new_q, new_scale = allocator((M, K), qdtype, device), allocator(buffer, torch.float32, device)
 
     def run(x):
-        q = torch.empty((M, K), dtype=qdtype, device=device)
-        scale = torch.empty(buffer, dtype=torch.float32, device=device)
+        q, scale = new_q(), new_scale()
         launch(x.data_ptr(), q.data_ptr(), scale.data_ptr())
         return q, scale.t() if scale_m_major else scale
-    return run
+    return by_address(run)
 
 
 @prepared
@@ -170,12 +170,13 @@ def weight_quant(w, *, qdtype, block_n, block_k, ue8m0, eps, profile):
     grid = (math.ceil(N / block_n), math.ceil(K / block_k))
     launch = _float_quantizer(w, qdtype, (block_n, block_k), (grid[1], 1), ue8m0, eps, profile)
 
+    new_q, new_scale = allocator((N, K), qdtype, device), allocator(grid, torch.float32, device)
+
     def run(w):
-        q = torch.empty((N, K), dtype=qdtype, device=device)
-        scale = torch.empty(grid, dtype=torch.float32, device=device)
+        q, scale = new_q(), new_scale()
         launch(w.data_ptr(), q.data_ptr(), scale.data_ptr())
         return q, scale
-    return run
+    return by_address(run)
 
 
 @prepared
@@ -199,12 +200,13 @@ def quantized_gelu(q, scale, *, group_size, approximate, out_qdtype, ue8m0, eps,
             (i32(M), i32(K), i32(group_size), f32(eps), i32(bool(ue8m0))), (M, K), (kb, 1), (1, group_size), vec,
             profile, device)
 
+    new_q, new_scale = allocator((M, K), out_qdtype, device), allocator((M, kb), torch.float32, device)
+
     def run(q, scale):
-        q2 = torch.empty((M, K), dtype=out_qdtype, device=device)
-        scale2 = torch.empty((M, kb), dtype=torch.float32, device=device)
+        q2, scale2 = new_q(), new_scale()
         launch(q.data_ptr(), scale.data_ptr(), q2.data_ptr(), scale2.data_ptr())
         return q2, scale2
-    return run
+    return by_address(run)
 
 
 def _rowwise_grid(rows: int, vectors_per_row: int) -> tuple[tuple[int, int], tuple[int, int]]:
@@ -228,11 +230,13 @@ def _dequantizer(q, scale, block: tuple[int, int], out_dtype, profile):
                          (POINTER, i64(ldq), POINTER, i64(scale.stride(0)), i64(scale.stride(1)), POINTER, i64(C),
                           i32(R), i32(C), i32(block[0]), i32(block[1])))
 
+    new_out = allocator((R, C), out_dtype, device)
+
     def run(q, scale):
-        out = torch.empty((R, C), dtype=out_dtype, device=device)
+        out = new_out()
         launch(q.data_ptr(), scale.data_ptr(), out.data_ptr())
         return out
-    return run
+    return by_address(run)
 
 
 @prepared
@@ -272,14 +276,16 @@ def dequant_bias(g, scale_a, scale_b, bias, *, out_dtype, profile):
                          (POINTER, i64(ldg), POINTER, i64(scale_a.stride(0)), POINTER, i64(scale_b.stride(0)),
                           POINTER, POINTER, i64(N), i32(M), i32(N)))
     as_is = _fp32_bias(bias)
+    new_out = allocator((M, N), out_dtype, device)
 
     def run(g, scale_a, scale_b, bias=None):
-        out = torch.empty((M, N), dtype=out_dtype, device=device)
+        out = new_out()
         if not as_is:
             bias = bias.to(torch.float32).contiguous()
         launch(g.data_ptr(), scale_a.data_ptr(), scale_b.data_ptr(), _address(bias), out.data_ptr())
         return out
-    return run
+    # A bias converted per call is read as a tensor.
+    return by_address(run) if as_is else run
 
 
 # ---------------------------------------------------------------- GEMM
@@ -396,7 +402,7 @@ def _gemm(a, a_scale, b, b_scale, *, block_n, block_k, activation, out_kind, out
 
 @prepared
 def scaled_mm(a, a_scale, b, b_scale, *, block_n, block_k, bias, activation, out_dtype, out_quant,
-              out_group, ue8m0_out, eps, mma, profile):
+              out_group, ue8m0_out, eps, mma, profile, lead=None):
     """Block-scaled GEMM a @ b.T with the contract's epilogues, in one launch (split-K included).
 
     a [M, K] fp8/int8, a_scale [M, ceil(K/Bk)] fp32 (any strides), b [N, K] same dtype,
@@ -407,34 +413,37 @@ def scaled_mm(a, a_scale, b, b_scale, *, block_n, block_k, bias, activation, out
     (FP8 expanded exactly to fp16). The registry guarantees block_k % 32 == 0 and, when
     re-quantizing, out_group a power of two <= 128. When K is split, the partials are summed in split
     order (docs/numerics.md), so results are bit-for-bit the same from run to run on one device.
+    `lead`: the results' leading dims in place of M (`backends.base.prepared`).
     """
     M, N, device = a.shape[0], b.shape[0], a.device
+    rows = (M,) if lead is None else tuple(lead)
     out_kind = out_dtype if out_quant is None else out_quant
     groups = math.ceil(N / out_group) if out_quant is not None else 0
     launch = _gemm(a, a_scale, b, b_scale, block_n=block_n, block_k=block_k, activation=activation,
                    out_kind=out_kind, out_group=out_group, ue8m0_out=ue8m0_out, eps=eps, mma=mma, profile=profile)
     as_is = _fp32_bias(bias)
+    new_out, new_scale = allocator((*rows, N), out_kind, device), allocator((*rows, groups), torch.float32, device)
 
     def run(a, a_scale, b, b_scale, bias=None):
-        out = torch.empty((M, N), dtype=out_kind, device=device)
-        out_scale = torch.empty((M, groups), dtype=torch.float32, device=device) if groups else None
+        out = new_out()
+        out_scale = new_scale() if groups else None
         if not as_is:
             bias = bias.to(torch.float32).contiguous()
         launch(a.data_ptr(), a_scale.data_ptr(), b.data_ptr(), b_scale.data_ptr(), _address(bias), out.data_ptr(),
                _address(out_scale))
         return out if out_scale is None else (out, out_scale)
-    return run
+    return by_address(run) if as_is else run
 
 
 @prepared
-def quant_linear(x, w, w_scale, *, block_n, block_k, bias, activation, out_dtype, ue8m0, eps, mma, profile):
+def quant_linear(x, w, w_scale, *, block_n, block_k, bias, activation, out_dtype, ue8m0, eps, mma, profile, lead=None):
     """act_quant(x) per 1 x block_k group into w's format, then scaled_mm with w: two launches, bit for
     bit the two ops (the GEMM reads the activation through cp.async as 8-bit codes).
 
     x [M, K] bf16/fp16/fp32, w [N, K] fp8_e4m3fn/int8, w_scale [ceil(N/Bn), ceil(K/Bk)] fp32, bias [N]
     float or None -> out [M, N] out_dtype. `ue8m0` and `eps` are the activation quantization's; `mma`
-    as for scaled_mm.
+    and `lead` as for scaled_mm.
     """
     return prepared_quant_linear(act_quant, scaled_mm, x, w, w_scale, block_n=block_n, block_k=block_k, bias=bias,
                                  activation=activation, out_dtype=out_dtype, ue8m0=ue8m0, eps=eps, profile=profile,
-                                 mma=mma)
+                                 mma=mma, lead=lead)

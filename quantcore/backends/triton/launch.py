@@ -24,7 +24,7 @@ except ImportError:  # older Triton: pointer loads only
 from ... import capability
 from ...errors import InvalidInputError
 from .. import splitk
-from ..base import prepared, prepared_quant_linear
+from ..base import allocator, by_address, prepared, prepared_quant_linear
 from . import configs
 from .direct import Launcher
 from .kernels.decode import decode_mm_kernel
@@ -54,6 +54,7 @@ def _kernel_bias(bias):
     return bias if bias is None or bias.dtype in _NATIVE_BIAS else bias.float()
 
 
+@by_address
 def _nothing(*_tensors) -> None:
     """The launch of an empty tensor."""
 
@@ -65,7 +66,7 @@ def _blocks_quantizer(src, src_scale, outputs, *, block, ue8m0, eps, activation,
     q, scale = outputs()
     R, C = src.shape
     if src.numel() == 0:
-        return lambda src, src_scale: outputs()
+        return by_address(lambda src, src_scale: outputs())
     t = configs.block_tiling(R, C, block[0], block[1], profile)
     ss = src if src_scale is None else src_scale
     launch = Launcher(block_quant_kernel, t.grid, dict(
@@ -78,25 +79,26 @@ def _blocks_quantizer(src, src_scale, outputs, *, block, ue8m0, eps, activation,
         q, scale = outputs()
         launch(src, src if src_scale is None else src_scale, q, scale, *scalars)
         return q, scale
-    return run
+    return by_address(run)
 
 
 def _blocks_dequantizer(q, scale, *, block, out_dtype, profile):
     """A function (q, scale) -> fp32(q) * scale per block[0]×block[1], as a new out_dtype tensor."""
     (R, C), device = q.shape, q.device
     if q.numel() == 0:
-        return lambda q, scale: torch.empty((R, C), dtype=out_dtype, device=device)
+        return by_address(lambda q, scale: torch.empty((R, C), dtype=out_dtype, device=device))
     t = configs.block_tiling(R, C, block[0], block[1], profile)
     launch = Launcher(block_dequant_kernel, t.grid, dict(
         BR=block[0], BC=block[1], RB=t.rb, CB=t.cb, BR_PAD=t.br_pad, BC_PAD=t.bc_pad, QFMT=_KIND[q.dtype],
         OUT=_KIND[out_dtype], HW_FP8=_hw_fp8(profile), EVEN=t.even, num_warps=t.num_warps), device)
     scalars = (R, C, q.stride(0), scale.stride(0), scale.stride(1), C)
+    new_out = allocator((R, C), out_dtype, device)
 
     def run(q, scale):
-        out = torch.empty((R, C), dtype=out_dtype, device=device)
+        out = new_out()
         launch(q, scale, out, *scalars)
         return out
-    return run
+    return by_address(run)
 
 
 @prepared
@@ -109,16 +111,15 @@ def act_quant(x, *, qdtype, group_size, ue8m0, eps, scale_m_major, profile):
     (M, K), device = x.shape, x.device
     kb = triton.cdiv(K, group_size)
 
+    new_q, new_scale = allocator((M, K), qdtype, device), allocator((kb, M) if scale_m_major else (M, kb),
+                                                                     torch.float32, device)
+
     def outputs():
-        if scale_m_major:
-            scale = torch.empty((kb, M), dtype=torch.float32, device=device).t()
-        else:
-            scale = torch.empty((M, kb), dtype=torch.float32, device=device)
-        return torch.empty((M, K), dtype=qdtype, device=device), scale
+        return new_q(), new_scale().t() if scale_m_major else new_scale()
 
     quantize = _blocks_quantizer(x, None, outputs, block=(1, group_size), ue8m0=ue8m0, eps=eps,
                                  activation="none", profile=profile)
-    return lambda x: quantize(x, None)
+    return by_address(lambda x: quantize(x, None))
 
 
 @prepared
@@ -139,13 +140,15 @@ def weight_quant(w, *, qdtype, block_n, block_k, ue8m0, eps, profile):
     """
     (N, K), device = w.shape, w.device
 
+    new_q = allocator((N, K), qdtype, device)
+    new_scale = allocator((triton.cdiv(N, block_n), triton.cdiv(K, block_k)), torch.float32, device)
+
     def outputs():
-        return (torch.empty((N, K), dtype=qdtype, device=device),
-                torch.empty((triton.cdiv(N, block_n), triton.cdiv(K, block_k)), dtype=torch.float32, device=device))
+        return new_q(), new_scale()
 
     quantize = _blocks_quantizer(w, None, outputs, block=(block_n, block_k), ue8m0=ue8m0, eps=eps,
                                  activation="none", profile=profile)
-    return lambda w: quantize(w, None)
+    return by_address(lambda w: quantize(w, None))
 
 
 @prepared
@@ -166,13 +169,15 @@ def quantized_gelu(q, scale, *, group_size, approximate, out_qdtype, ue8m0, eps,
     """
     (M, K), device = q.shape, q.device
 
+    new_q, new_scale = allocator((M, K), out_qdtype, device), allocator((M, triton.cdiv(K, group_size)),
+                                                                         torch.float32, device)
+
     def outputs():
-        return (torch.empty((M, K), dtype=out_qdtype, device=device),
-                torch.empty((M, triton.cdiv(K, group_size)), dtype=torch.float32, device=device))
+        return new_q(), new_scale()
 
     quantize = _blocks_quantizer(q, scale, outputs, block=(1, group_size), ue8m0=ue8m0, eps=eps,
                                  activation="gelu_tanh" if approximate == "tanh" else "gelu", profile=profile)
-    return lambda q, scale: quantize(q, scale)
+    return by_address(lambda q, scale: quantize(q, scale))
 
 
 @prepared
@@ -184,32 +189,36 @@ def dequant_bias(g, scale_a, scale_b, bias, *, out_dtype, profile):
     """
     (M, N), device = g.shape, g.device
     if g.numel() == 0:
-        return lambda g, scale_a, scale_b, bias=None: torch.empty((M, N), dtype=out_dtype, device=device)
+        return by_address(lambda g, scale_a, scale_b, bias=None: torch.empty((M, N), dtype=out_dtype, device=device))
     block_m, block_n, warps = configs.tile_2d(M, N, profile)
     launch = Launcher(dequant_bias_kernel, (triton.cdiv(M, block_m), triton.cdiv(N, block_n)), dict(
         G=_KIND[g.dtype], BIAS=_bias_kind(bias), OUT=_KIND[out_dtype],
         BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps, enable_fp_fusion=False), device)
     scalars = (M, N, g.stride(0), scale_a.stride(0), scale_b.stride(0), 0 if bias is None else bias.stride(0), N)
+    new_out = allocator((M, N), out_dtype, device)
 
     def run(g, scale_a, scale_b, bias=None):
-        out = torch.empty((M, N), dtype=out_dtype, device=device)
+        out = new_out()
         launch(g, scale_a, scale_b, g if bias is None else _kernel_bias(bias), out, *scalars)
         return out
-    return run
+    return by_address(run) if _kernel_bias(bias) is bias else run  # a converted bias is read as a tensor
 
 
-def _gemm_outputs(M, N, device, out_dtype, out_quant, out_group):
-    """A function returning fresh (out, out_scale or None) for a GEMM's result."""
+def _gemm_outputs(M, N, device, out_dtype, out_quant, out_group, lead=None):
+    """A function returning fresh (out, out_scale or None) for a GEMM's result, with leading dims
+    `lead` instead of M where given (`backends.base.prepared`)."""
+    rows = (M,) if lead is None else tuple(lead)
     if out_quant is None:
-        return lambda: (torch.empty((M, N), dtype=out_dtype, device=device), None)
-    groups = triton.cdiv(N, out_group)
-    return lambda: (torch.empty((M, N), dtype=out_quant, device=device),
-                    torch.empty((M, groups), dtype=torch.float32, device=device))
+        new_out = allocator((*rows, N), out_dtype, device)
+        return lambda: (new_out(), None)
+    new_q = allocator((*rows, N), out_quant, device)
+    new_scale = allocator((*rows, triton.cdiv(N, out_group)), torch.float32, device)
+    return lambda: (new_q(), new_scale())
 
 
 @prepared
 def scaled_mm(a, a_scale, b, b_scale, *, block_n, block_k, bias, activation, out_dtype, out_quant,
-              out_group, ue8m0_out, eps, profile, mma):
+              out_group, ue8m0_out, eps, profile, mma, lead=None):
     """Block-scaled GEMM a @ b^T with a fused epilogue.
 
     a [M, K] and b [N, K] fp8_e4m3fn or int8 (same), a_scale [M, ceil(K/Bk)] fp32 and
@@ -218,44 +227,48 @@ def scaled_mm(a, a_scale, b, b_scale, *, block_n, block_k, bias, activation, out
     None, else (q [M, N] out_quant, scale [M, ceil(N/out_group)] fp32) re-quantized per 1×out_group.
     `mma` is the variant the registry chose: "int8", "fp8" (FP8 tensor cores) or "fp16" (FP8 decoded
     exactly to fp16); the profile never overrides it.
-    block_k must be a power of two >= 16 (it is the K tile); out_group a power of two.
+    block_k must be a power of two >= 16 (it is the K tile); out_group a power of two. `lead`: the
+    results' leading dims in place of M (`backends.base.prepared`).
     """
     M, N = a.shape[0], b.shape[0]
-    outputs = _gemm_outputs(M, N, a.device, out_dtype, out_quant, out_group)
-    gemm = _gemm(a, a_scale, b, b_scale, bias, *outputs(), block_n=block_n, block_k=block_k, activation=activation,
-                 out_group=out_group, ue8m0_out=ue8m0_out, eps=eps, profile=profile, mma=mma)
+    outputs = _gemm_outputs(M, N, a.device, out_dtype, out_quant, out_group, lead)
+    gemm = _gemm(a, a_scale, b, b_scale, bias, *_gemm_outputs(M, N, a.device, out_dtype, out_quant, out_group)(),
+                 block_n=block_n, block_k=block_k, activation=activation, out_group=out_group, ue8m0_out=ue8m0_out,
+                 eps=eps, profile=profile, mma=mma)
 
     def run(a, a_scale, b, b_scale, bias=None):
         out, out_scale = outputs()
         gemm(a, a_scale, b, b_scale, bias, out, out_scale)
         return out if out_scale is None else (out, out_scale)
-    return run
+    return _like(gemm, run)
 
 
 @prepared
-def quant_linear(x, w, w_scale, *, block_n, block_k, bias, activation, out_dtype, ue8m0, eps, profile, mma):
+def quant_linear(x, w, w_scale, *, block_n, block_k, bias, activation, out_dtype, ue8m0, eps, profile, mma,
+                 lead=None):
     """act_quant(x) per 1×block_k group into w's format, then scaled_mm with w: in one launch for the
     few rows of decode (where `configs.fused` says so: the GEMM's prologue quantizes, bit for bit the
     two ops), else as the two ops above.
 
     x [M, K] bf16/fp16/fp32, w [N, K] fp8_e4m3fn/int8, w_scale [ceil(N/Bn), ceil(K/Bk)] fp32, bias [N]
-    or None -> out [M, N] out_dtype. `ue8m0` and `eps` are the activation quantization's; `mma` as
-    scaled_mm's.
+    or None -> out [M, N] out_dtype. `ue8m0` and `eps` are the activation quantization's; `mma` and
+    `lead` as scaled_mm's.
     """
     M, K = x.shape
     if configs.fused(profile, M, K):
-        outputs = _gemm_outputs(M, w.shape[0], x.device, out_dtype, None, block_k)
-        gemm = _gemm(x, None, w, w_scale, bias, *outputs(), block_n=block_n, block_k=block_k, activation=activation,
+        new_out = allocator((*((M,) if lead is None else lead), w.shape[0]), out_dtype, x.device)
+        out = torch.empty((M, w.shape[0]), dtype=out_dtype, device=x.device)  # the kernel's view of the result
+        gemm = _gemm(x, None, w, w_scale, bias, out, None, block_n=block_n, block_k=block_k, activation=activation,
                      out_group=block_k, ue8m0_out=False, eps=eps, profile=profile, mma=mma, a_ue8m0=ue8m0)
 
         def fused(x, w, w_scale, bias=None):
-            out, _ = outputs()
+            out = new_out()
             gemm(x, None, w, w_scale, bias, out, None)
             return out
-        return fused
+        return _like(gemm, fused)
     return prepared_quant_linear(act_quant, scaled_mm, x, w, w_scale, block_n=block_n, block_k=block_k, bias=bias,
                                  activation=activation, out_dtype=out_dtype, ue8m0=ue8m0, eps=eps, profile=profile,
-                                 mma=mma)
+                                 mma=mma, lead=lead)
 
 
 def _gemm(a, a_scale, b, b_scale, bias, out, out_scale, *, block_n, block_k, activation, out_group, ue8m0_out, eps,
@@ -295,7 +308,7 @@ def _gemm(a, a_scale, b, b_scale, bias, out, out_scale, *, block_n, block_k, act
         def decode(a, a_scale, b, b_scale, bias, out, out_scale):
             launch(a, a if a_scale is None else a_scale, b, b_scale, out if bias is None else _kernel_bias(bias), out,
                    out if out_scale is None else out_scale, ws, counters, *scalars)
-        return decode
+        return by_address(decode) if _kernel_bias(bias) is bias else decode  # a converted bias is read as a tensor
 
     constants.update(GROUP_M=_GROUP_M)
     # FP8 decoded to fp16 once per call (exact), into contiguous buffers the kernel reads as they are.
@@ -320,7 +333,8 @@ def _gemm(a, a_scale, b, b_scale, bias, out, out_scale, *, block_n, block_k, act
             b_desc = TensorDescriptor.from_tensor(b, b_block) if tma else None
             launch(a, b, a_desc, b_desc, a_scale, b_scale, out if bias is None else _kernel_bias(bias), out,
                    out if out_scale is None else out_scale, *scalars)
-        return run
+        # Descriptors, the fp16 copies and a converted bias read the tensors' shapes and strides.
+        return by_address(run) if not (tma or predecoded) and _kernel_bias(bias) is bias else run
 
     def bench(cfg: configs.GemmConfig) -> float:
         run = tiled(cfg)
@@ -329,6 +343,11 @@ def _gemm(a, a_scale, b, b_scale, bias, out, out_scale, *, block_n, block_k, act
     return tiled(configs.gemm_config(profile, M, N, K, block_k=block_k,
                                      min_block_n=out_group if quantized_out else 1, mma=mma,
                                      variant=(_KIND[out.dtype], activation), bench=bench))
+
+
+def _like(inner, run):
+    """`run`, marked `by_address` when the launch `inner` it wraps is."""
+    return by_address(run) if getattr(inner, "by_address", False) else run
 
 
 def _workspace(device: torch.device, cfg: configs.DecodeConfig, N: int):
