@@ -259,3 +259,32 @@ def test_allocator_gives_fresh_contiguous_tensors():
     assert a.data_ptr() != b.data_ptr()
     assert inside.is_inference() and not a.is_inference()  # the mode of each call, as torch.empty
     assert allocator((0, 7), torch.float32, torch.device("cpu"))().shape == (0, 7)
+
+
+
+def test_a_composed_quant_linear_passes_the_leading_dims_on_only_when_given(gen):
+    """`prepared_quant_linear` hands `lead` to its scaled_mm when the caller gives it, and otherwise
+    prepares a scaled_mm whose prepare has no `lead` at all (the Gluon kernel's)."""
+    from quantcore.backends.base import prepared, prepared_quant_linear
+
+    @prepared
+    def act_quant(x, *, qdtype, group_size, ue8m0, eps, scale_m_major, profile):
+        return lambda x: (torch.zeros(x.shape, dtype=qdtype), torch.ones(x.shape[0], 2))
+
+    @prepared
+    def scaled_mm(a, a_scale, b, b_scale, *, block_n, block_k, bias, activation, out_dtype, out_quant, out_group,
+                  ue8m0_out, eps, profile):
+        return lambda a, a_scale, b, b_scale, bias=None: torch.zeros((a.shape[0], b.shape[0]), dtype=out_dtype)
+
+    @prepared
+    def scaled_mm_with_lead(a, a_scale, b, b_scale, *, block_n, block_k, bias, activation, out_dtype, out_quant,
+                            out_group, ue8m0_out, eps, profile, lead=None):
+        rows = lead or (a.shape[0],)
+        return lambda a, a_scale, b, b_scale, bias=None: torch.zeros((*rows, b.shape[0]), dtype=out_dtype)
+
+    x, w, w_s = randn((6, 256), gen=gen), torch.zeros((40, 256), dtype=torch.int8), torch.ones(1, 2)
+    kw = dict(block_n=128, block_k=128, bias=None, activation=None, out_dtype=torch.float32, ue8m0=False, eps=1e-4,
+              profile=None)
+    assert prepared_quant_linear(act_quant, scaled_mm, x, w, w_s, **kw)(x, w, w_s).shape == (6, 40)
+    with_lead = prepared_quant_linear(act_quant, scaled_mm_with_lead, x, w, w_s, lead=(2, 3), **kw)
+    assert with_lead(x, w, w_s).shape == (2, 3, 40)
