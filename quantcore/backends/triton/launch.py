@@ -49,9 +49,15 @@ def _bias_kind(bias) -> str:
     return _KIND[bias.dtype] if bias.dtype in _NATIVE_BIAS else "fp32"
 
 
+def _native_bias(bias) -> bool:
+    """Whether a kernel reads `bias` as it is (absent, or fp32/fp16/bf16); otherwise each call converts it
+    (`_kernel_bias`), reading it as a tensor, so its run is not `by_address`."""
+    return bias is None or bias.dtype in _NATIVE_BIAS
+
+
 def _kernel_bias(bias):
     """The bias as a kernel reads it: fp32/fp16/bf16 as is, any other float dtype rounded to fp32."""
-    return bias if bias is None or bias.dtype in _NATIVE_BIAS else bias.float()
+    return bias if _native_bias(bias) else bias.float()
 
 
 @by_address
@@ -201,7 +207,7 @@ def dequant_bias(g, scale_a, scale_b, bias, *, out_dtype, profile):
         out = new_out()
         launch(g, scale_a, scale_b, g if bias is None else _kernel_bias(bias), out, *scalars)
         return out
-    return by_address(run) if _kernel_bias(bias) is bias else run  # a converted bias is read as a tensor
+    return by_address(run) if _native_bias(bias) else run
 
 
 def _gemm_outputs(M, N, device, out_dtype, out_quant, out_group, lead=None):
@@ -308,7 +314,7 @@ def _gemm(a, a_scale, b, b_scale, bias, out, out_scale, *, block_n, block_k, act
         def decode(a, a_scale, b, b_scale, bias, out, out_scale):
             launch(a, a if a_scale is None else a_scale, b, b_scale, out if bias is None else _kernel_bias(bias), out,
                    out if out_scale is None else out_scale, ws, counters, *scalars)
-        return by_address(decode) if _kernel_bias(bias) is bias else decode  # a converted bias is read as a tensor
+        return by_address(decode) if _native_bias(bias) else decode
 
     constants.update(GROUP_M=_GROUP_M)
     # FP8 decoded to fp16 once per call (exact), into contiguous buffers the kernel reads as they are.
@@ -333,8 +339,8 @@ def _gemm(a, a_scale, b, b_scale, bias, out, out_scale, *, block_n, block_k, act
             b_desc = TensorDescriptor.from_tensor(b, b_block) if tma else None
             launch(a, b, a_desc, b_desc, a_scale, b_scale, out if bias is None else _kernel_bias(bias), out,
                    out if out_scale is None else out_scale, *scalars)
-        # Descriptors, the fp16 copies and a converted bias read the tensors' shapes and strides.
-        return by_address(run) if not (tma or predecoded) and _kernel_bias(bias) is bias else run
+        # Descriptors and the fp16 copies read the operands' shapes and strides.
+        return by_address(run) if not (tma or predecoded) and _native_bias(bias) else run
 
     def bench(cfg: configs.GemmConfig) -> float:
         run = tiled(cfg)
