@@ -437,22 +437,52 @@ def test_scaled_mm_shapes_and_paths(gen, monkeypatch, kernel, profile, qdtype, M
     assert rel_err(got, ref.scaled_mm(aq, a_s, bq, b_s, **kw)) <= TOL[qdtype]
 
 
+@pytest.mark.parametrize("block_ks", [0, 64])
 @pytest.mark.parametrize("M,N,K", [(70, 200, 300), (5, 33, 129)])
-def test_predecoded_w8a16_gemm_is_bit_identical_to_decoding_in_the_kernel(gen, monkeypatch, M, N, K):
+def test_predecoded_w8a16_gemm_is_bit_identical_to_decoding_in_the_kernel(gen, monkeypatch, M, N, K, block_ks):
     """From configs.predecode's rows the tiled W8A16 GEMM reads a and b decoded to fp16 once per call
-    (row strides K, whatever the inputs' strides): the same products summed in the same order."""
+    (row strides K, whatever the inputs' strides): the same products summed in the same order, on
+    the same tile and K step."""
     _tiled_only(monkeypatch)
     aq, a_s, bq, b_s = _gemm_inputs(gen, M, N, K, FP8, 128, 128)
     aq = strided(aq.view(torch.uint8)).view(FP8)
     aq.view(torch.uint8)[0, K // 2] = 0x7F  # a NaN code: row 0 is NaN either way
     kw = _gemm_kw()
+    kinds, cfg = [], configs.GemmConfig(64, 64, 4, 2, block_ks=block_ks)
+    monkeypatch.setattr(configs, "gemm_config", lambda *a, **kw: kinds.append(kw["mma"]) or cfg)
     in_kernel = launch.scaled_mm(aq, a_s, bq, b_s, **_on("sm80", FP8), **kw)
-    kinds, tiles = [], configs.gemm_config
-    monkeypatch.setattr(configs, "gemm_config", lambda *a, **kw: kinds.append(kw["mma"]) or tiles(*a, **kw))
     monkeypatch.setattr(configs, "predecode", lambda profile, M, N, K: True)
     got = launch.scaled_mm(aq, a_s, bq, b_s, **_on("sm80", FP8), **kw)
-    assert kinds == ["fp16_predecoded"] and bool(got[0].isnan().all())
+    assert kinds == ["fp16", "fp16_predecoded"] and bool(got[0].isnan().all())
     assert_bits_equal(got, in_kernel)
+
+
+@pytest.mark.parametrize("qdtype", QDTYPES)
+@pytest.mark.parametrize("block_ks", [32, 64])
+def test_k_blocks_multiplied_in_steps(gen, monkeypatch, qdtype, block_ks):
+    """BLOCK_KS < BLOCK_K: each 128-wide K block in steps chained on one accumulator, promoted at the
+    block's end, K = 300 ending in a partial block whose last steps lie wholly past K. INT8 sums are
+    exact, so bit for bit the whole-block loop; FP8 (decoded to fp16 here) within the contract. On the
+    GPU the chained MMAs are the whole block's instructions, bit for bit (tests/gpu/test_w8a16.py)."""
+    _tiled_only(monkeypatch)
+    aq, a_s, bq, b_s = _gemm_inputs(gen, 33, 200, 300, qdtype, 128, 128)
+    kw, on = _gemm_kw(), _on("sm80", qdtype)
+    outs = []
+    for ks in (0, block_ks):
+        monkeypatch.setattr(configs, "gemm_config", lambda *a, ks=ks, **k: configs.GemmConfig(32, 64, 4, 2, block_ks=ks))
+        outs.append(launch.scaled_mm(aq, a_s, bq, b_s, **on, **kw))
+    assert rel_err(outs[1], ref.scaled_mm(aq, a_s, bq, b_s, **kw)) <= TOL[qdtype]
+    if qdtype == I8:
+        assert_bits_equal(outs[1], outs[0])
+
+
+def test_the_k_step_of_a_config():
+    cfg = configs.GemmConfig(128, 128, 8, 3, block_ks=64)
+    assert cfg.step_k(128, False) == 64 and cfg.step_k(128, True) == 128  # TMA loads whole blocks
+    assert cfg.step_k(64, False) == 64 and cfg.step_k(96, False) == 96  # not a proper divisor: whole blocks
+    assert configs.GemmConfig(128, 128, 8, 3, k_step=2, block_ks=64).step_k(128, False) == 128
+    assert cfg.smem_bytes(128, "fp16_predecoded") == 3 * 256 * 64 * 2 + 1024
+    assert configs.GemmConfig(128, 128, 8, 3).smem_bytes(128, "fp16_predecoded") == 3 * 256 * 128 * 2 + 1024
 
 
 def test_predecode_from_its_rows_within_its_bytes():

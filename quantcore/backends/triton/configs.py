@@ -7,9 +7,11 @@ device, the CPU interpreter included. A file holds:
   `mma` ("fp8", "int8", "fp16" for FP8 decoded to fp16 in the kernel, "fp16_predecoded" for FP8
   decoded to fp16 buffers before it) and the bounds may be null (any). The
   first rule that matches the call's MMA kind and holds M, N and K gives the candidate tiles
-  `[BLOCK_M, BLOCK_N, num_warps, num_stages]` or `[..., k_step]` (K blocks multiplied per loop
-  iteration, 1 or 2), best first; `"tma": true` loads them through TMA descriptors where the device
-  (sm_90+) and the operands' alignment allow. BLOCK_K is always the scale block along K.
+  `[BLOCK_M, BLOCK_N, num_warps, num_stages]`, `[..., k_step]` (K blocks multiplied per loop
+  iteration, 1 or 2) or `[..., k_step, block_ks]` (the K loaded per pipeline stage, a divisor of the
+  scale block that the K loop steps by, chaining each block's MMAs: `GemmConfig.step_k`), best first;
+  `"tma": true` loads them through TMA descriptors where the device (sm_90+) and the operands'
+  alignment allow. BLOCK_K is always the scale block along K.
   Candidates whose estimated shared memory exceeds `profile.smem_per_block` are dropped. The
   first survivor is used, or, with `QUANTCORE_TRITON_AUTOTUNE=1`, the fastest survivor measured on
   the first call of each (device, M bucket, N, K, variant).
@@ -51,14 +53,23 @@ _DIR = Path(__file__).with_name("configs")
 @dataclass(frozen=True)
 class GemmConfig:
     """One GEMM tiling: BLOCK_M × BLOCK_N output tile, warps, software-pipeline stages, K blocks
-    per loop iteration, and whether tiles come through TMA descriptors (where the call allows)."""
+    per loop iteration, the K of a pipeline stage (0: a whole scale block), and whether tiles come
+    through TMA descriptors (where the call allows)."""
 
     block_m: int
     block_n: int
     num_warps: int
     num_stages: int
     k_step: int = 1
+    block_ks: int = 0
     tma: bool = False
+
+    def step_k(self, block_k: int, tma: bool) -> int:
+        """The K the kernel's loop advances per stage for scale blocks of `block_k`: `block_ks` where it
+        divides block_k and the tiles come through pointers one K block per iteration (k_step 1, no
+        TMA), else the whole block."""
+        ks = self.block_ks
+        return ks if ks and ks < block_k and block_k % ks == 0 and self.k_step == 1 and not tma else block_k
 
     def smem_bytes(self, block_k: int, mma: str) -> int:
         """Shared memory the kernel needs, estimated from the tiles: k_step A and B tiles per pipeline
@@ -67,8 +78,9 @@ class GemmConfig:
         reuses the pipeline's buffers). Checked against Triton 3.6's own count for sm_80/sm_90 on every
         path: never below it by more than 1 KiB, at most one stage (and the 1 KiB) above it."""
         element = 2 if mma == "fp16_predecoded" else 1
-        staged = self.num_stages * self.k_step * (self.block_m + self.block_n) * block_k * element
-        decoded = decoded_bytes(mma, self.k_step * (self.block_m + self.block_n), block_k)
+        step = self.step_k(block_k, self.tma)
+        staged = self.num_stages * self.k_step * (self.block_m + self.block_n) * step * element
+        decoded = decoded_bytes(mma, self.k_step * (self.block_m + self.block_n), step)
         return max(staged + decoded + 1024, 4 * self.block_m * self.block_n)
 
 
@@ -148,8 +160,8 @@ def gemm_candidates(profile, M: int, N: int, K: int, *, mma: str, block_k: int,
     rule = next(r for r in rules if r.get("mma") in (None, mma) and _within(r.get("m_max"), M)
                 and _within(r.get("n_max"), N) and _within(r.get("k_max"), K))
     configs = []
-    for bm, bn, warps, stages, *k_step in rule["configs"]:
-        cfg = GemmConfig(bm, max(bn, min_block_n), warps, stages, *k_step, tma=rule.get("tma", False))
+    for bm, bn, warps, stages, *steps in rule["configs"]:
+        cfg = GemmConfig(bm, max(bn, min_block_n), warps, stages, *steps, tma=rule.get("tma", False))
         if cfg not in configs:
             configs.append(cfg)
     limit = getattr(profile, "smem_per_block", 0) or 0

@@ -30,7 +30,7 @@ from .direct import Launcher
 from .kernels.decode import decode_mm_kernel
 from .kernels.epilogue import dequant_bias_kernel
 from .kernels.gemm import block_scaled_mm_kernel
-from .kernels.quant import block_dequant_kernel, block_quant_kernel
+from .kernels.quant import block_dequant_kernel, block_quant_kernel, fp8_decode_kernel
 
 
 _KIND = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.int32: "int32",
@@ -323,24 +323,25 @@ def _gemm(a, a_scale, b, b_scale, bias, out, out_scale, *, block_n, block_k, act
     rows = (K, K) if predecoded else (a.stride(0), b.stride(0))
     scalars = (M, N, K, *rows, a_scale.stride(0), a_scale.stride(1), b_scale.stride(0), b_scale.stride(1),
                bias_stride, out.stride(0), out_scale_stride, eps)
+    decode_a, decode_b = (_fp8_decoder(t, profile) for t in (a, b)) if predecoded else (None, None)
 
     def tiled(cfg: configs.GemmConfig):
         tma = cfg.tma and _tma_ready(a, b, profile)
         launch = Launcher(block_scaled_mm_kernel, (triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n),), dict(
             constants, TMA=tma, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, K_STEP=cfg.k_step,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages), a.device)
+            BLOCK_KS=cfg.step_k(block_k, tma), num_warps=cfg.num_warps, num_stages=cfg.num_stages), a.device)
         a_block, b_block = [cfg.block_m, block_k], [cfg.block_n, block_k]
 
         def run(a, a_scale, b, b_scale, bias, out, out_scale):
             if predecoded:
-                a, b = (t.to(torch.float16, memory_format=torch.contiguous_format) for t in (a, b))
+                a, b = decode_a(a), decode_b(b)
             # Descriptors hold the base addresses: made per call (TMA is only taken for large M).
             a_desc = TensorDescriptor.from_tensor(a, a_block) if tma else None
             b_desc = TensorDescriptor.from_tensor(b, b_block) if tma else None
             launch(a, b, a_desc, b_desc, a_scale, b_scale, out if bias is None else _kernel_bias(bias), out,
                    out if out_scale is None else out_scale, *scalars)
-        # Descriptors and the fp16 copies read the operands' shapes and strides.
-        return by_address(run) if not (tma or predecoded) and _native_bias(bias) else run
+        # Descriptors read the operands' shapes and strides.
+        return by_address(run) if not tma and _native_bias(bias) else run
 
     def bench(cfg: configs.GemmConfig) -> float:
         run = tiled(cfg)
@@ -349,6 +350,22 @@ def _gemm(a, a_scale, b, b_scale, bias, out, out_scale, *, block_n, block_k, act
     return tiled(configs.gemm_config(profile, M, N, K, block_k=block_k,
                                      min_block_n=out_group if quantized_out else 1, mma=mma,
                                      variant=(_KIND[out.dtype], activation), bench=bench))
+
+
+def _fp8_decoder(t, profile):
+    """A function (codes laid out as `t`, [R, C] e4m3) -> a new contiguous fp16 tensor of their values."""
+    (R, C), device = t.shape, t.device
+    block_r, block_c, warps = configs.tile_2d(R, C, profile)
+    launch = Launcher(fp8_decode_kernel, (triton.cdiv(R, block_r), triton.cdiv(C, block_c)),
+                      dict(BLOCK_R=block_r, BLOCK_C=block_c, num_warps=warps), device)
+    new_out = allocator((R, C), torch.float16, device)
+    scalars = (R, C, t.stride(0))
+
+    def decode(t):
+        out = new_out()
+        launch(t, out, *scalars)
+        return out
+    return decode
 
 
 def _like(inner, run):

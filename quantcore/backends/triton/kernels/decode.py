@@ -82,7 +82,7 @@ def decode_mm_kernel(
             x_q = quantize(x, tl.broadcast_to(x_s[:, None], x.shape), QFMT, HW_FP8)
             a = tl.reshape(tl.broadcast_to(x_q[None, :, :], (BLOCK_M // QROWS, QROWS, BLOCK_K)), (BLOCK_M, BLOCK_K))
             a_s = tl.reshape(tl.broadcast_to(x_s[None, :], (BLOCK_M // QROWS, QROWS)), (BLOCK_M,))
-        part = block_dot(b, a, QFMT, USE_FP8_MMA, False).to(tl.float32)  # [BLOCK_N, BLOCK_M]
+        part = block_dot(b, a, None, QFMT, USE_FP8_MMA, False).to(tl.float32)  # [BLOCK_N, BLOCK_M]
         # The products in block_scaled_mm_kernel's order: part · (a_s · b_s) for one scale row of b,
         # else (part · a_s) · b_s.
         if UNIFORM_BS:

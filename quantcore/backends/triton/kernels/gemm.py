@@ -17,8 +17,9 @@ from .quant import group_quantize
 @triton.jit
 def _load_k_block(a_ptrs, b_ptrs, a_desc, b_desc, off_m, off_n, offs_k, kb, K,
                   TMA: tl.constexpr, BLOCK_K: tl.constexpr):
-    """K block `kb` of this program's A rows and B rows (zeros past K): through the tensor-memory
-    accelerator when TMA (its out-of-bounds fill does the masking), else masked pointer loads."""
+    """K step `kb` (BLOCK_K wide) of this program's A rows and B rows (zeros past K): through the
+    tensor-memory accelerator when TMA (its out-of-bounds fill does the masking), else masked pointer
+    loads."""
     if TMA:
         a = a_desc.load([off_m, kb * BLOCK_K])
         b = b_desc.load([off_n, kb * BLOCK_K])
@@ -30,10 +31,11 @@ def _load_k_block(a_ptrs, b_ptrs, a_desc, b_desc, off_m, off_n, offs_k, kb, K,
 
 
 @triton.jit
-def block_dot(a, b, QFMT: tl.constexpr, USE_FP8_MMA: tl.constexpr, TMA: tl.constexpr):
-    """One K block's a @ b^T: int32 for INT8 (exact), fp32 for FP8."""
+def block_dot(a, b, acc, QFMT: tl.constexpr, USE_FP8_MMA: tl.constexpr, TMA: tl.constexpr):
+    """One K block's a @ b^T: int32 for INT8 (exact), fp32 for FP8; added in the MMA to `acc`, the
+    same block's dot over the K before it, when not None (a block multiplied in steps)."""
     if QFMT == "int8":
-        return tl.dot(a, tl.trans(b), out_dtype=tl.int32)
+        return tl.dot(a, tl.trans(b), acc, out_dtype=tl.int32)
     elif USE_FP8_MMA:
         # Hopper's FP8 MMA adds products with a reduced-precision accumulator: on an H100 this
         # path is ~1.3e-4 relative (Frobenius) from float64, the others ~1e-7. Promoting into
@@ -42,14 +44,14 @@ def block_dot(a, b, QFMT: tl.constexpr, USE_FP8_MMA: tl.constexpr, TMA: tl.const
         if not TMA:
             a = a.to(tl.float8e4nv, bitcast=True)
             b = b.to(tl.float8e4nv, bitcast=True)
-        return tl.dot(a, tl.trans(b))
+        return tl.dot(a, tl.trans(b), acc)
     else:
         # FP8 codes are decoded here, tile by tile; operands the launch decoded once per call arrive as fp16.
         if a.dtype != tl.float16:
             a = fp8e4m3_decode_f16(a)
         if b.dtype != tl.float16:
             b = fp8e4m3_decode_f16(b)
-        return tl.dot(a, tl.trans(b))
+        return tl.dot(a, tl.trans(b), acc)
 
 
 @triton.jit
@@ -117,7 +119,7 @@ def block_scaled_mm_kernel(
         QFMT: tl.constexpr, USE_FP8_MMA: tl.constexpr, TMA: tl.constexpr, SCALE_BN: tl.constexpr,
         BIAS: tl.constexpr, ACTIVATION: tl.constexpr, OUT: tl.constexpr, OUT_GROUP: tl.constexpr,
         UE8M0_OUT: tl.constexpr, HW_FP8: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-        BLOCK_K: tl.constexpr, K_STEP: tl.constexpr, GROUP_M: tl.constexpr):
+        BLOCK_K: tl.constexpr, K_STEP: tl.constexpr, BLOCK_KS: tl.constexpr, GROUP_M: tl.constexpr):
     """a [M, K] @ b [N, K]^T with block scales, fused epilogue.
 
     QFMT "fp8" or "int8". USE_FP8_MMA multiplies FP8 on FP8 tensor cores (sm_89+); without it FP8
@@ -125,7 +127,11 @@ def block_scaled_mm_kernel(
     GPU has. TMA loads tiles through the host tensor descriptors a_desc [M, K] / b_desc [N, K]
     (sm_90+, typed e4m3/int8) instead of a_ptr / b_ptr (uint8 bits or int8). K_STEP K blocks (1 or
     2) are multiplied per iteration before their fp32 promotion: two dots in flight before the
-    promotion waits keep Hopper's tensor cores busier. BIAS is the bias kind or "none"; OUT is
+    promotion waits keep Hopper's tensor cores busier. BLOCK_KS < BLOCK_K (pointer loads, K_STEP 1)
+    steps through each K block BLOCK_KS at a time instead, chaining the steps' MMAs on one
+    accumulator (the products summed in the order of one BLOCK_K dot) and promoting it at the
+    block's end: a pipeline stage then holds BLOCK_KS of K, so 16-bit operands get more stages in the
+    same shared memory. BIAS is the bias kind or "none"; OUT is
     "fp32"/"fp16"/"bf16" for a cast, or "fp8"/"int8" to re-quantize per 1×OUT_GROUP (OUT_GROUP must
     divide BLOCK_N) into out and out_scale [M, ceil(N/OUT_GROUP)], encoding FP8 with the conversion
     instructions when HW_FP8 (sm_89+).
@@ -142,7 +148,7 @@ def block_scaled_mm_kernel(
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_k = tl.arange(0, BLOCK_K)
+    offs_k = tl.arange(0, BLOCK_KS)
     a_ptrs, b_ptrs, a_s_ptrs, b_s_ptrs = tile_pointers(
         a_ptr, b_ptr, a_scale_ptr, b_scale_ptr, offs_m, offs_n, offs_k, pid_n, M, N, stride_am, stride_bn,
         stride_asm, stride_bsn, SCALE_BN, BLOCK_N)
@@ -150,19 +156,30 @@ def block_scaled_mm_kernel(
 
     num_kb = tl.cdiv(K, BLOCK_K)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for kb in range(0, num_kb, K_STEP):
-        a0, b0 = _load_k_block(a_ptrs, b_ptrs, a_desc, b_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, offs_k, kb, K,
-                               TMA, BLOCK_K)
-        if K_STEP == 2:
-            a1, b1 = _load_k_block(a_ptrs, b_ptrs, a_desc, b_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, offs_k,
-                                   kb + 1, K, TMA, BLOCK_K)
-        part0 = block_dot(a0, b0, QFMT, USE_FP8_MMA, TMA)
-        if K_STEP == 2:
-            part1 = block_dot(a1, b1, QFMT, USE_FP8_MMA, TMA)
-        acc += _scaled(part0, a_s_ptrs, b_s_ptrs, kb, stride_ask, stride_bsk, True, UNIFORM_BS)
-        if K_STEP == 2:
-            acc += _scaled(part1, a_s_ptrs, b_s_ptrs, tl.minimum(kb + 1, num_kb - 1), stride_ask, stride_bsk,
-                           kb + 1 < num_kb, UNIFORM_BS)
+    if BLOCK_KS < BLOCK_K:
+        tl.static_assert(K_STEP == 1 and not TMA and BLOCK_K % BLOCK_KS == 0)
+        STEPS: tl.constexpr = BLOCK_K // BLOCK_KS
+        part = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32 if QFMT == "int8" else tl.float32)
+        for i in range(0, num_kb * STEPS):
+            a, b = _load_k_block(a_ptrs, b_ptrs, a_desc, b_desc, 0, 0, offs_k, i, K, False, BLOCK_KS)
+            part = block_dot(a, b, part, QFMT, USE_FP8_MMA, False)
+            if i % STEPS == STEPS - 1:
+                acc += _scaled(part, a_s_ptrs, b_s_ptrs, i // STEPS, stride_ask, stride_bsk, True, UNIFORM_BS)
+                part = tl.zeros((BLOCK_M, BLOCK_N), dtype=part.dtype)
+    else:
+        for kb in range(0, num_kb, K_STEP):
+            a0, b0 = _load_k_block(a_ptrs, b_ptrs, a_desc, b_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, offs_k, kb, K,
+                                   TMA, BLOCK_K)
+            if K_STEP == 2:
+                a1, b1 = _load_k_block(a_ptrs, b_ptrs, a_desc, b_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, offs_k,
+                                       kb + 1, K, TMA, BLOCK_K)
+            part0 = block_dot(a0, b0, None, QFMT, USE_FP8_MMA, TMA)
+            if K_STEP == 2:
+                part1 = block_dot(a1, b1, None, QFMT, USE_FP8_MMA, TMA)
+            acc += _scaled(part0, a_s_ptrs, b_s_ptrs, kb, stride_ask, stride_bsk, True, UNIFORM_BS)
+            if K_STEP == 2:
+                acc += _scaled(part1, a_s_ptrs, b_s_ptrs, tl.minimum(kb + 1, num_kb - 1), stride_ask, stride_bsk,
+                               kb + 1 < num_kb, UNIFORM_BS)
 
     finish_tile(acc, offs_m, offs_n, pid_n, M, N, bias_ptr, stride_bias, out_ptr, stride_om, out_scale_ptr,
                 stride_osm, eps, BIAS, ACTIVATION, OUT, OUT_GROUP, UE8M0_OUT, HW_FP8, BLOCK_M, BLOCK_N)

@@ -11,7 +11,7 @@ import triton.language as tl
 
 from .cast import load_f32, store_f32_as
 from .epilogue import activate
-from .fp8 import fp8e4m3_decode_f32, fp8e4m3_encode_as, nan_absmax, ue8m0_round_up
+from .fp8 import fp8e4m3_decode_f16, fp8e4m3_decode_f32, fp8e4m3_encode_as, nan_absmax, ue8m0_round_up
 
 
 @triton.jit
@@ -132,3 +132,15 @@ def block_dequant_kernel(q_ptr, scale_ptr, out_ptr, R, C, stride_q, stride_sr, s
     scale = tl.load(scale_ptr + srow * stride_sr + scol * stride_sc, mask=smask, other=1.0)
     x = decode_f32(codes, QFMT, HW_FP8) * scale[:, None, :, None]
     store_f32_as(out_ptr + rows * stride_out + cols, x, mask, OUT)
+
+
+@triton.jit
+def fp8_decode_kernel(src_ptr, out_ptr, R, C, stride_src, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    """e4m3 codes src [R, C] (uint8 bits, row stride stride_src) -> their fp16 values, exactly, into
+    out [R, C] contiguous: the W8A16 GEMM's operands decoded once per call (launch.py). torch's own
+    cast ran at a third of the copy bandwidth on the H100 (docs/bench/round7)."""
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    mask = (rows < R)[:, None] & (cols < C)[None, :]
+    codes = tl.load(src_ptr + rows[:, None] * stride_src + cols[None, :], mask=mask, other=0)
+    tl.store(out_ptr + rows[:, None] * C + cols[None, :], fp8e4m3_decode_f16(codes), mask=mask)
