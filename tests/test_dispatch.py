@@ -160,11 +160,14 @@ def test_misaligned_views_get_their_own_plan(gen):
     assert same(got, fresh(ops.act_quant, buf[:, 1:257]))
 
 
-def test_split_k_buffers_are_shared_grown_and_kept():
+def test_split_k_buffers_are_shared_grown_and_kept(monkeypatch):
     """One pair per device for every split-K launch: reused while big enough, grown at least twofold
     with the replaced pair kept alive (a captured graph may still use it), counters zero."""
     from quantcore.backends import splitk
 
+    # From no buffers, whatever other tests of this process allocated on the CPU.
+    monkeypatch.setattr(splitk, "_current", {})
+    monkeypatch.setattr(splitk, "_retired", [])
     device = torch.device("cpu")
     first = splitk.buffers(device, 100, 3)
     assert splitk.buffers(device, 50, 2) is first

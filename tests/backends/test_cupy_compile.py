@@ -69,6 +69,11 @@ def _gemm_names(arch: int) -> tuple[str, ...]:
             tile = launch.gemm_tile(m, group)
             stages, _ = launch.gemm_stages(tile, profile.smem_per_block)
             names.append(launch.gemm_kernel_name(kind, tile, stages, aligned))
+        # quant_linear's fused prologue, on each activation dtype (decode tiles only: M <= FUSED_M_MAX)
+        tile = launch.gemm_tile(launch.FUSED_M_MAX)
+        a_bytes = launch.fused_a_bytes(tile, 7 * 128, 128)
+        stages, _ = launch.gemm_stages(tile, profile.smem_per_block, a_bytes)
+        names += [launch.gemm_kernel_name(kind, tile, stages, True, a_type) for a_type in launch._A_TYPE.values()]
     return tuple(dict.fromkeys(names))
 
 

@@ -200,11 +200,7 @@ def test_a_kept_run_binds_each_calls_tensors_and_holds_none_of_the_first(launche
         assert launches.compiled == compiled, "run looked a kernel up again"
         inputs = [t.data_ptr() for t in tensors.values()]
         outputs = [o.data_ptr() for o in (result if isinstance(result, tuple) else (result,))]
-        if op == "quant_linear":  # two launches: act_quant's outputs are the GEMM's operands
-            quantized = _addresses(launches[-2])
-            assert quantized[0] == inputs[0]
-            inputs = [*quantized[1:], *inputs[1:]]
-        assert _addresses(launches[-1]) == inputs + outputs
+        assert _addresses(launches[-1]) == inputs + outputs  # quant_linear of 3 rows: one launch
 
 
 def _addresses(run) -> list[int]:
@@ -342,3 +338,41 @@ def test_gemm_variants_pass_mma_to_a_launch_that_takes_it():
     gemms = [i for i in cupy_backend.IMPLS if i.op in ("scaled_mm", "quant_linear")]
     assert {dict(i.options)["mma"] for i in gemms} == {"fp8", "int8", "fp16"}
     assert all(set(dict(i.options)) == {"mma"} for i in gemms)
+
+
+def test_quant_linear_fuses_its_quantization_where_it_fits(launches):
+    """Up to FUSED_M_MAX rows, for groups of at most 128, and where the activation's codes fit beside the
+    unfused kernel's weight stages, quant_linear is one gemm_kernel launch on the float activation,
+    with act_quant's eps and ue8m0; otherwise act_quant then the GEMM on its codes."""
+    opts = dict(block_n=128, block_k=128, bias=None, activation=None, out_dtype=BF16, ue8m0=True, eps=1e-3,
+                mma="fp8", profile=SM90)
+    w, w_s = _q(2112, 7168), _randn(17, 56)
+    x = _padded(_randn(launch.FUSED_M_MAX, 7168, dtype=torch.float16), 64)
+    out = launch.quant_linear(x, w, w_s, **opts)
+    (run,) = launches
+    p, tile = run.params, launch.gemm_tile(launch.FUSED_M_MAX)
+    assert run.expr.startswith(f"qc::gemm_kernel<{launch.MMA_KIND['fp8']}, __half, ")
+    assert (p["a"], p["lda"], p["as"], p["out"]) == (x.data_ptr(), 7232, 0, out.data_ptr())
+    assert (p["a_eps"], p["a_ue8m0"]) == (pytest.approx(1e-3, rel=1e-7), 1)
+    a_bytes = launch.fused_a_bytes(tile, p["k_split"], 128)
+    assert run.smem == launch.gemm_stages(tile, SM90.smem_per_block, a_bytes)[1]
+    assert launch.gemm_stages(tile, SM90.smem_per_block, a_bytes)[0] == launch.gemm_stages(tile, SM90.smem_per_block)[0]
+    launches.clear()
+    launch.quant_linear(_randn(launch.FUSED_M_MAX + 1, 7168, dtype=BF16), w, w_s, **opts)
+    assert [r.kernel for r in launches] == ["quant_kernel", "gemm_kernel"]
+    assert launches[1].expr.startswith(f"qc::gemm_kernel<{launch.MMA_KIND['fp8']}, qc::u8, ")
+    launches.clear()  # groups of 256: more than the prologue keeps in registers
+    launch.quant_linear(_randn(1, 7168, dtype=BF16), w, _randn(17, 28), **dict(opts, block_k=256))
+    assert [r.kernel for r in launches] == ["quant_kernel", "gemm_kernel"]
+    launches.clear()  # 7168 x 16384 at one row: 8192 bytes of K per split, codes too large to fuse
+    launch.quant_linear(_randn(1, 16384, dtype=BF16), _q(7168, 16384), _randn(56, 128), **opts)
+    assert [r.kernel for r in launches] == ["quant_kernel", "gemm_kernel"]
+
+
+def test_fused_shared_memory_layout():
+    """The launcher's size of the fused A (codes rows of whole stages plus 16 bytes, then scales in
+    16-byte units) is gemm.cu's `fused_row_bytes` layout."""
+    tile = launch.gemm_tile(1)
+    assert launch.fused_a_bytes(tile, 7 * 128, 128) == 16 * (896 + 16) + 16 * 7 * 4
+    assert launch.fused_a_bytes(tile, 3 * 64, 64) == 16 * (256 + 16) + 16 * 3 * 4
+    assert "(k_split + bk - 1) / bk * bk + 16" in compiler.kernel_sources()["gemm.cu"]

@@ -145,3 +145,38 @@ def test_the_variant_explain_names_is_the_one_that_runs(monkeypatch, profile, qd
     assert ran and set(ran) == {dict(impl.options)["mma"]}  # (quant_linear: one GEMM, or a fused try first)
     expected = "int8" if qdtype == I8 else "fp8" if fp8_mma else "fp16"
     assert set(ran) == {expected} and named == ("cupy[w8a16]" if expected == "fp16" else "cupy")
+
+
+@pytest.mark.parametrize("profile", [None, "sm80", "sm75"])
+@pytest.mark.parametrize("qdtype", list(FMTS))
+@pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("m,n,k", [(1, 2112, 7168), (4, 4000, 1000), (8, 129, 7296), (2, 7168, 16384)])
+def test_quant_linear_fuses_its_quantization_bit_for_bit(monkeypatch, profile, qdtype, x_dtype, m, n, k):
+    """Up to FUSED_M_MAX rows quant_linear is one launch whose prologue quantizes x (a row-strided view
+    here, with a NaN in one row's group and another group of zeros), bit for bit act_quant + scaled_mm
+    on this backend; where the activation's codes do not fit shared memory beside the weight's stages
+    (K = 16384 at two rows on an H100 or as an A100), or beyond FUSED_M_MAX rows, the two launches."""
+    calls, real = [], launch._gemm
+
+    def spy(*args, **kwargs):  # (asked for the fused prologue, got a launch)
+        gemm = real(*args, **kwargs)
+        calls.append((kwargs.get("a_quant") is not None, gemm is not None))
+        return gemm
+    monkeypatch.setattr(launch, "_gemm", spy)
+    x = rand((m, k + 64), seed=20).to(x_dtype)[:, 32:32 + k]
+    x[0, 300] = float("nan")
+    x[-1, 128:256] = 0
+    _, _, w, w_s = _gemm_operands(m, n, k, qdtype, seed=21)
+    bias = rand((n,), seed=22)
+    with quantcore.simulate(profile) if profile else contextlib.nullcontext():
+        for options in (dict(out_dtype=torch.float32), dict(activation="silu", scale_fmt="ue8m0")):
+            calls.clear()
+            got = ops.quant_linear(x, w, w_s, bias, backend="cupy", **options)
+            made, one_launch = list(calls), calls == [(True, True)]
+            a, a_s = ops.act_quant(x, dtype=qdtype, scale_fmt=options.get("scale_fmt", "fp32"), backend="cupy")
+            want = ops.scaled_mm(a, a_s, w, w_s, bias=bias, activation=options.get("activation"),
+                                 out_dtype=options.get("out_dtype", torch.bfloat16), backend="cupy")
+            assert one_launch or made == [(True, False), (False, True)], made
+            if profile != "sm75":  # (a T4's 64 KiB of shared memory leaves less room: some shapes fuse there)
+                assert one_launch == (m <= launch.FUSED_M_MAX and k != 16384), made
+            assert torch.equal(got.nan_to_num(7), want.nan_to_num(7)) and bool(got[0].isnan().all())

@@ -11,7 +11,7 @@ Every function is `prepared` (backends/base.py): its body runs once per kept pla
 depends only on shapes, strides, dtypes, device, options and the inputs' 16-byte alignment (tiles,
 stages, splits, vector widths, grids, the compiled kernel and its constant arguments, packed in a
 `launcher.Launcher`); the `run` it returns allocates the outputs, reads the tensors' addresses and
-launches once (`quant_linear`: twice).
+launches once (`quant_linear` at more than `FUSED_M_MAX` rows: twice).
 
 Constraints beyond the contract (declared as data in `__init__.py`, where the registry checks them):
 
@@ -47,6 +47,7 @@ _ACTIVATION = {None: 0, "gelu": 1, "gelu_tanh": 2, "silu": 3}
 _OUT_KIND = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2, torch.float8_e4m3fn: 3, torch.int8: 4}
 MMA_KIND = {"fp8": 0, "int8": 1, "fp16": 2}  # gemm.cu's MmaKind: e4m3, s8, e4m3 expanded to fp16
 _MMA_READS = {"fp8": torch.float8_e4m3fn, "int8": torch.int8, "fp16": torch.float8_e4m3fn}
+_A_TYPE = {torch.float32: "float", torch.bfloat16: "__nv_bfloat16", torch.float16: "__half"}
 
 _QUANT_THREADS = 256  # kQuantThreads in blockquant.cuh
 _CACHE_FLOATS = 64  # register budget per thread for values kept between the amax and quantize passes
@@ -313,6 +314,16 @@ def dequant_bias(g, scale_a, scale_b, bias, *, out_dtype, profile):
 #
 # Larger M uses a 128 x 128 tile of 8 warps with 64-byte stages, one CTA per SM (~240 registers), and
 # the same split rule at one program per SM.
+#
+# quant_linear of at most FUSED_M_MAX rows is one launch (measured on the H100, docs/bench/round7/
+# cupy_fused.txt: against act_quant + the GEMM, GPU time 1.04-1.05x at M = 1, 0.92-0.93x at M = 4 and
+# 0.78-0.80x at M = 8 over the decode shapes, while a back-to-back call took 19-28 µs against 47-58 at
+# every M: the host's second launch outweighs the prologue's GPU cost up to 4 rows, not at 8): each program quantizes its rows' K range of
+# the activation in its prologue (gemm.cu) into shared memory, codes and scales (`fused_a_bytes`), in
+# place of A's stage ring, where that fits beside as many weight stages as the two-launch path keeps at
+# the tile's CTAs per SM (as much weight in flight). Every
+# program of an output column repeats that work: N / BN times the activation's elements from L2, small
+# beside the weight at decode sizes.
 
 
 class GemmTile(NamedTuple):
@@ -329,6 +340,7 @@ class GemmTile(NamedTuple):
 
 _LARGE_TILE = GemmTile(128, 128, 2, 4, 64, 1)
 _WEIGHT_IN_FLIGHT = 32 * 1024  # bytes of weight each CTA keeps loading (stages ahead of the MMAs)
+FUSED_M_MAX = 4
 
 
 def gemm_tile(M: int, out_group: int | None = None) -> GemmTile:
@@ -340,14 +352,23 @@ def gemm_tile(M: int, out_group: int | None = None) -> GemmTile:
     return GemmTile(bm, 128 if out_group and out_group > 64 else 64, 1, 4, 128, 2)
 
 
-def gemm_stages(tile: GemmTile, smem_per_block: int) -> tuple[int, int]:
+def gemm_stages(tile: GemmTile, smem_per_block: int, a_bytes: int | None = None) -> tuple[int, int]:
     """(STAGES, dynamic shared bytes): enough stages to keep 32 KB of weight in flight, as many as
     fit `tile.per_sm` CTAs in the profile's shared memory (at least 2); the epilogue reuses the same
-    memory for one warp row of fp32 results."""
-    stage = (tile.bm + tile.bn) * tile.bk
+    memory for one warp row of fp32 results. `a_bytes`: A held whole (`fused_a_bytes`), stages then
+    hold only weight tiles."""
+    stage = (tile.bn if a_bytes is not None else tile.bm + tile.bn) * tile.bk
     wanted = 1 + math.ceil(_WEIGHT_IN_FLIGHT / (tile.bn * tile.bk))
-    stages = max(2, min(wanted, (smem_per_block or 48 * 1024) // tile.per_sm // stage))
-    return stages, max(stages * stage, (tile.bm // tile.wm) * (tile.bn + 8) * 4)
+    stages = max(2, min(wanted, ((smem_per_block or 48 * 1024) // tile.per_sm - (a_bytes or 0)) // stage))
+    return stages, max((a_bytes or 0) + stages * stage, (tile.bm // tile.wm) * (tile.bn + 8) * 4)
+
+
+def fused_a_bytes(tile: GemmTile, k_split: int, block_k: int) -> int:
+    """Shared memory of a fused quant_linear's quantized activation: BM rows of the K range rounded up
+    to whole stages plus 16 bytes (gemm.cu's `fused_row_bytes`), then BM x (k_split / block_k) fp32
+    scales, rounded up to 16 bytes."""
+    row = math.ceil(k_split / tile.bk) * tile.bk + 16
+    return tile.bm * row + math.ceil(tile.bm * (k_split // block_k) * 4 / 16) * 16
 
 
 def gemm_splits(M: int, N: int, K: int, block_k: int, tile: GemmTile, sm_count: int) -> tuple[int, int]:
@@ -359,29 +380,31 @@ def gemm_splits(M: int, N: int, K: int, block_k: int, tile: GemmTile, sm_count: 
     return per_split, math.ceil(kblocks / per_split)
 
 
-def gemm_kernel_name(mma: str, tile: GemmTile, stages: int, aligned: bool) -> str:
-    """The gemm.cu template instantiation for one configuration; `mma` is "fp8", "int8" or "fp16"."""
+def gemm_kernel_name(mma: str, tile: GemmTile, stages: int, aligned: bool, a_type: str = "qc::u8") -> str:
+    """The gemm.cu template instantiation for one configuration; `mma` is "fp8", "int8" or "fp16";
+    `a_type` the element type of A: codes, or a float activation quantized in the prologue."""
     bm, bn, wm, wn, bk, _ = tile
-    return (f"qc::gemm_kernel<{MMA_KIND[mma]}, {bm}, {bn}, {wm}, {wn}, {bk}, {stages}, "
+    return (f"qc::gemm_kernel<{MMA_KIND[mma]}, {a_type}, {bm}, {bn}, {wm}, {wn}, {bk}, {stages}, "
             f"{'true' if aligned else 'false'}>")
 
 
 def _gemm(a, a_scale, b, b_scale, *, block_n, block_k, activation, out_kind, out_group, ue8m0_out, eps,
-          mma, profile) -> Callable[..., None]:
+          mma, profile, a_quant: tuple[float, bool] | None = None) -> Callable[..., None] | None:
     """The gemm.cu launch for operands laid out as these and an output of dtype `out_kind` (re-quantized
     per 1 x out_group when 8-bit): a function of the addresses of a, a_scale, b, b_scale, bias (0:
-    none), out and out's scale (0: none)."""
+    none), out and out's scale (0: none). With `a_quant` (act_quant's eps and ue8m0) `a` is a float
+    activation that the kernel quantizes in its prologue (a_scale unused), or None where its codes
+    would not fit in shared memory beside the weight stages of the unfused kernel."""
     M, K = a.shape
     N = b.shape[0]
     if M == 0 or N == 0:
         return _nothing
-    if a.dtype != _MMA_READS[mma]:
+    if b.dtype != _MMA_READS[mma] or (a_quant is None and a.dtype != b.dtype):
         raise UnsupportedError(f"cupy scaled_mm: the {mma!r} MMA kernel reads {_MMA_READS[mma]}, got {a.dtype}")
     requant = out_kind in _QTYPE
     tile = gemm_tile(M, out_group if requant else None)
-    stages, smem = gemm_stages(tile, profile.smem_per_block)
     lda, ldb = _row_stride(a), _row_stride(b)
-    aligned = all(v % 16 == 0 for v in (K, lda, ldb, a.data_ptr(), b.data_ptr()))
+    aligned = all(v % 16 == 0 for v in (K, ldb, b.data_ptr(), *(() if a_quant else (lda, a.data_ptr()))))
     kb_per_split, splits = gemm_splits(M, N, K, block_k, tile, max(1, profile.sm_count))
     tiles = math.ceil(M / tile.bm) * math.ceil(N / tile.bn)
     # The plan keeps the workspace's addresses: a replaced pair stays allocated (backends/splitk.py).
@@ -389,14 +412,21 @@ def _gemm(a, a_scale, b, b_scale, *, block_n, block_k, activation, out_kind, out
     if pair is None:  # unsplit, or the buffers cannot grow now (a stream being captured): this plan runs unsplit
         kb_per_split, splits = kb_per_split * splits, 1
     ws, counters = pair or (None, None)
-    args = (POINTER, i64(lda), POINTER, i64(a_scale.stride(0)), i64(a_scale.stride(1)),
+    a_bytes = fused_a_bytes(tile, kb_per_split * block_k, block_k) if a_quant else None
+    stages, smem = gemm_stages(tile, profile.smem_per_block, a_bytes)
+    if a_quant and (smem > (profile.smem_per_block or 48 * 1024) // tile.per_sm
+                    or stages < gemm_stages(tile, profile.smem_per_block)[0]):
+        return None  # the activation's codes would not fit, or would leave less weight in flight
+    as_strides = (0, 0) if a_scale is None else a_scale.stride()
+    args = (POINTER, i64(lda), POINTER, i64(as_strides[0]), i64(as_strides[1]),
             POINTER, i64(ldb), POINTER, i64(b_scale.stride(0)), i64(b_scale.stride(1)),
             POINTER, POINTER, i64(N), POINTER, i64(math.ceil(N / out_group) if requant else 0), i64(1),
             i64(_address(ws)), i64(_address(counters)),
             i32(M), i32(N), i32(K), i32(block_n), i32(block_k), i32(kb_per_split * block_k),
             i32(_ACTIVATION[activation]), i32(_OUT_KIND[out_kind]), i32(out_group or 1), i32(bool(ue8m0_out)),
-            f32(eps))
-    return _kernel("gemm.cu", gemm_kernel_name(mma, tile, stages, aligned), profile, a.device,
+            f32(eps), f32(a_quant[0] if a_quant else 0.0), i32(bool(a_quant and a_quant[1])))
+    a_type = _A_TYPE[a.dtype] if a_quant else "qc::u8"
+    return _kernel("gemm.cu", gemm_kernel_name(mma, tile, stages, aligned, a_type), profile, a.device,
                    (math.ceil(M / tile.bm), math.ceil(N / tile.bn), splits), (tile.wm * tile.wn * 32,), args, smem)
 
 
@@ -437,13 +467,31 @@ def scaled_mm(a, a_scale, b, b_scale, *, block_n, block_k, bias, activation, out
 
 @prepared
 def quant_linear(x, w, w_scale, *, block_n, block_k, bias, activation, out_dtype, ue8m0, eps, mma, profile, lead=None):
-    """act_quant(x) per 1 x block_k group into w's format, then scaled_mm with w: two launches, bit for
-    bit the two ops (the GEMM reads the activation through cp.async as 8-bit codes).
+    """act_quant(x) per 1 x block_k group into w's format, then scaled_mm with w, bit for bit the two
+    ops: in one launch up to FUSED_M_MAX rows and for groups of at most 128 (each program quantizes its
+    K range of x in its prologue, where that fits shared memory: `_gemm`), else as the two launches.
 
     x [M, K] bf16/fp16/fp32, w [N, K] fp8_e4m3fn/int8, w_scale [ceil(N/Bn), ceil(K/Bk)] fp32, bias [N]
     float or None -> out [M, N] out_dtype. `ue8m0` and `eps` are the activation quantization's; `mma`
     and `lead` as for scaled_mm.
     """
-    return prepared_quant_linear(act_quant, scaled_mm, x, w, w_scale, block_n=block_n, block_k=block_k, bias=bias,
-                                 activation=activation, out_dtype=out_dtype, ue8m0=ue8m0, eps=eps, profile=profile,
-                                 mma=mma, lead=lead)
+    M, N = x.shape[0], w.shape[0]
+    fused = None
+    if 0 < M <= FUSED_M_MAX and block_k <= 128:  # the prologue keeps a lane's block_k / 8 values in registers
+        fused = _gemm(x, None, w, w_scale, block_n=block_n, block_k=block_k, activation=activation,
+                      out_kind=out_dtype, out_group=None, ue8m0_out=False, eps=0.0, mma=mma, profile=profile,
+                      a_quant=(eps, ue8m0))
+    if fused is None:
+        return prepared_quant_linear(act_quant, scaled_mm, x, w, w_scale, block_n=block_n, block_k=block_k,
+                                     bias=bias, activation=activation, out_dtype=out_dtype, ue8m0=ue8m0, eps=eps,
+                                     profile=profile, mma=mma, lead=lead)
+    as_is = _fp32_bias(bias)
+    new_out = allocator((*((M,) if lead is None else lead), N), out_dtype, x.device)
+
+    def run(x, w, w_scale, bias=None):
+        out = new_out()
+        if not as_is:
+            bias = bias.to(torch.float32).contiguous()
+        fused(x.data_ptr(), 0, w.data_ptr(), w_scale.data_ptr(), _address(bias), out.data_ptr(), 0)
+        return out
+    return by_address(run) if as_is else run

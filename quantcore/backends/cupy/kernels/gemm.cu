@@ -14,6 +14,11 @@
 // Every K block's dot product lives in its own accumulator and is folded into the fp32 result with
 // its two scales at the block's end, so block_k only has to be a multiple of the 32-wide MMA step.
 //
+// A float activation (AT = float, __half or __nv_bfloat16 instead of the codes' u8) is quantized in
+// the prologue, the quantized linear in one launch: each program quantizes its rows' K range per
+// 1 x block_k group with act_quant's formulas (blockquant.cuh, bit for bit) into shared memory, codes
+// and scales, while the first weight stages load; the main loop then reads A from there.
+//
 // Split-K runs in the same launch: blockIdx.z takes a contiguous range of K blocks, every (split,
 // tile) program stores its fp32 partial tile in a workspace and counts itself in a per-tile counter;
 // the program that counts last sums the partials in split order 0, 1, ... (so the result does not
@@ -315,24 +320,86 @@ __device__ __forceinline__ void load_cg8(const float* p, float (&v)[8]) {
 // split (gridDim.z == 1) the tile is finished in place. Otherwise ws holds a BM x BN fp32 slot per
 // (tile, split), tile-major (rows past M are never touched), and counters one int per tile
 // (gridDim.x * gridDim.y of them), all zero at launch; the launch leaves them zero again.
-template <int KIND, int BM, int BN, int WM, int WN, int BK, int STAGES, bool ALIGNED>
+// Bytes per row of the prologue's quantized A (FUSED): the K range rounded up to whole stages, plus
+// 16 so that the 8 rows an ldmatrix phase reads fall in 8 different bank groups. The launcher sizes
+// shared memory with the same formula (launch.py, `fused_a_bytes`).
+__host__ __device__ constexpr int fused_row_bytes(int k_split, int bk) { return (k_split + bk - 1) / bk * bk + 16; }
+
+// The quantized linear's prologue: rows [m0, min(m0 + BM, M)) of the float activation a over K
+// [kz0, kz1) quantized per 1 x block_k group (groups start at kz0, a multiple of block_k; block_k <= 128)
+// with act_quant's formulas, codes to qa (row stride ldq bytes) and scales to sa (row stride lds).
+// A team of 8 lanes takes a (row, group), each lane block_k / 8 consecutive elements loaded at once and
+// kept in registers: one memory round trip per team, four teams per warp. Codes past kz1 up to the
+// group's end are zero. Rows past M are left as they are: the MMA keeps rows apart, and their results
+// are never stored.
+template <class Q, class AT>
+__device__ __forceinline__ void quantize_rows(const AT* __restrict__ a, long long lda, u8* qa, int ldq, float* sa,
+                                              int lds, int m0, int BM, int M, int kz0, int kz1, int block_k,
+                                              float eps, bool ue8m0) {
+  constexpr int TEAM = 8, MAXE = 128 / TEAM;
+  const int lane = threadIdx.x % TEAM, teams = blockDim.x / TEAM, per = block_k / TEAM;
+  const int rows = min(BM, M - m0), groups = (kz1 - kz0 + block_k - 1) / block_k;
+  // A warp's four teams take consecutive (row, group) pairs and step together, so that every lane of a
+  // warp reaches the shuffles in every round.
+  const int pairs = rows * groups;
+  for (int q = threadIdx.x / 32 * (32 / TEAM); q < pairs; q += teams) {
+    const int p = q + threadIdx.x % 32 / TEAM;
+    const bool live = p < pairs;
+    const int r = live ? p / groups : 0, kb = live ? p % groups : 0;
+    const int k0 = kz0 + kb * block_k + lane * per, kend = live ? min(kz1, kz0 + (kb + 1) * block_k) : 0;
+    const AT* src = a + (long long)(m0 + r) * lda;
+    float v[MAXE];
+    u32 amax = 0;
+#pragma unroll
+    for (int j = 0; j < MAXE; ++j) {
+      v[j] = j < per && k0 + j < kend ? to_f32(src[k0 + j]) : 0.f;
+      amax = max(amax, abs_bits(v[j]));
+    }
+#pragma unroll
+    for (int o = TEAM / 2; o > 0; o >>= 1) amax = max(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    const float s = block_scale(amax, eps, Q::qmax, ue8m0);
+    u8 codes[MAXE];
+#pragma unroll
+    for (int j = 0; j < MAXE; ++j) {
+      const typename Q::storage c = Q::encode(k0 + j < kend ? __fdiv_rn(v[j], s) : 0.f);
+      codes[j] = reinterpret_cast<const u8&>(c);
+    }
+    if (!live) continue;
+    u8* dst = qa + r * ldq + kb * block_k + lane * per;
+#pragma unroll
+    for (int j = 0; j < MAXE; j += 4)  // per is a multiple of 4: block_k is one of 32
+      if (j < per) *reinterpret_cast<u32*>(dst + j) = codes[j] | codes[j + 1] << 8 | codes[j + 2] << 16 | (u32)codes[j + 3] << 24;
+    if (lane == 0) sa[r * lds + kb] = s;
+  }
+}
+
+template <class T> struct IsCode { static constexpr bool value = false; };
+template <> struct IsCode<u8> { static constexpr bool value = true; };
+
+template <int KIND, class AT, int BM, int BN, int WM, int WN, int BK, int STAGES, bool ALIGNED>
 __global__ void __launch_bounds__(WM * WN * 32)
-gemm_kernel(const u8* __restrict__ a, long long lda, const float* __restrict__ as, long long as_m, long long as_k,
+gemm_kernel(const AT* __restrict__ a, long long lda, const float* __restrict__ as, long long as_m, long long as_k,
             const u8* __restrict__ b, long long ldb, const float* __restrict__ bs, long long bs_n, long long bs_k,
             const float* __restrict__ bias, void* __restrict__ out, long long ldo, float* __restrict__ out_scale,
             long long os_m, long long os_n, float* ws, int* counters, int M, int N, int K, int block_n,
-            int block_k, int k_split, int act, int out_kind, int out_group, int ue8m0_out, float eps) {
+            int block_k, int k_split, int act, int out_kind, int out_group, int ue8m0_out, float eps,
+            float a_eps, int a_ue8m0) {
   static_assert(KIND != kMmaE4M3 || __CUDA_ARCH__ >= 890, "FP8 tensor-core MMA needs sm_89 or newer");
   typedef Mma<KIND> MMA;
   typedef typename MMA::acc_t acc_t;
+  constexpr bool FUSED = !IsCode<AT>::value;  // a float activation, quantized in the prologue
   constexpr int THREADS = WM * WN * 32, WTM = BM / WM, WTN = BN / WN, MT = WTM / 16, NT = WTN / 8;
   constexpr int CPR = BN / 8, RPI = THREADS / CPR;  // epilogue: 8-column chunks per row, rows per sweep
   static_assert(WTM % 16 == 0 && NT % 2 == 0, "warp tiles are whole m16 x (2 x n8) MMA tiles");
   static_assert(THREADS % CPR == 0 && WTM % RPI == 0, "epilogue sweeps cover the warp rows evenly");
 
+  // Shared memory: A (a ring of STAGES code tiles, or the prologue's codes and scales), then B's ring.
   extern __shared__ __align__(16) u8 smem[];
+  const int ldq = FUSED ? fused_row_bytes(k_split, BK) : 0;
+  const int groups = FUSED ? k_split / block_k : 0;
   u8* const sA = smem;
-  u8* const sB = smem + STAGES * BM * BK;
+  float* const sS = reinterpret_cast<float*>(smem + BM * ldq);
+  u8* const sB = FUSED ? smem + BM * ldq + (BM * groups * 4 + 15) / 16 * 16 : smem + STAGES * BM * BK;
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wm = warp / WN, wn = warp % WN, g = lane >> 2, t = lane & 3;
@@ -340,17 +407,21 @@ gemm_kernel(const u8* __restrict__ a, long long lda, const float* __restrict__ a
   const int kz0 = blockIdx.z * k_split, kz1 = min(K, kz0 + k_split);
   const int KT = (kz1 - kz0 + BK - 1) / BK;
 
-  const RowLoader<BM, BK, THREADS, ALIGNED> load_a(a, lda, m0, M);
+  const RowLoader<BM, BK, THREADS, ALIGNED> load_a(FUSED ? nullptr : reinterpret_cast<const u8*>(a), lda, m0, M);
   const RowLoader<BN, BK, THREADS, ALIGNED> load_b(b, ldb, n0, N);
   auto load_tile = [&](int kt) {
     const int stage = kt % STAGES, k0 = kz0 + kt * BK;
-    load_a.load(sA + stage * BM * BK, k0, kz1);
+    if constexpr (!FUSED) load_a.load(sA + stage * BM * BK, k0, kz1);
     load_b.load(sB + stage * BN * BK, k0, kz1);
   };
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) {
     if (s < KT) load_tile(s);
     cp_async_commit();
+  }
+  if constexpr (FUSED) {  // while the first weight stages load; the main loop's first barrier publishes it
+    typedef typename Select<KIND == kMmaS8, Int8, Fp8E4M3>::type Q;
+    quantize_rows<Q>(a, lda, sA, ldq, sS, groups, m0, BM, M, kz0, kz1, block_k, a_eps, a_ue8m0 != 0);
   }
 
   // Scale rows of this thread's accumulator rows and columns, at K block 0 (null past M or N).
@@ -362,8 +433,8 @@ gemm_kernel(const u8* __restrict__ a, long long lda, const float* __restrict__ a
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int m = m0 + wm * WTM + mt * 16 + g + 8 * h;
-      ap[mt][h] = m < M ? as + m * as_m : nullptr;
-      pin(ap[mt][h]);
+      ap[mt][h] = !FUSED && m < M ? as + m * as_m : nullptr;
+      if constexpr (!FUSED) pin(ap[mt][h]);
     }
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt)
@@ -387,7 +458,7 @@ gemm_kernel(const u8* __restrict__ a, long long lda, const float* __restrict__ a
   // Position in K blocks, kept by counting (k_split is a multiple of block_k, so kz0 starts a
   // block): kin bytes of the current block are behind the step; ao and bo are its scale offsets.
   int kin = 0;
-  long long ao = kz0 / block_k * as_k, bo = kz0 / block_k * bs_k;
+  long long ao = FUSED ? 0 : kz0 / block_k * as_k, bo = kz0 / block_k * bs_k;
   for (int kt = 0; kt < KT; ++kt) {
     cp_async_wait<STAGES - 2>();
     __syncthreads();  // stage kt landed for everyone; stage kt - 1 is free to refill
@@ -404,7 +475,10 @@ gemm_kernel(const u8* __restrict__ a, long long lda, const float* __restrict__ a
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-          for (int h = 0; h < 2; ++h) sa[mt][h] = ap[mt][h] ? __ldg(ap[mt][h] + ao) : 0.f;
+          for (int h = 0; h < 2; ++h) {
+            if constexpr (FUSED) sa[mt][h] = sS[(wm * WTM + mt * 16 + g + 8 * h) * groups + ao];
+            else sa[mt][h] = ap[mt][h] ? __ldg(ap[mt][h] + ao) : 0.f;
+          }
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
@@ -416,7 +490,10 @@ gemm_kernel(const u8* __restrict__ a, long long lda, const float* __restrict__ a
       for (int mt = 0; mt < MT; ++mt) {
         u32 raw[4];
         const int r = wm * WTM + mt * 16 + (lane & 15);
-        ldmatrix_x4(raw, smem_addr(tA + swizzle<BK>(r, ks * 2 + (lane >> 4))));
+        if constexpr (FUSED)
+          ldmatrix_x4(raw, smem_addr(sA + r * ldq + kt * BK + ks * 32 + (lane >> 4) * 16));
+        else
+          ldmatrix_x4(raw, smem_addr(tA + swizzle<BK>(r, ks * 2 + (lane >> 4))));
         MMA::prep_a(raw, af[mt]);
       }
 #pragma unroll
@@ -446,7 +523,7 @@ gemm_kernel(const u8* __restrict__ a, long long lda, const float* __restrict__ a
               blk[mt][nt][i] = 0;
             }
         kin = 0;
-        ao += as_k;
+        ao += FUSED ? 1 : as_k;
         bo += bs_k;
       }
     }
