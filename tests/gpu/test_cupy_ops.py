@@ -176,7 +176,8 @@ def test_quant_linear_fuses_its_quantization_bit_for_bit(monkeypatch, profile, q
             a, a_s = ops.act_quant(x, dtype=qdtype, scale_fmt=options.get("scale_fmt", "fp32"), backend="cupy")
             want = ops.scaled_mm(a, a_s, w, w_s, bias=bias, activation=options.get("activation"),
                                  out_dtype=options.get("out_dtype", torch.bfloat16), backend="cupy")
-            assert one_launch or made == [(True, False), (False, True)], made
+            # Composed: the fused launch tried and refused, or not tried beyond FUSED_M_MAX rows.
+            assert one_launch or made in ([(True, False), (False, True)], [(False, True)]), made
             if profile != "sm75":  # (a T4's 64 KiB of shared memory leaves less room: some shapes fuse there)
                 assert one_launch == (m <= launch.FUSED_M_MAX and k != 16384), made
             assert torch.equal(got.nan_to_num(7), want.nan_to_num(7)) and bool(got[0].isnan().all())
