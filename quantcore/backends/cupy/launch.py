@@ -317,7 +317,7 @@ def dequant_bias(g, scale_a, scale_b, bias, *, out_dtype, profile):
 #
 # quant_linear of at most FUSED_M_MAX rows is one launch (measured on the H100, docs/bench/round7/
 # cupy_fused.txt: against act_quant + the GEMM, GPU time 1.04-1.05x at M = 1, 0.92-0.93x at M = 4 and
-# 0.78-0.80x at M = 8 over the decode shapes, while a back-to-back call took 19-28 µs against 47-58 at
+# 0.78-0.80x at M = 8 over the decode shapes, while a back-to-back call took 19-33 µs against 46-58 at
 # every M: the host's second launch outweighs the prologue's GPU cost up to 4 rows, not at 8): each program quantizes its rows' K range of
 # the activation in its prologue (gemm.cu) into shared memory, codes and scales (`fused_a_bytes`), in
 # place of A's stage ring, where that fits beside as many weight stages as the two-launch path keeps at
