@@ -315,15 +315,14 @@ def dequant_bias(g, scale_a, scale_b, bias, *, out_dtype, profile):
 # Larger M uses a 128 x 128 tile of 8 warps with 64-byte stages, one CTA per SM (~240 registers), and
 # the same split rule at one program per SM.
 #
-# quant_linear of at most FUSED_M_MAX rows is one launch (measured on the H100, docs/bench/round7/
-# cupy_fused.txt: against act_quant + the GEMM, GPU time 1.04-1.05x at M = 1, 0.92-0.93x at M = 4 and
-# 0.78-0.80x at M = 8 over the decode shapes, while a back-to-back call took 19-33 µs against 46-58 at
-# every M: the host's second launch outweighs the prologue's GPU cost up to 4 rows, not at 8): each program quantizes its rows' K range of
+# quant_linear of at most FUSED_M_MAX rows is one launch: each program quantizes its rows' K range of
 # the activation in its prologue (gemm.cu) into shared memory, codes and scales (`fused_a_bytes`), in
 # place of A's stage ring, where that fits beside as many weight stages as the two-launch path keeps at
-# the tile's CTAs per SM (as much weight in flight). Every
-# program of an output column repeats that work: N / BN times the activation's elements from L2, small
-# beside the weight at decode sizes.
+# the tile's CTAs per SM (as much weight in flight). Every program of an output column repeats that
+# work, so its GPU cost grows with M. Measured on the H100 (docs/bench/round7/cupy_fused.txt), against
+# act_quant + the GEMM over the decode shapes: GPU time 1.04-1.05x at M = 1, 0.92-0.93x at M = 4 and
+# 0.78-0.80x at M = 8, while a back-to-back call took 19-33 µs against 46-58 at every M: the host's
+# second launch outweighs the prologue's GPU cost up to 4 rows, not at 8.
 
 
 class GemmTile(NamedTuple):
@@ -400,7 +399,8 @@ def _gemm(a, a_scale, b, b_scale, *, block_n, block_k, activation, out_kind, out
     if M == 0 or N == 0:
         return _nothing
     if b.dtype != _MMA_READS[mma] or (a_quant is None and a.dtype != b.dtype):
-        raise UnsupportedError(f"cupy scaled_mm: the {mma!r} MMA kernel reads {_MMA_READS[mma]}, got {a.dtype}")
+        raise UnsupportedError(f"cupy scaled_mm: the {mma!r} MMA kernel reads {_MMA_READS[mma]}, got a {a.dtype} "
+                               f"and b {b.dtype}")
     requant = out_kind in _QTYPE
     tile = gemm_tile(M, out_group if requant else None)
     lda, ldb = _row_stride(a), _row_stride(b)
