@@ -208,30 +208,6 @@ def test_stages_fill_shared_memory(out_dtype, stages):
     assert k["constants"]["STAGES"] == stages and k["shared"] <= k["smem_per_block"]
 
 
-@pytest.mark.parametrize("config, stages, lag", [
-    (dict(lag=2), 6, 2), (dict(lag=9), 6, 3), (dict(pipeline=False, lag=9), 6, 5),
-    (dict(block_n=256, sub_n=64, producer_regs=24, lag=9), 4, 3)], ids=["pairs", "pairs-cut", "single", "sub-tiles"])
-def test_a_lag_lowers_as_consumer_1_waiting_on_consumer_0(config, stages, lag):
-    """Consumer 1 trails consumer 0 by `lag` K blocks, cut to what the ring allows (with pipelined pairs
-    three slots beyond the lag, else one): one more mbarrier wait at each of consumer 1's issue sites,
-    one more arrive at each of consumer 0's releases, the same MMAs and no spills on the main path."""
-    base = {k: v for k, v in config.items() if k != "lag"}
-    k0 = compiled(M=4096, N=7168, K=2048, qdtype="float8_e4m3fn", config=base)
-    k = compiled(M=4096, N=7168, K=2048, qdtype="float8_e4m3fn", config=config)
-    assert k0["constants"]["LAG"] == 0 and k["constants"]["LAG"] == lag and k["constants"]["STAGES"] == stages
-    waits, arrives = r"mbarrier\.try_wait\.parity", r"mbarrier\.arrive\."
-    # Besides the producer's one wait (on `empty`) and one arrive (with the expected bytes), the two
-    # consumers' waits on `ready` and releases of `empty`, half of each consumer 0's.
-    issue_sites, releases = count(k0, waits) - 1, count(k0, arrives) - 1
-    assert count(k, waits) == count(k0, waits) + issue_sites // 2
-    assert count(k, arrives) == count(k0, arrives) + releases // 2
-    assert count(k, r"wgmma\.mma_async") == count(k0, r"wgmma\.mma_async")
-    # The 128x256 tile's few per-tile addresses on the stack (test_column_sub_tiles_lower) grow by the lag's
-    # barrier address and count under Triton 3.9 (28 bytes), nothing else.
-    assert spill_bytes(k) <= (32 if "block_n" in config else 0)
-    assert "C7514" not in k["ptxas"] and "C7515" not in k["ptxas"], k["ptxas"]
-
-
 if __name__ == "__main__":  # the child process of `compiled`
     try:
         import triton.experimental.gluon.language.nvidia.hopper  # noqa: F401

@@ -6,7 +6,8 @@ Variants per shape: `config_for`'s choice (lag 0, what ships), the same with lag
 what the ring allows), and from 4096 rows the 128x128 default with lag 2 and 3. Every variant's output
 is compared with the lag-0 output of the same configuration (bit for bit expected).
 
-Run from the repository root: PYTHONPATH=$PWD python3 docs/bench/round8/gluon_lag.py [out.json]
+Ran at commit b0286a5, which had the lag (it was removed after this run): `git checkout b0286a5`, then
+from the repository root: PYTHONPATH=$PWD python3 docs/bench/round8/gluon_lag.py [out.json]
 GPU times: quantcore.bench.timing.gpu_time_us (CUDA events, L2 flushed, median of 15).
 """
 import dataclasses

@@ -40,10 +40,8 @@ class GluonConfig:
     the weight scale is one per sub-tile: a per-column one in two sets of registers spills); `group_m`
     row tiles per L2 group of the persistent walk; `producer_regs` the producer warp's registers a
     thread (setmaxnreg: a multiple of 8 from 24), the two consumer warpgroups sharing the rest (40: 232
-    each, 24: 240 each); `lag`: K blocks by which consumer 1 trails consumer 0 (at most what the ring
-    allows, `_fitted`), so that one's epilogue runs while the other's MMAs do. `DEFAULT` is round 3's
-    measured configuration; `config_for` picks the wide ones (`WIDE`) where round 4's probe measured
-    them faster."""
+    each, 24: 240 each). `DEFAULT` is round 3's measured configuration; `config_for` picks the wide
+    ones (`WIDE`) where round 4's probe measured them faster."""
 
     block_m: int = 128
     block_n: int = TILE_N
@@ -52,7 +50,6 @@ class GluonConfig:
     sub_n: int | None = None
     group_m: int = 8  # as the tiled kernel's
     producer_regs: int = 40
-    lag: int = 0
 
     def __post_init__(self):
         sub = self.sub_n or self.block_n
@@ -63,8 +60,6 @@ class GluonConfig:
         if self.producer_regs % 8 or not 24 <= self.producer_regs <= 64:
             raise InvalidInputError(f"GluonConfig: producer_regs must be a multiple of 8 from 24 to 64, got "
                                     f"{self.producer_regs}")
-        if self.lag < 0:
-            raise InvalidInputError(f"GluonConfig: lag must be 0 or more K blocks, got {self.lag}")
 
     @property
     def sub(self) -> int:
@@ -105,17 +100,12 @@ def config_for(M: int, N: int, block_n: int, out_group: int | None) -> GluonConf
     return DEFAULT
 
 
-def _fitted(cfg: GluonConfig, block_k: int, out_bytes: int, block_n: int, profile) -> tuple[int, bool, int]:
-    """(stages, pipeline, lag) of `cfg` for this call: its stages, or as many as fit `profile`'s shared
-    memory, and its lag cut to what that ring allows."""
+def _fitted(cfg: GluonConfig, block_k: int, out_bytes: int, block_n: int, profile) -> tuple[int, bool]:
+    """(stages, pipeline) of `cfg` for this call: its stages, or as many as fit `profile`'s shared memory."""
     limit = getattr(profile, "smem_per_block", 0) or 232448
     stages = cfg.stages or max(s for s in range(2, _MAX_STAGES + 1)
                                if s == 2 or cfg.smem_bytes(s, block_k, out_bytes) <= limit)
-    pipeline = cfg.pipeline and block_n % cfg.sub == 0
-    # Consumer 1 waits for K block it + lag before it releases it - 1 (it - 2 while it issues the second of
-    # a pipelined pair, and consumer 0 retires the first of a pair only after waiting for the second):
-    # the ring must hold lag + 1 K blocks beyond (lag + 3 with pairs) or the two wait for each other.
-    return stages, pipeline, min(cfg.lag, stages - (3 if pipeline and cfg.sub == cfg.block_n else 1))
+    return stages, cfg.pipeline and block_n % cfg.sub == 0
 
 
 def _aligned(t: torch.Tensor) -> bool:
@@ -164,14 +154,13 @@ def scaled_mm(a, a_scale, b, b_scale, *, block_n, block_k, bias, activation, out
     out_bits = {torch.bfloat16: torch.int16, torch.float8_e4m3fn: torch.uint8}.get(kind, kind)  # bf16, FP8 as bits
     out_bytes = out_bits.itemsize
     tma_out = (N * out_bytes) % 16 == 0  # the output is fresh and contiguous: its row stride decides
-    stages, pipeline, lag = _fitted(config, block_k, out_bytes if tma_out else 0, block_n, profile)
+    stages, pipeline = _fitted(config, block_k, out_bytes if tma_out else 0, block_n, profile)
     bm, bn = config.block_m, config.block_n
     tiles = triton.cdiv(M, bm) * triton.cdiv(N, bn)
     launch = Launcher(block_scaled_mm_ws_kernel, (min(tiles, profile.sm_count or tiles),), dict(
         SCALE_BN=block_n, BIAS=_bias_kind(bias), ACTIVATION=activation or "none", OUT=_KIND[kind],
         OUT_GROUP=out_group if out_quant is not None else 1, UE8M0_OUT=bool(ue8m0_out), BLOCK_N=bn,
-        STAGES=stages, GROUP_M=config.group_m, PIPELINE=pipeline, TMA_OUT=tma_out, LAG=lag,
-        CONSUMER_REGS=config.consumer_regs,
+        STAGES=stages, GROUP_M=config.group_m, PIPELINE=pipeline, TMA_OUT=tma_out, CONSUMER_REGS=config.consumer_regs,
         PRODUCER_REGS=config.producer_regs, num_warps=_WARPS,
         # The promotion is one FMA per element, as the tiled kernel's under Triton 3.6's default (which
         # later versions turn off).

@@ -117,37 +117,29 @@ def _k_scales(a_s_ptrs, b_s_ptrs, kb, stride_ask, stride_bsk):
 
 
 @gluon.jit
-def _issue(a_bufs, b_bufs, bars, it, zero, C: gl.constexpr, J: gl.constexpr, LAG: gl.constexpr):
+def _issue(a_bufs, b_bufs, ready, it, zero, C: gl.constexpr, J: gl.constexpr):
     """Start this warpgroup's wgmma on its rows of the it-th K block and columns [J·SUB_N, (J+1)·SUB_N)
-    of the tile, waiting for the K block's slot first when J is 0 (and, for consumer 1 with a LAG, for
-    consumer 0 to have retired the K block LAG places later, where there is one)."""
-    ready, empty, lead, total = bars
+    of the tile, waiting for the K block's slot first when J is 0."""
     STAGES: gl.constexpr = a_bufs.type.shape[0]
     ROWS: gl.constexpr = zero.shape[0]
     NSUB: gl.constexpr = b_bufs.type.shape[0] // STAGES
     slot = it % STAGES
     if J == 0:
-        if C == 1 and LAG > 0:
-            if it + LAG < total:
-                mbarrier.wait(lead.index((it + LAG) % STAGES), ((it + LAG) // STAGES) & 1)
         mbarrier.wait(ready.index(slot), (it // STAGES) & 1)
     a = a_bufs.index(slot).slice(C * ROWS, ROWS)
     return warpgroup_mma(a, b_bufs.index(slot * NSUB + J).permute((1, 0)), zero, use_acc=False, is_async=True)
 
 
 @gluon.jit
-def _retire(acc, part, a_s, b_s, bars, it, PENDING: gl.constexpr, RELEASE: gl.constexpr,
-            UNIFORM_BS: gl.constexpr, C: gl.constexpr, LAG: gl.constexpr):
+def _retire(acc, part, a_s, b_s, empty, it, PENDING: gl.constexpr, RELEASE: gl.constexpr,
+            UNIFORM_BS: gl.constexpr):
     """Wait for a wgmma of the it-th K block (PENDING later ones may stay in flight), release the K
-    block's slot when it was its last (RELEASE; consumer 0 with a LAG also tells consumer 1) and return
-    acc + fp32(part) · a_s[m] · b_s[n], the scale product formed as `gemm.py` forms it."""
-    ready, empty, lead, total = bars
+    block's slot when it was its last (RELEASE) and return acc + fp32(part) · a_s[m] · b_s[n], the
+    scale product formed as `gemm.py` forms it."""
     STAGES: gl.constexpr = empty.type.shape[0]
     part = warpgroup_mma_wait(num_outstanding=PENDING, deps=[part])
     if RELEASE:
         mbarrier.arrive(empty.index(it % STAGES), count=1)
-        if C == 0 and LAG > 0:
-            mbarrier.arrive(lead.index(it % STAGES), count=1)
     if UNIFORM_BS:
         return acc + part.to(gl.float32) * (a_s * b_s)[:, None]
     else:
@@ -155,20 +147,18 @@ def _retire(acc, part, a_s, b_s, bars, it, PENDING: gl.constexpr, RELEASE: gl.co
 
 
 @gluon.jit
-def _promote(accs, part, scales, bars, it, G: gl.constexpr, PENDING: gl.constexpr, UNIFORM_BS: gl.constexpr,
-             C: gl.constexpr, LAG: gl.constexpr):
+def _promote(accs, part, scales, empty, it, G: gl.constexpr, PENDING: gl.constexpr, UNIFORM_BS: gl.constexpr):
     """`_retire` group G of a step (K block it + G // NSUB, sub-tile G % NSUB) into its accumulator."""
     NSUB: gl.constexpr = len(accs)
     K: gl.constexpr = G // NSUB
     J: gl.constexpr = G % NSUB
     a_s, b_s = scales[K]
-    return _set(accs, J, _retire(accs[J], part, a_s, b_s[J], bars, it + K, PENDING, J == NSUB - 1, UNIFORM_BS, C,
-                                 LAG))
+    return _set(accs, J, _retire(accs[J], part, a_s, b_s[J], empty, it + K, PENDING, J == NSUB - 1, UNIFORM_BS))
 
 
 @gluon.jit
-def _step(accs, a_bufs, b_bufs, bars, it, kb, a_s_ptrs, b_s_ptrs, stride_ask, stride_bsk, zero, C: gl.constexpr,
-          UNIFORM_BS: gl.constexpr, KSTEP: gl.constexpr, OVERLAP: gl.constexpr, LAG: gl.constexpr):
+def _step(accs, a_bufs, b_bufs, ready, empty, it, kb, a_s_ptrs, b_s_ptrs, stride_ask, stride_bsk, zero,
+          C: gl.constexpr, UNIFORM_BS: gl.constexpr, KSTEP: gl.constexpr, OVERLAP: gl.constexpr):
     """KSTEP K blocks (kb, ... of the tile; it, ... of this program) into the sub-tile accumulators
     `accs`: one wgmma per K block and sub-tile, in that order. OVERLAP: each is issued before the one
     before it is promoted (two sub-tile partials in registers), else after."""
@@ -177,22 +167,22 @@ def _step(accs, a_bufs, b_bufs, bars, it, kb, a_s_ptrs, b_s_ptrs, stride_ask, st
     scales = ()
     for k in gl.static_range(KSTEP):
         scales = scales + (_k_scales(a_s_ptrs, b_s_ptrs, kb + k, stride_ask, stride_bsk), )
-    part = _issue(a_bufs, b_bufs, bars, it, zero, C, 0, LAG)
+    part = _issue(a_bufs, b_bufs, ready, it, zero, C, 0)
     for g in gl.static_range(1, KSTEP * NSUB):
         # Group g (K block g // NSUB, sub-tile g % NSUB) is issued, group g - 1 promoted.
         if OVERLAP:
-            nxt = _issue(a_bufs, b_bufs, bars, it + g // NSUB, zero, C, g % NSUB, LAG)
-            accs = _promote(accs, part, scales, bars, it, g - 1, 1, UNIFORM_BS, C, LAG)
+            nxt = _issue(a_bufs, b_bufs, ready, it + g // NSUB, zero, C, g % NSUB)
+            accs = _promote(accs, part, scales, empty, it, g - 1, 1, UNIFORM_BS)
             part = nxt
         else:
-            accs = _promote(accs, part, scales, bars, it, g - 1, 0, UNIFORM_BS, C, LAG)
-            part = _issue(a_bufs, b_bufs, bars, it + g // NSUB, zero, C, g % NSUB, LAG)
-    return _promote(accs, part, scales, bars, it, KSTEP * NSUB - 1, 0, UNIFORM_BS, C, LAG)
+            accs = _promote(accs, part, scales, empty, it, g - 1, 0, UNIFORM_BS)
+            part = _issue(a_bufs, b_bufs, ready, it + g // NSUB, zero, C, g % NSUB)
+    return _promote(accs, part, scales, empty, it, KSTEP * NSUB - 1, 0, UNIFORM_BS)
 
 
 @gluon.jit
-def _mainloop(a_bufs, b_bufs, bars, it, num_kb, a_s_ptrs, b_s_ptrs, stride_ask, stride_bsk, zero, C: gl.constexpr,
-              UNIFORM_BS: gl.constexpr, PIPELINE: gl.constexpr, LAG: gl.constexpr):
+def _mainloop(a_bufs, b_bufs, ready, empty, it, num_kb, a_s_ptrs, b_s_ptrs, stride_ask, stride_bsk, zero,
+              C: gl.constexpr, UNIFORM_BS: gl.constexpr, PIPELINE: gl.constexpr):
     """One tile's fp32 accumulators, one per column sub-tile, over its num_kb K blocks, the first being
     the it-th of this program."""
     NSUB: gl.constexpr = len(b_s_ptrs)
@@ -204,20 +194,20 @@ def _mainloop(a_bufs, b_bufs, bars, it, num_kb, a_s_ptrs, b_s_ptrs, stride_ask, 
         # in flight across the loop's back edge: a loop-carried in-flight accumulator is copied there,
         # and ptxas then serializes every wgmma (its warning C7514/C7515).
         for kb in range(0, num_kb - 1, 2):
-            accs = _step(accs, a_bufs, b_bufs, bars, it, kb, a_s_ptrs, b_s_ptrs, stride_ask, stride_bsk, zero, C,
-                         UNIFORM_BS, 2, True, LAG)
+            accs = _step(accs, a_bufs, b_bufs, ready, empty, it, kb, a_s_ptrs, b_s_ptrs, stride_ask, stride_bsk,
+                         zero, C, UNIFORM_BS, 2, True)
             it += 2
         if num_kb % 2 == 1:
-            accs = _step(accs, a_bufs, b_bufs, bars, it, num_kb - 1, a_s_ptrs, b_s_ptrs, stride_ask, stride_bsk,
-                         zero, C, UNIFORM_BS, 1, True, LAG)
+            accs = _step(accs, a_bufs, b_bufs, ready, empty, it, num_kb - 1, a_s_ptrs, b_s_ptrs, stride_ask,
+                         stride_bsk, zero, C, UNIFORM_BS, 1, True)
             it += 1
     else:
         # One K block per step; pipelined, each sub-tile's wgmma runs while the one before is promoted.
         # (Steps of two K blocks in several sub-tiles spill accumulators under ptxas, measured at
         # BLOCK_N = 192 and 256 in 64-column sub-tiles.)
         for kb in range(num_kb):
-            accs = _step(accs, a_bufs, b_bufs, bars, it, kb, a_s_ptrs, b_s_ptrs, stride_ask, stride_bsk, zero, C,
-                         UNIFORM_BS, 1, PIPELINE, LAG)
+            accs = _step(accs, a_bufs, b_bufs, ready, empty, it, kb, a_s_ptrs, b_s_ptrs, stride_ask, stride_bsk,
+                         zero, C, UNIFORM_BS, 1, PIPELINE)
             it += 1
     return accs, it
 
@@ -255,10 +245,10 @@ def _store_scales(out_scale_ptr, scale, row0, col0, M, N, stride_osm, OUT_GROUP:
 
 
 @gluon.jit
-def _consume(a_bufs, b_bufs, barriers, out_desc, c_smem, params, C: gl.constexpr, SCALE_BN: gl.constexpr,
+def _consume(a_bufs, b_bufs, ready, empty, out_desc, c_smem, params, C: gl.constexpr, SCALE_BN: gl.constexpr,
              BIAS: gl.constexpr, ACTIVATION: gl.constexpr, OUT: gl.constexpr, OUT_GROUP: gl.constexpr,
              UE8M0_OUT: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr, PIPELINE: gl.constexpr,
-             TMA_OUT: gl.constexpr, LAG: gl.constexpr):
+             TMA_OUT: gl.constexpr):
     """Consumer warpgroup C: rows [C·ROWS, (C+1)·ROWS) of every tile of this program, K block by K
     block from the slot ring, in column sub-tiles of SUB_N, then the epilogue sub-tile by sub-tile from
     the MMA's register layout: through shared memory and a TMA store (TMA_OUT: out_desc, this
@@ -280,20 +270,17 @@ def _consume(a_bufs, b_bufs, barriers, out_desc, c_smem, params, C: gl.constexpr
     zero = gl.zeros([ROWS, SUB_N], gl.int32 if a_bufs.dtype == gl.int8 else gl.float32, mma)
 
     num_kb = gl.cdiv(K, BLOCK_K)
-    tiles = gl.cdiv(M, BLOCK_M) * gl.cdiv(N, BLOCK_N)
-    # (ready, empty, lead) and this program's count of K blocks, past which consumer 1 waits for nothing.
-    bars = barriers + (gl.cdiv(tiles - gl.program_id(0), gl.num_programs(0)) * num_kb, )
     it = 0
     # The producer's walk over this program's tiles (persistent: pid, pid + programs, ...), in step.
-    for tile in range(gl.program_id(0), tiles, gl.num_programs(0)):
+    for tile in range(gl.program_id(0), gl.cdiv(M, BLOCK_M) * gl.cdiv(N, BLOCK_N), gl.num_programs(0)):
         pid_m, pid_n = _tile(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
         row0 = pid_m * BLOCK_M + C * ROWS
         rows = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, mma))
         # Tail rows wrap back into range: their scale loads need no mask, and they are never stored.
         a_s_ptrs = a_scale_ptr + (rows % M) * stride_asm
         b_s_ptrs = _b_scale_ptrs(b_scale_ptr, pid_n, N, stride_bsn, zero, SCALE_BN, NSUB, UNIFORM_BS)
-        accs, it = _mainloop(a_bufs, b_bufs, bars, it, num_kb, a_s_ptrs, b_s_ptrs, stride_ask, stride_bsk, zero, C,
-                             UNIFORM_BS, PIPELINE, LAG)
+        accs, it = _mainloop(a_bufs, b_bufs, ready, empty, it, num_kb, a_s_ptrs, b_s_ptrs, stride_ask, stride_bsk,
+                             zero, C, UNIFORM_BS, PIPELINE)
 
         for j in gl.static_range(NSUB):
             col0 = pid_n * BLOCK_N + j * SUB_N
@@ -335,8 +322,8 @@ def block_scaled_mm_ws_kernel(
         stride_asm, stride_ask, stride_bsn, stride_bsk, stride_bias, stride_om, stride_osm, eps,
         SCALE_BN: gl.constexpr, BIAS: gl.constexpr, ACTIVATION: gl.constexpr, OUT: gl.constexpr,
         OUT_GROUP: gl.constexpr, UE8M0_OUT: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-        GROUP_M: gl.constexpr, PIPELINE: gl.constexpr, TMA_OUT: gl.constexpr, LAG: gl.constexpr,
-        CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
+        GROUP_M: gl.constexpr, PIPELINE: gl.constexpr, TMA_OUT: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+        PRODUCER_REGS: gl.constexpr):
     """a [M, K] @ b [N, K]^T with block scales and a fused epilogue, on sm_90.
 
     a_desc / b_desc: Gluon TMA descriptors over a and b (e4m3 or int8, both alike) with blocks
@@ -365,18 +352,16 @@ def block_scaled_mm_ws_kernel(
         c_smem = a_bufs  # unused
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    lead = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=2)  # one arrival per consumer warpgroup
-        mbarrier.init(lead.index(i), count=1)  # consumer 0's, with a LAG
 
     params = (a_scale_ptr, b_scale_ptr, bias_ptr, out_ptr, out_scale_ptr, M, N, K, stride_asm, stride_ask,
               stride_bsn, stride_bsk, stride_bias, stride_om, stride_osm, eps)
     gl.warp_specialize([
-        (_consume, (a_bufs, b_bufs, (ready, empty, lead), out_desc, c_smem, params, 0, SCALE_BN, BIAS, ACTIVATION,
-                    OUT, OUT_GROUP, UE8M0_OUT, BLOCK_N, GROUP_M, PIPELINE, TMA_OUT, LAG)),
-        (_consume, (a_bufs, b_bufs, (ready, empty, lead), out_desc, c_smem, params, 1, SCALE_BN, BIAS, ACTIVATION,
-                    OUT, OUT_GROUP, UE8M0_OUT, BLOCK_N, GROUP_M, PIPELINE, TMA_OUT, LAG)),
+        (_consume, (a_bufs, b_bufs, ready, empty, out_desc, c_smem, params, 0, SCALE_BN, BIAS, ACTIVATION, OUT,
+                    OUT_GROUP, UE8M0_OUT, BLOCK_N, GROUP_M, PIPELINE, TMA_OUT)),
+        (_consume, (a_bufs, b_bufs, ready, empty, out_desc, c_smem, params, 1, SCALE_BN, BIAS, ACTIVATION, OUT,
+                    OUT_GROUP, UE8M0_OUT, BLOCK_N, GROUP_M, PIPELINE, TMA_OUT)),
         (_produce, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, BLOCK_N, GROUP_M)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
