@@ -655,6 +655,31 @@ def test_direct_launches_need_a_known_triton_and_a_gpu():
     assert not direct.version_supported("3.5.1", direct.RAW_SUPPORTED)
     assert not direct.enabled()  # the interpreter runs every launch through the JIT
 
+
+def test_a_described_tensors_encoded_arguments_are_kept_per_address(monkeypatch):
+    """The C launcher's leading arguments: addresses for plain tensors, and for a tensor in a
+    descriptor's place its encoded arguments, encoded once per address and kept for the last
+    DESCRIPTORS_KEPT addresses (on the GPU, tests/gpu/test_decode.py launches through it)."""
+    from quantcore.backends.triton import direct
+
+    monkeypatch.setattr(direct, "DESCRIPTORS_KEPT", 2)
+    encoded = []
+
+    def encode(t):
+        encoded.append(t.data_ptr())
+        return ("map", t.data_ptr(), *t.shape)
+
+    launcher = direct.Launcher(None, (1,), {}, torch.device("cpu"), {1: lambda t: t})
+    launcher._encoded = [None, (encode, {})]
+    plain, tensors = torch.zeros(4), [torch.zeros(2, 3) for _ in range(3)]
+    for t in tensors[:2] + tensors[:2]:
+        assert launcher._addresses((plain, t)) == [plain.data_ptr(), "map", t.data_ptr(), 2, 3]
+    assert encoded == [t.data_ptr() for t in tensors[:2]]  # each address encoded once
+    launcher._addresses((plain, tensors[2]))  # a third address drops the first kept
+    launcher._addresses((plain, tensors[1]))
+    launcher._addresses((plain, tensors[0]))
+    assert encoded == [t.data_ptr() for t in (*tensors, tensors[0])]
+
 def test_only_the_differentiable_ops_outputs_require_grad():
     """The same rule as the reference's (tests/test_autograd.py)."""
     for op, tensors in outputs_of_every_op_on_grad_inputs("triton").items():

@@ -179,3 +179,41 @@ def test_launcher_goes_direct_after_its_first_call(monkeypatch):
         assert launcher.direct is goes_direct
         # Straight to the C launcher where the Triton version's is known (no scratch, no descriptors here).
         assert launcher.raw is (goes_direct and direct.version_supported(triton.__version__, direct.RAW_SUPPORTED))
+
+
+@pytest.mark.parametrize("backend, m", [("triton", 4096), ("triton[gluon]", 128), ("triton[gluon]", 300)])
+@pytest.mark.parametrize("qdtype", list(FMTS))
+def test_launches_with_tma_descriptors_keep_them_per_address(monkeypatch, backend, m, qdtype):
+    """GEMMs whose kernels take TMA descriptors (the tiled kernel at large M, the Gluon kernel with a
+    TMA store, and with masked stores at N = 1001) launch straight to Triton's C launcher on
+    RAW_SUPPORTED versions, with each descriptor encoded once per address and kept; through the same
+    kept plan, operands at new and reused addresses (more than the launcher keeps) and a CUDA graph give
+    bit for bit what the JIT launch gives."""
+    import triton
+
+    from quantcore.backends.triton import direct
+
+    monkeypatch.setattr(direct, "DESCRIPTORS_KEPT", 2)
+    n, k = (1001, 1024) if m == 300 else (2112, 1536)
+    cases = [operands(m, n, k, qdtype) for _ in range(3)]
+    seen = []
+    real = direct.Launcher.__call__
+
+    def spy(self, *args):
+        seen.append(self)
+        return real(self, *args)
+    monkeypatch.setattr(direct.Launcher, "__call__", spy)
+    outs = {}
+    for mode in ("0", "1"):
+        monkeypatch.setenv(direct.DIRECT_ENV, mode)
+        registry.clear_caches()  # new plans, so new launchers
+        outs[mode] = [run(backend, None, ops.scaled_mm, *c) for c in cases + cases[::-1] + cases]
+    assert all(torch.equal(a, b) for a, b in zip(outs["0"], outs["1"], strict=True))
+    launcher = seen[-1]
+    assert launcher.descriptors and launcher.direct
+    assert launcher.raw is direct.version_supported(triton.__version__, direct.RAW_SUPPORTED)
+    graph, static = torch.cuda.CUDAGraph(), cases[1]
+    with torch.cuda.graph(graph):
+        captured = ops.scaled_mm(*static, backend=backend)
+    graph.replay()
+    assert torch.equal(captured, outs["1"][1])

@@ -20,11 +20,21 @@ once took 7.4: docs/bench/round5/r5_eager.txt). It is also handed the tensors' a
 for a tensor it looks up and calls `data_ptr` and asks the driver what the pointer is
 (`cuPointerGetAttribute`), a check that validation has made already; with seven tensors that was
 9.0 µs a launch against 6.3 with addresses read in Python (docs/bench/round6/dev1.txt).
+
+Kernels that take TMA descriptors are handed the tensors the descriptors describe (`descriptors`:
+argument position -> the function that makes a tensor's descriptor; a plan fixes the shape, strides,
+box and layout, so a descriptor depends on nothing but the tensor's address). On `RAW_SUPPORTED`
+versions `compiled.run.launch` is then Triton's Python wrapper that builds each descriptor's
+`TensorDescriptor` and encodes its `CUtensorMap` on every call (on the H100 host ~6 µs and ~2 µs a
+descriptor, three per Gluon GEMM: docs/bench/round8); the launcher keeps, per position, the encoded
+arguments (Triton's own `make_tensordesc_arg`) of the last addresses it saw and calls the C launcher
+the wrapper holds with them.
 """
 
 from __future__ import annotations
 
 import functools
+import inspect
 import os
 import re
 import types
@@ -43,6 +53,9 @@ SUPPORTED = ((3, 3), (3, 9))
 # launcher itself where the kernel has no tensor descriptors: Triton 3.6 (3.9 passes its arguments
 # differently).
 RAW_SUPPORTED = ((3, 6), (3, 6))
+# Encoded descriptor arguments kept per position: the addresses of every weight of a model's layers
+# of one shape and of a few activations and outputs.
+DESCRIPTORS_KEPT = 1024
 
 
 def version_supported(version: str, within: tuple[tuple[int, int], tuple[int, int]] = SUPPORTED) -> bool:
@@ -79,30 +92,57 @@ class Launcher:
     """`fn[grid](*args, **constants)` for one kept plan: `args` are the kernel's leading, non-constexpr
     parameters (tensors or scalars whose classes the plan fixes); `constants` its constexprs and launch
     options (num_warps, ...). The compiled kernel already knows the tensors' element types, so direct
-    launches pass tensors as they are; JIT launches see bf16/FP8 tensors as their integer bits."""
+    launches pass tensors as they are; JIT launches see bf16/FP8 tensors as their integer bits.
+    `descriptors`: argument position -> a function making the TMA descriptor of the tensor (or None,
+    passed on as None) the caller gives at that position (see the module docstring)."""
 
-    __slots__ = ("fn", "grid", "constants", "device", "_run", "_function", "_packed", "_tail", "_raw", "_head",
-                 "_tensors")
+    __slots__ = ("fn", "grid", "constants", "device", "descriptors", "_run", "_function", "_packed", "_tail", "_raw",
+                 "_head", "_tensors", "_encoded")
 
-    def __init__(self, fn, grid: tuple[int, ...], constants: dict[str, Any], device: torch.device):
-        self.fn, self.constants = fn, constants
+    def __init__(self, fn, grid: tuple[int, ...], constants: dict[str, Any], device: torch.device,
+                 descriptors: dict[int, Any] | None = None):
+        self.fn, self.constants, self.descriptors = fn, constants, descriptors or {}
         self.grid = (tuple(grid) + (1, 1))[:3]
         self.device = device.index if device.index is not None else 0
-        self._run = self._raw = None
+        self._run = self._raw = self._encoded = None
 
     def __call__(self, *args: Any) -> None:
         if self._raw is not None:
             n = self._tensors
-            self._raw(*self.grid, torch._C._cuda_getCurrentRawStream(self.device), *self._head,
-                      *map(torch.Tensor.data_ptr, args[:n]), *args[n:], *self._tail)
+            leading = map(torch.Tensor.data_ptr, args[:n]) if self._encoded is None else self._addresses(args[:n])
+            self._raw(*self.grid, torch._C._cuda_getCurrentRawStream(self.device), *self._head, *leading,
+                      *args[n:], *self._tail)
             return
+        described = self._described(args) if self.descriptors else args
         if self._run is not None:
             self._run(*self.grid, torch._C._cuda_getCurrentRawStream(self.device), self._function, self._packed,
-                      None, None, None, *args, *self._tail)
+                      None, None, None, *described, *self._tail)
             return
-        compiled = self.fn[self.grid](*map(_kernel_view, args), **self.constants)
+        compiled = self.fn[self.grid](*map(_kernel_view, described), **self.constants)
         if enabled():
             self._bind(compiled, args)
+
+    def _described(self, args: tuple) -> tuple:
+        """`args` with a descriptor in place of each tensor at a `descriptors` position."""
+        return tuple(self.descriptors[i](a) if a is not None and i in self.descriptors else a
+                     for i, a in enumerate(args))
+
+    def _addresses(self, tensors: tuple) -> list:
+        """The C launcher's leading arguments: a tensor's address, or a described tensor's encoded
+        descriptor arguments, kept per address (`DESCRIPTORS_KEPT` per position)."""
+        leading = []
+        for t, kept in zip(tensors, self._encoded):
+            if kept is None:
+                leading.append(t.data_ptr())
+                continue
+            address = t.data_ptr()
+            encoded = kept[1].get(address)
+            if encoded is None:
+                if len(kept[1]) >= DESCRIPTORS_KEPT:
+                    del kept[1][next(iter(kept[1]))]
+                encoded = kept[1][address] = kept[0](t)
+            leading.extend(encoded)
+        return leading
 
     def _bind(self, compiled: Any, args: tuple) -> None:
         nargs = len(args)
@@ -115,16 +155,44 @@ class Launcher:
         self._tail = tuple(self.constants[n] for n in names[nargs:])
         self._function, self._packed, self._run = compiled.function, compiled.packed_metadata, compiled.run
         raw = getattr(self._run, "launch", None)
+        described = [i for i, a in enumerate(args) if i in self.descriptors and a is not None]
+        if described and callable(raw):
+            raw = self._unwrapped(raw, described)
         if (_installed_supported(RAW_SUPPORTED) and callable(raw) and not isinstance(raw, types.FunctionType)
                 and getattr(self._run, "global_scratch_size", None) == 0
                 and getattr(self._run, "profile_scratch_size", None) == 0
                 and hasattr(self._run, "launch_cooperative_grid") and hasattr(self._run, "launch_pdl")):
-            # A C function (a Python one wraps tensor descriptors) and nothing to allocate per launch.
+            # A C function (Python ones wrap tensor descriptors) and nothing to allocate per launch.
             self._raw = raw
             self._head = (self._function, self._run.launch_cooperative_grid, self._run.launch_pdl, None, None,
                           self._packed, None, None, None)
-            # The leading tensor arguments, passed as addresses (a plan fixes which arguments are tensors).
+            # The leading tensor arguments (described ones included), passed as addresses or encoded
+            # descriptors (a plan fixes which arguments are tensors).
             self._tensors = next((i for i, a in enumerate(args) if not isinstance(a, torch.Tensor)), nargs)
+            if self._encoded is not None:
+                if described[-1] >= self._tensors:  # a described tensor after a scalar: not this path
+                    self._raw = self._encoded = None
+                else:
+                    self._encoded += [None] * (self._tensors - len(self._encoded))
+        else:
+            self._encoded = None
+
+    def _unwrapped(self, wrapper: Any, described: list[int]) -> Any:
+        """The C launcher inside Triton 3.6's descriptor wrapper (None if it is not that wrapper), with
+        `_encoded` set up: per leading argument None, or (encode, kept) for a described one."""
+        if not (_installed_supported(RAW_SUPPORTED) and isinstance(wrapper, types.FunctionType)):
+            return None
+        names = inspect.getclosurevars(wrapper)
+        launcher, metas = names.nonlocals.get("launcher"), names.nonlocals.get("tensordesc_meta")
+        make = names.globals.get("make_tensordesc_arg")
+        # Without its metadata a descriptor is passed as its tensor and sizes: not encoded once.
+        if (launcher is None or make is None or not isinstance(metas, list) or len(metas) != len(described)
+                or not all(isinstance(m, dict) for m in metas)):
+            return None
+        meta = dict(zip(described, metas))
+        self._encoded = [(functools.partial(_encode, make, self.descriptors[i], meta[i]), {}) if i in meta else None
+                         for i in range(described[-1] + 1)]
+        return launcher
 
     @property
     def direct(self) -> bool:
@@ -135,3 +203,8 @@ class Launcher:
     def raw(self) -> bool:
         """Whether calls now go straight to Triton's C launcher (`RAW_SUPPORTED`)."""
         return self._raw is not None
+
+
+def _encode(make: Any, describe: Any, meta: Any, tensor: torch.Tensor) -> tuple:
+    """The C launcher's arguments for `tensor`'s descriptor: Triton's `make_tensordesc_arg` of it."""
+    return tuple(make(describe(tensor), meta))

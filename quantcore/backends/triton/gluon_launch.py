@@ -7,6 +7,7 @@ launched (the registry's constraints say where it can run: `triton/gluon.py`).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -157,6 +158,11 @@ def scaled_mm(a, a_scale, b, b_scale, *, block_n, block_k, bias, activation, out
     stages, pipeline = _fitted(config, block_k, out_bytes if tma_out else 0, block_n, profile)
     bm, bn = config.block_m, config.block_n
     tiles = triton.cdiv(M, bm) * triton.cdiv(N, bn)
+    boxes = ([bm, block_k], [config.sub, block_k], [bm // 2, config.sub])
+    layouts = _layout(boxes[0], a.dtype), _layout(boxes[1], b.dtype), _layout(boxes[2], out_bits)
+    # The launcher makes (or keeps) the descriptors of a, b and out, given in their places.
+    descriptors = {i: functools.partial(_descriptor, box=box, layout=layout, bits=bits)
+                   for i, (box, layout, bits) in enumerate(zip(boxes, layouts, (a.dtype, b.dtype, out_bits)))}
     launch = Launcher(block_scaled_mm_ws_kernel, (min(tiles, profile.sm_count or tiles),), dict(
         SCALE_BN=block_n, BIAS=_bias_kind(bias), ACTIVATION=activation or "none", OUT=_KIND[kind],
         OUT_GROUP=out_group if out_quant is not None else 1, UE8M0_OUT=bool(ue8m0_out), BLOCK_N=bn,
@@ -164,7 +170,7 @@ def scaled_mm(a, a_scale, b, b_scale, *, block_n, block_k, bias, activation, out
         PRODUCER_REGS=config.producer_regs, num_warps=_WARPS,
         # The promotion is one FMA per element, as the tiled kernel's under Triton 3.6's default (which
         # later versions turn off).
-        enable_fp_fusion=True), a.device)
+        enable_fp_fusion=True), a.device, descriptors)
     # Operands whose base or row stride TMA cannot take (K not a multiple of 16 included) are copied
     # into fresh buffers with rows padded to a multiple of 16 bytes.
     width = triton.cdiv(K, 16) * 16
@@ -172,20 +178,20 @@ def scaled_mm(a, a_scale, b, b_scale, *, block_n, block_k, bias, activation, out
     scalars = (M, N, K, a_scale.stride(0), a_scale.stride(1), b_scale.stride(0), b_scale.stride(1),
                0 if bias is None else bias.stride(0), N, triton.cdiv(N, out_group) if out_quant is not None else 0, eps)
 
-    boxes = ([bm, block_k], [config.sub, block_k], [bm // 2, config.sub])
-    layouts = _layout(boxes[0], a.dtype), _layout(boxes[1], b.dtype), _layout(boxes[2], out_bits)
 
     def run(a, a_scale, b, b_scale, bias=None):
         out, out_scale = outputs()
         a = _staged(a, width) if copy_a else a
         b = _staged(b, width) if copy_b else b
-        # Descriptors hold the base addresses: made per call.
-        descs = [TensorDescriptor.from_tensor(t, box, layout) for t, box, layout in zip((a, b), boxes, layouts)]
-        out_desc = TensorDescriptor.from_tensor(out.view(out_bits), boxes[2], layouts[2]) if tma_out else None
-        launch(*descs, out_desc, a_scale, b_scale,
+        launch(a, b, out if tma_out else None, a_scale, b_scale,
                out if bias is None else _kernel_bias(bias), out, out if out_scale is None else out_scale, *scalars)
         return _returned(out, out_scale)
     return run
+
+
+def _descriptor(t: torch.Tensor, box: list[int], layout, bits: torch.dtype) -> TensorDescriptor:
+    """The TMA descriptor of `t` (seen as `bits`) in boxes of `box` with shared-memory `layout`."""
+    return TensorDescriptor.from_tensor(t.view(bits), box, layout)
 
 
 def _returned(out, out_scale):

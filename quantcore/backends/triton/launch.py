@@ -12,6 +12,8 @@ kernel), and returns the per-call part: allocate the outputs, launch.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.testing
@@ -327,19 +329,19 @@ def _gemm(a, a_scale, b, b_scale, bias, out, out_scale, *, block_n, block_k, act
 
     def tiled(cfg: configs.GemmConfig):
         tma = cfg.tma and _tma_ready(a, b, profile)
+        # With TMA the launcher makes (or keeps) the descriptors of a and b, given again in their places.
+        descriptors = {2: functools.partial(TensorDescriptor.from_tensor, block_shape=[cfg.block_m, block_k]),
+                       3: functools.partial(TensorDescriptor.from_tensor, block_shape=[cfg.block_n, block_k])}
         launch = Launcher(block_scaled_mm_kernel, (triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n),), dict(
             constants, TMA=tma, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, K_STEP=cfg.k_step,
-            BLOCK_KS=cfg.step_k(block_k, tma), num_warps=cfg.num_warps, num_stages=cfg.num_stages), a.device)
-        a_block, b_block = [cfg.block_m, block_k], [cfg.block_n, block_k]
+            BLOCK_KS=cfg.step_k(block_k, tma), num_warps=cfg.num_warps, num_stages=cfg.num_stages), a.device,
+            descriptors if tma else None)
 
         def run(a, a_scale, b, b_scale, bias, out, out_scale):
             if predecoded:
                 a, b = decode_a(a), decode_b(b)
-            # Descriptors hold the base addresses: made per call (TMA is only taken for large M).
-            a_desc = TensorDescriptor.from_tensor(a, a_block) if tma else None
-            b_desc = TensorDescriptor.from_tensor(b, b_block) if tma else None
-            launch(a, b, a_desc, b_desc, a_scale, b_scale, out if bias is None else _kernel_bias(bias), out,
-                   out if out_scale is None else out_scale, *scalars)
+            launch(a, b, a if tma else None, b if tma else None, a_scale, b_scale,
+                   out if bias is None else _kernel_bias(bias), out, out if out_scale is None else out_scale, *scalars)
         # Descriptors read the operands' shapes and strides.
         return by_address(run) if not tma and _native_bias(bias) else run
 
