@@ -8,9 +8,9 @@ Run from the repository root: python3 docs/bench/round8/desc_ab.py OLD_TREE [rou
 Eager: quantcore.bench.timing.eager_time_us (back to back, one synchronize); GPU: gpu_time_us.
 """
 import json
-import os
-import subprocess
 import sys
+
+from ab import alternate
 
 CASES = [("scaled_mm", "triton[gluon]", "fp8", 128, 7168, 2048), ("scaled_mm", "triton[gluon]", "fp8", 128, 4096, 7168),
          ("scaled_mm", "triton[gluon]", "int8", 512, 7168, 2048), ("scaled_mm", "triton", "fp8", 4096, 4096, 7168),
@@ -51,18 +51,7 @@ def measure():
 if __name__ == "__main__" and sys.argv[1] == "--measure":
     measure()
 elif __name__ == "__main__":
-    old, rounds = os.path.abspath(sys.argv[1]), int(sys.argv[2]) if len(sys.argv) > 2 else 3
-    here = os.getcwd()
-    results = {"old": [], "new": []}
-    for r in range(rounds):
-        for label, tree in (("old", old), ("new", here)) if r % 2 == 0 else (("new", here), ("old", old)):
-            env = dict(os.environ, PYTHONPATH=os.pathsep.join([tree, os.environ.get("PYTHONPATH", "")]))
-            out = subprocess.run([sys.executable, __file__, "--measure"], env=env, capture_output=True, text=True)
-            if out.returncode:
-                print(out.stderr[-3000:])
-                continue
-            results[label].append(json.loads(out.stdout.strip().splitlines()[-1]))
-            print(f"round {r} {label} done", flush=True)
+    results = alternate(__file__, sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 3)
     print(f"{'case':48s} | eager µs old (each round) | eager µs new | GPU µs old / new | bf16 eager µs")
     for i, case in enumerate(CASES):
         o = [run[i] for run in results["old"]]

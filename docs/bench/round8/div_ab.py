@@ -7,9 +7,9 @@ Run from the repository root: python3 docs/bench/round8/div_ab.py OLD_TREE [roun
 (OLD_TREE: a directory holding the earlier `quantcore` package, e.g. from `git archive <rev> quantcore`.)
 """
 import json
-import os
-import subprocess
 import sys
+
+from ab import alternate
 
 GEMMS = [("triton[gluon]", "fp8", 4096, 24576, 1536), ("triton[gluon]", "fp8", 4096, 4096, 7168),
          ("triton[gluon]", "int8", 4096, 7168, 2048), ("triton[gluon]", "fp8", 4096, 32768, 512),
@@ -45,18 +45,7 @@ def measure():
 if __name__ == "__main__" and sys.argv[1] == "--measure":
     measure()
 elif __name__ == "__main__":
-    old, rounds = os.path.abspath(sys.argv[1]), int(sys.argv[2]) if len(sys.argv) > 2 else 2
-    here = os.getcwd()
-    results = {"old": [], "new": []}
-    for r in range(rounds):
-        for label, tree in (("old", old), ("new", here)) if r % 2 == 0 else (("new", here), ("old", old)):
-            env = dict(os.environ, PYTHONPATH=os.pathsep.join([tree, os.environ.get("PYTHONPATH", "")]))
-            out = subprocess.run([sys.executable, __file__, "--measure"], env=env, capture_output=True, text=True)
-            if out.returncode:
-                print(out.stderr[-3000:])
-                continue
-            results[label].append(json.loads(out.stdout.strip().splitlines()[-1]))
-            print(f"round {r} {label} done", flush=True)
+    results = alternate(__file__, sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 2)
     print(f"{'case':48s} | µs old (each round) | µs new | old / new | over plain: old, new")
     plain = {}
     for i, row in enumerate(results["old"][0]):

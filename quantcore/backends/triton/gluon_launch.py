@@ -178,7 +178,6 @@ def scaled_mm(a, a_scale, b, b_scale, *, block_n, block_k, bias, activation, out
     scalars = (M, N, K, a_scale.stride(0), a_scale.stride(1), b_scale.stride(0), b_scale.stride(1),
                0 if bias is None else bias.stride(0), N, triton.cdiv(N, out_group) if out_quant is not None else 0, eps)
 
-
     def run(a, a_scale, b, b_scale, bias=None):
         out, out_scale = outputs()
         a = _staged(a, width) if copy_a else a

@@ -12,12 +12,12 @@ from .cast import load_f32, store_f32_as
 
 @triton.jit
 def div_rn_normal(n, d):
-    """n / d for `activate`'s operands (d in [1, 256], |n| zero or from 2^-90): an approximate reciprocal,
-    one Newton step, and the quotient's last bit corrected by its remainder, which an FMA computes
-    exactly in that range (Markstein's final step). `tl.div_rn` lowers to such steps plus a check of the
-    operands and a branch to a slow path for the rest of the range; in an epilogue of many elements per
-    thread that branch keeps the compiler from interleaving them, and a GEMM with SiLU or GELU took
-    1.6-2.9 times the plain GEMM (docs/bench/round8). That this is `tl.div_rn` bit for bit where
+    """n / d for `activate`'s operands (d in [1, 256], |n| zero or from 2^-90): an approximate reciprocal, one
+    Newton step, and the quotient's last bit corrected by its remainder, which an FMA computes exactly in
+    that range (Markstein's final step). `tl.div_rn` lowers to such steps plus a check of the operands and a
+    branch to a slow path for the rest of the range; in an epilogue of many elements per thread that branch
+    keeps the compiler from interleaving them (the tiled GEMM with SiLU took 1.30 times the plain GEMM with
+    `tl.div_rn`, 1.21 with this: docs/bench/round8/div_ab.txt). That this is `tl.div_rn` bit for bit where
     `activate` divides is checked on all 2^32 fp32 inputs of `activate` on the GPU
     (tests/gpu/test_activation_division.py), not proven for the whole range."""
     r = 1.0 / d  # div.full: within 2 ulp
