@@ -23,11 +23,12 @@ OPS_FMTS = [(op, fmt) for op in ("scaled_mm", "quant_linear") for fmt in ("fp8_e
 
 
 def gemm_query(profile="sm90", fmt="fp8_e4m3", op="scaled_mm", m=4096, block_k=128, out_fmt=None, fused=False,
-               out_group=128):
+               out_group=128, bias_only=False):
     p = capability.simulated_profile(profile) if isinstance(profile, str) else profile
     blocks = (128, block_k) + ((out_group,) if out_fmt else ())
     return GemmQuery(op, p, fmt, out_fmt, blocks, m_bucket(m), nk=(7168, 2048), block_k=block_k,
-                     out_group=out_group if out_fmt else 0, fused=fused or out_fmt is not None)  # as specs.gemm
+                     out_group=out_group if out_fmt else 0, fused=fused or bias_only or out_fmt is not None,
+                     bias_only=bias_only)  # as specs.gemm
 
 
 @pytest.fixture
@@ -65,6 +66,10 @@ def test_a_gpu_with_the_shipped_tables_selects_it_exactly_where_they_rank_it_fir
                 first = own[:1] == [GLUON]
                 ranked_first += [first]
                 assert (registry.select(gemm_query(gpu, fmt, op, m)).label == GLUON) == first, (table.device, op, fmt, m)
+                # With a bias, the same ranking without cuBLAS, which would add it in passes of its own.
+                fused = [name for name in own if name != "torch[cublas]"][:1] == [GLUON]
+                selected = registry.select(gemm_query(gpu, fmt, op, m, bias_only=True)).label
+                assert (selected == GLUON) == fused, (table.device, op, fmt, m, "bias")
     assert any(ranked_first)  # the H100's table (round 4) ranks it first for FP8 at 128-512 rows, INT8 from 512
 
 

@@ -202,6 +202,9 @@ class Impl:
     by its backend's name alone or through a measured table. `compared_alone`: a variant its backend's
     name never reaches (registered after one that takes every call it takes, `triton[gluon]`), so it
     is compared with the reference, timed by the bench and ranked by measured tables under its own label.
+    `separate_epilogue`: a GEMM that runs a fused epilogue (bias, activation, re-quantization) as passes
+    of its own after the plain product (`torch[cublas]`), so that a measured ranking of plain GEMMs does
+    not speak for it where there is an epilogue.
     """
 
     op: str
@@ -214,6 +217,7 @@ class Impl:
     options: tuple[tuple[str, Any], ...] = ()  # fixed keyword arguments this variant passes to launch
     opt_in: bool = False  # runs only where its label is named
     compared_alone: bool = False  # in `registry.compared` under its own label
+    separate_epilogue: bool = False  # a fused epilogue runs as extra passes
 
     @property
     def label(self) -> str:

@@ -58,10 +58,11 @@ def priority_state() -> tuple:
 
 def current_priority(query: Query) -> tuple[str, ...]:
     """The priority in force for a call: context, then environment, then the measured table of this
-    GPU model (not while simulating another; not for calls the bench does not time, such as fused GEMM
-    epilogues: an implementation fastest at a plain GEMM may run the epilogue as extra passes), then
-    the default for the device kind. A measured table never brings in an opt-in variant (only a
-    priority the user names does): one found in a table, written by hand, is dropped."""
+    GPU model (not while simulating another; not for calls the bench's timings do not speak for, such
+    as GEMMs with an activation: `Query.timed`), then the default for the device kind. A measured table
+    never brings in an opt-in variant (only a priority the user names does): one found in a table,
+    written by hand, is dropped; nor, for a call with a fused epilogue (a GEMM's bias), one that runs
+    the epilogue as passes of its own (`Impl.separate_epilogue`)."""
     explicit = explicit_priority()
     if explicit:
         order = explicit[0]
@@ -71,7 +72,10 @@ def current_priority(query: Query) -> tuple[str, ...]:
         found = None if p.kind != "cuda" or p.simulated_from or not query.timed else measured.lookup(
             p.name, query.measured_as, query.fmt, query.m_bucket)
         if found:
-            found = tuple(n for n in found if n not in table.opt_in_labels(query.op))
+            skipped = table.opt_in_labels(query.op)
+            if query.fuses_epilogue:
+                skipped |= table.separate_epilogue_labels(query.op)
+            found = tuple(n for n in found if n not in skipped)
         default = DEFAULT_PRIORITY.get(p.kind, (table.REFERENCE,))
         order = (*found, *[n for n in default if n not in found]) if found else default
     return with_reference(order)

@@ -40,6 +40,12 @@ class Query:
         """The op whose measured priorities rank this call's implementations: its own."""
         return self.op
 
+    @property
+    def fuses_epilogue(self) -> bool:
+        """Whether the call has an epilogue that a measured ranking applies to only among implementations
+        computing it in their kernel (`Impl.separate_epilogue` is the opposite)."""
+        return False
+
 
 def m_bucket(m: int) -> int:
     """Rows rounded up to a power of two, capped at 16384: the granularity of measured priorities."""

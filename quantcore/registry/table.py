@@ -96,6 +96,12 @@ def opt_in_labels(op: str) -> set[str]:
     return {i.label for i in impls(op) if i.opt_in}
 
 
+def separate_epilogue_labels(op: str) -> set[str]:
+    """Labels of the implementations of `op` that run a fused epilogue as passes of their own
+    (`Impl.separate_epilogue`)."""
+    return {i.label for i in impls(op) if i.separate_epilogue}
+
+
 def backend_names() -> set[str]:
     """Every name `backend=` and priorities may use: the built-in backends, the backends of registered
     and plug-in implementations, and plugins that failed to load (they then have no implementation)."""

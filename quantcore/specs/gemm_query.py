@@ -17,18 +17,27 @@ from ..registry.query import Query
 class GemmQuery(Query):
     """A GEMM call: `nk` its (N, K), `block_k` its K block (= the activation group), `out_group` the
     re-quantization group of a GEMM with out_quant (0 without), `fused` whether it has an epilogue
-    (bias, activation, re-quantization)."""
+    (bias, activation, re-quantization), `bias_only` whether that epilogue is a bias and nothing else."""
 
     nk: tuple[int, int] | None = None
     block_k: int = 0
     out_group: int = 0
     fused: bool = False
+    bias_only: bool = False
 
     @property
     def timed(self) -> bool:
-        """The bench times plain GEMMs only: an implementation fastest at one may run an epilogue as
-        extra passes."""
-        return not self.fused
+        """The bench times plain GEMMs, and a GEMM whose only epilogue is a bias ranks as the plain one
+        among the implementations that add it in their kernel: on the H100 the measured ranking's first
+        such implementation was the fastest with a bias in geometric mean over nine shapes, at M = 128 and
+        4096, FP8 and INT8 (docs/bench/round8/epilogue_select.txt). An activation or a re-quantization can
+        cost the fastest plain kernel more than it gains (there the Gluon GEMM took 1.4-2.1x the tiled
+        kernel's time with a GELU), so such GEMMs keep the default order."""
+        return not self.fused or self.bias_only
+
+    @property
+    def fuses_epilogue(self) -> bool:
+        return self.fused
 
     @property
     def measured_as(self) -> str:

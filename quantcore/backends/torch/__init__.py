@@ -39,7 +39,7 @@ IMPLS = (
     Impl("scaled_mm", "torch", "torch.cublas:scaled_mm",
          GemmConstraints(min_cc=(9, 0), max_cc=(10, 0), formats=("fp8_e4m3",), fp8_mma=True, block_sizes=(128,),
                          nk_multiple=(16, 512)),
-         variant="cublas", numerics=REDUCED_FP8_ACCUMULATION),
+         variant="cublas", numerics=REDUCED_FP8_ACCUMULATION, separate_epilogue=True),
     # Opt-in: operands dequantized to bf16 for the vendor's bf16 GEMM, on any GPU and the CPU
     # (bf16_dequant.py, docs/numerics.md); never chosen automatically.
     *(_VendorBf16Gemm(op, "torch", f"torch.bf16_dequant:{op}", GemmConstraints(devices=("cpu", "cuda")),
