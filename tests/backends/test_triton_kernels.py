@@ -561,12 +561,10 @@ def test_scaled_mm_nan_block_poisons_only_its_rows(gen):
 
 @pytest.mark.parametrize("qdtype", QDTYPES)
 @pytest.mark.parametrize("split_k", [1, 2, 5])
-@pytest.mark.parametrize("M", [3, 40])
-def test_decode_split_k_sums_in_a_fixed_order(gen, monkeypatch, qdtype, split_k, M):
+def test_decode_split_k_sums_in_a_fixed_order(gen, monkeypatch, qdtype, split_k):
     """Every split of K agrees with the reference, and a repeated call is bit-identical (the partials
-    meet in split order; the counters are back at zero after each launch), with one tile of rows or
-    several (40 rows in tiles of 16: each output tile counts its own splits)."""
-    aq, a_s, bq, b_s = _gemm_inputs(gen, M, 100, 600, qdtype, 128, 128)  # 5 K blocks
+    meet in split order; the counters are back at zero after each launch)."""
+    aq, a_s, bq, b_s = _gemm_inputs(gen, 3, 100, 600, qdtype, 128, 128)  # 5 K blocks
     cfg = configs.DecodeConfig(16, 64, 4, 2, split_k, -(-5 // split_k))
     monkeypatch.setattr(configs, "decode_config", lambda *args, **kwargs: cfg)
     kw = _gemm_kw(bias=randn((100,), gen=gen), activation="gelu")
@@ -730,7 +728,7 @@ def test_decode_configs_split_k_evenly_and_fit_shared_memory():
             for min_block_n, mma in ((1, "fp8"), (256, "fp8"), (1, "fp16"), (256, "fp16")):
                 cfg = configs.decode_config(profile, M, N, K, mma=mma, block_k=128, min_block_n=min_block_n)
                 kbs = -(-K // 128)
-                assert cfg.block_m >= min(max(M, 16), 128) and cfg.block_n >= min_block_n
+                assert cfg.block_m >= max(M, 16) and cfg.block_n >= min_block_n
                 assert (cfg.split_k - 1) * cfg.kb_per_split < kbs <= cfg.split_k * cfg.kb_per_split
                 assert cfg.num_stages * (cfg.block_n + 4 * cfg.block_m) * 128 <= profile.smem_per_block
                 assert cfg.smem_bytes(128, mma) <= profile.smem_per_block or cfg.num_stages == 1

@@ -21,8 +21,8 @@ device, the CPU interpreter included. A file holds:
   "k_max"}` holds M and K: every program quantizes its K range of the activation again, work that
   grows with M and (through the programs' K ranges) with K, so beyond these bounds act_quant + the
   decode GEMM take less GPU time (measured on the H100). Rules `{"mma", "m_max",
-  "n_min", "n_max", "k_max", "config": [BLOCK_N, num_warps, num_stages], "waves", "min_kb_per_split",
-  "block_m_max"}` (the last optional: rows per program, 128 if absent), the first match applies (a large `min_kb_per_split` keeps K whole: no split-K reduction where
+  "n_min", "n_max", "k_max", "config": [BLOCK_N, num_warps, num_stages], "waves", "min_kb_per_split"}`,
+  the first match applies (a large `min_kb_per_split` keeps K whole: no split-K reduction where
   the N tiles alone fill the GPU). K is split so that about `waves` programs per SM stream the weight, each
   taking at least `min_kb_per_split` K blocks; stages are cut until the pipeline fits shared memory.
 - `"predecode"`: `{"m_min", "max_bytes"}` or absent: the tiled GEMM on FP8 data without FP8 MMA reads
@@ -48,7 +48,6 @@ from ..base import on_reset
 
 AUTOTUNE_ENV = "QUANTCORE_TRITON_AUTOTUNE"
 _DIR = Path(__file__).with_name("configs")
-_DECODE_BLOCK_M_MAX = 128  # rows per decode program where the rule does not say
 
 
 @dataclass(frozen=True)
@@ -87,9 +86,8 @@ class GemmConfig:
 
 @dataclass(frozen=True)
 class DecodeConfig:
-    """One decode GEMM launch: BLOCK_M rows (M padded to a power of two >= 16, at most the rule's
-    `block_m_max`) × BLOCK_N weight rows per program, warps and pipeline stages, and K split `split_k`
-    ways, `kb_per_split` K blocks each."""
+    """One decode GEMM launch: all M rows (padded to BLOCK_M >= 16) × BLOCK_N weight rows per program,
+    warps and pipeline stages, and K split `split_k` ways, `kb_per_split` K blocks each."""
 
     block_m: int
     block_n: int
@@ -209,8 +207,8 @@ def decode_config(profile, M: int, N: int, K: int, *, mma: str, block_k: int, mi
                 and r.get("n_min", 0) <= N and _within(r.get("n_max"), N) and _within(r.get("k_max"), K))
     block_n, warps, stages = rule["config"]
     block_n = max(block_n, _next_pow2(min_block_n))
-    block_m = max(16, min(_next_pow2(M), rule.get("block_m_max", _DECODE_BLOCK_M_MAX)))
-    tiles, kbs = _cdiv(N, block_n) * _cdiv(M, block_m), _cdiv(K, block_k)
+    block_m = max(16, _next_pow2(M))
+    tiles, kbs = _cdiv(N, block_n), _cdiv(K, block_k)
     wanted = rule["waves"] * (getattr(profile, "sm_count", 0) or 0)
     split = max(1, min(round(wanted / tiles), kbs // rule["min_kb_per_split"]))
     per = _cdiv(kbs, split)

@@ -304,8 +304,8 @@ def _gemm(a, a_scale, b, b_scale, bias, out, out_scale, *, block_n, block_k, act
     if M <= configs.decode_m_max(profile, mma):
         cfg = configs.decode_config(profile, M, N, K, mma=mma, block_k=block_k,
                                     min_block_n=out_group if quantized_out else 1)
-        ws, counters, cfg = _workspace(a.device, cfg, M, N)
-        launch = Launcher(decode_mm_kernel, (triton.cdiv(N, cfg.block_n), cfg.split_k, triton.cdiv(M, cfg.block_m)), dict(
+        ws, counters, cfg = _workspace(a.device, cfg, N)
+        launch = Launcher(decode_mm_kernel, (triton.cdiv(N, cfg.block_n), cfg.split_k), dict(
             constants, A=_KIND[a.dtype], UE8M0_A=bool(a_ue8m0), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
             SPLIT_K=cfg.split_k, STAGES=cfg.num_stages, QROWS=cfg.block_m if a_scale is not None else min(
                 cfg.block_m, triton.next_power_of_2(M)), num_warps=cfg.num_warps, num_stages=cfg.num_stages), a.device)
@@ -375,12 +375,12 @@ def _like(inner, run):
     return by_address(run) if getattr(inner, "by_address", False) else run
 
 
-def _workspace(device: torch.device, cfg: configs.DecodeConfig, M: int, N: int):
+def _workspace(device: torch.device, cfg: configs.DecodeConfig, N: int):
     """(fp32 partials, int32 counters, cfg) of a decode launch (`backends.splitk`): none for an unsplit
     one, and none, with the launch unsplit, where the buffers cannot grow (a stream being captured)."""
     if cfg.split_k == 1:
         return None, None, cfg
-    tiles = triton.cdiv(N, cfg.block_n) * triton.cdiv(M, cfg.block_m)
+    tiles = triton.cdiv(N, cfg.block_n)
     pair = splitk.buffers(device, cfg.split_k * tiles * cfg.block_n * cfg.block_m, tiles)
     return (None, None, configs.unsplit(cfg)) if pair is None else (*pair, cfg)
 

@@ -1,12 +1,10 @@
-"""The block-scaled GEMM at decode and small-batch sizes: the weight streamed by the whole GPU.
+"""The decode-sized block-scaled GEMM (M ≤ 64): the weight streamed by the whole GPU.
 
 At decode a GEMM reads each weight byte once and does little else, so its time is the weight's
 bytes over memory bandwidth, and the schedule's one job is to keep enough bytes in flight on every
 SM. The kernel therefore swaps the operands — `out^T = b @ a^T`, so the weight's N rows fill the
-MMA's wide side and M (padded to 16) its narrow one — and splits K over a second grid axis: program
-(n tile, k split, m tile) streams BLOCK_N × (its K blocks) of the weight against BLOCK_M rows of
-the activation. Past 64 rows the output tiles of a plain tiling (N/128 × M/128 of them) leave most
-SMs idle on these shapes, which is why the split reaches there too. Per K block the
+MMA's wide side and M (1…64 rows, padded to 16) its narrow one — and splits K over a second grid
+axis: program (n tile, k split) streams BLOCK_N × (its K blocks) of the weight. Per K block the
 contract is unchanged: the dot accumulated in fp32 (FP8) or exactly in int32 (INT8), scaled by
 a_s[m, kb] · b_s[n // SCALE_BN, kb] into an fp32 accumulator.
 
@@ -38,22 +36,20 @@ def decode_mm_kernel(
         OUT_GROUP: tl.constexpr, UE8M0_OUT: tl.constexpr, HW_FP8: tl.constexpr, BLOCK_M: tl.constexpr,
         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, STAGES: tl.constexpr,
         QROWS: tl.constexpr):
-    """out [M, N] = a [M, K] @ b [N, K]^T with block scales and the fused epilogue, BLOCK_M rows per program.
+    """out [M, N] = a [M, K] @ b [N, K]^T with block scales and the fused epilogue, for M ≤ BLOCK_M.
 
     A: "fp8"/"int8" reads codes a with a_scale [M, ceil(K/BLOCK_K)]; "bf16"/"fp16"/"fp32" reads a float
-    activation and quantizes it to QFMT per 1×BLOCK_K group (eps a_eps, UE8M0_A) in registers (M ≤
-    BLOCK_M only). Program (pid_n, pid_k, pid_m) covers columns pid_n·BLOCK_N…, K blocks
-    pid_k·kb_per_split… and rows pid_m·BLOCK_M…; ws_ptr holds SPLIT_K × cdiv(M, BLOCK_M) ×
-    cdiv(N, BLOCK_N) fp32 tiles of BLOCK_N × BLOCK_M and counter_ptr one int32 per output tile, zero
-    between launches (unused when SPLIT_K == 1). STAGES: weight tiles in flight. QROWS: the rows a
-    float activation is quantized in (a power of two >= M, at most BLOCK_M). The rest is
+    activation and quantizes it to QFMT per 1×BLOCK_K group (eps a_eps, UE8M0_A) in registers. Program
+    (pid_n, pid_k) covers columns pid_n·BLOCK_N… and K blocks pid_k·kb_per_split…; ws_ptr holds
+    SPLIT_K × cdiv(N, BLOCK_N) fp32 tiles of BLOCK_N × BLOCK_M and counter_ptr one int32 per column
+    tile, zero between launches (unused when SPLIT_K == 1). STAGES: weight tiles in flight. QROWS:
+    the rows a float activation is quantized in (a power of two >= M, at most BLOCK_M). The rest is
     block_scaled_mm_kernel's.
     """
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
-    pid_m = tl.program_id(2)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_m = tl.arange(0, BLOCK_M)
     offs_k = tl.arange(0, BLOCK_K)
     a_ptrs, b_ptrs, a_s_ptrs, b_s_ptrs = tile_pointers(
         a_ptr, b_ptr, a_scale_ptr, b_scale_ptr, offs_m, offs_n, offs_k, pid_n, M, N, stride_am, stride_bn,
@@ -99,21 +95,19 @@ def decode_mm_kernel(
                     out_scale_ptr, stride_osm, eps, BIAS, ACTIVATION, OUT, OUT_GROUP, UE8M0_OUT, HW_FP8, BLOCK_M,
                     BLOCK_N)
     else:
-        num_tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
-        out_tile = pid_m * tl.cdiv(N, BLOCK_N) + pid_n
+        num_n = tl.cdiv(N, BLOCK_N)
         tile = tl.arange(0, BLOCK_N)[:, None] * BLOCK_M + tl.arange(0, BLOCK_M)[None, :]
-        tl.store(ws_ptr + (pid_k * num_tiles + out_tile) * (BLOCK_N * BLOCK_M) + tile, acc)
+        tl.store(ws_ptr + (pid_k * num_n + pid_n) * (BLOCK_N * BLOCK_M) + tile, acc)
         # Every thread's partial is written before the tile counts this split in (release), and the
         # last split reads the others' partials only after seeing all of them counted (acquire).
         tl.debug_barrier()
-        arrived = tl.atomic_add(counter_ptr + out_tile, 1, sem="acq_rel")
+        arrived = tl.atomic_add(counter_ptr + pid_n, 1, sem="acq_rel")
         if arrived == SPLIT_K - 1:
             total = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
             for s in tl.static_range(SPLIT_K):
                 # .cg: read from L2, where the other SMs' partials are, never a stale L1 line.
-                total += tl.load(ws_ptr + (s * num_tiles + out_tile) * (BLOCK_N * BLOCK_M) + tile,
-                                 cache_modifier=".cg")
-            tl.store(counter_ptr + out_tile, 0)
+                total += tl.load(ws_ptr + (s * num_n + pid_n) * (BLOCK_N * BLOCK_M) + tile, cache_modifier=".cg")
+            tl.store(counter_ptr + pid_n, 0)
             finish_tile(tl.trans(total), offs_m, offs_n, pid_n, M, N, bias_ptr, stride_bias, out_ptr, stride_om,
                         out_scale_ptr, stride_osm, eps, BIAS, ACTIVATION, OUT, OUT_GROUP, UE8M0_OUT, HW_FP8,
                         BLOCK_M, BLOCK_N)
