@@ -204,6 +204,29 @@ def test_column_sub_tiles_lower(qdtype, config, stages, regs, spills):
     assert "C7514" not in k["ptxas"] and "C7515" not in k["ptxas"], k["ptxas"]
 
 
+@pytest.mark.parametrize("qdtype, out_quant, config", [("float8_e4m3fn", None, None), ("int8", "int8", None),
+                                                      ("float8_e4m3fn", None, dict(epi_rows=32))])
+def test_an_activation_lowers_to_the_staged_epilogue(qdtype, out_quant, config):
+    """With an activation the epilogue goes through shared memory, EPI_ROWS rows at a time in a loop:
+    each consumer's fp32 sub-tile stored once (st.shared.v2 from the MMA layout), read back as one step's
+    rows (ld.shared.v4, four columns a thread) inside the loop, the activation's code there once per
+    consumer instead of unrolled over its 64 elements; barriers of the consumer's own 128 threads
+    around it; masked stores; a stage fewer for the fp32 buffers."""
+    k = compiled(M=4096, N=7168, K=2048, qdtype=qdtype, bias="bfloat16", activation="gelu", out_quant=out_quant,
+                 config=config)
+    c = k["constants"]
+    rows = (config or {}).get("epi_rows", 8)
+    assert c["EPI_ROWS"] == rows and not c["TMA_OUT"] and c["STAGES"] == 5 and c["PIPELINE"]
+    assert k["shared"] <= k["smem_per_block"]
+    assert count(k, r"st\.shared\.v2\.b32") >= 2 * 32
+    assert count(k, r"ld\.shared\.v4\.b32") == 2 * rows // 4
+    assert count(k, r"cp\.async\.bulk\.tensor\.2d\.global\.shared") == 0
+    assert count(k, r"bar\.sync\s+\d+, 128") >= 2 * 2
+    # The erf's one exponential per element of one step (`rows` a thread), in each consumer's copy.
+    assert count(k, r"ex2\.approx") == 2 * rows
+    assert spill_bytes(k) == 0
+
+
 @pytest.mark.parametrize("out_dtype, stages", [("bfloat16", 6), ("float32", 5)])
 def test_stages_fill_shared_memory(out_dtype, stages):
     k = compiled(M=512, N=2112, K=7168, qdtype="float8_e4m3fn", out_dtype=out_dtype)

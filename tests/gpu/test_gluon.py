@@ -177,3 +177,33 @@ def test_column_sub_tiles_compute_the_default_bit_for_bit(qdtype, config, mnk):
     requant = dict(out_quant=qdtype, out_group=64, ue8m0_out=True)
     (q, s), (q0, s0) = launch(wide, **requant), launch(gluon_launch.DEFAULT, **requant)
     assert same_q(q, q0) and same_scale(s, s0)
+
+
+@pytest.mark.parametrize("qdtype", list(FMTS))
+@pytest.mark.parametrize("mnk", [(300, 1001, 1000), (520, 264, 7296), (4096, 7168, 2048)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_staged_epilogue_is_the_register_epilogue_bit_for_bit(qdtype, mnk):
+    """The epilogue staged through shared memory in steps of rows (`GluonConfig.epi_rows`: the default
+    for activations and re-quantized outputs) applies the same fp32 operations to the same
+    accumulators as the one from the MMA's registers: every output dtype, activation and re-quantized
+    output equal bit for bit, in the default tile and in 64-column sub-tiles, with tails in M, N and K."""
+    a, a_s, b, b_s, _ = gemm_case(*mnk, qdtype)
+    bias = rand((mnk[1],), seed=4)
+    gluon(ops.scaled_mm, a, a_s, b, b_s)  # skips where the variant cannot run
+    from quantcore.backends.triton import gluon_launch
+
+    def launch(epi_rows, activation, sub_n=None, **kw):
+        options = dict(out_dtype=torch.float32, out_quant=None, out_group=128, ue8m0_out=False) | kw
+        return gluon_launch.scaled_mm(a, a_s, b, b_s, block_n=128, block_k=128, bias=bias, activation=activation,
+                                      eps=1e-4, profile=capability.profile_for(a.device),
+                                      config=gluon_launch.GluonConfig(sub_n=sub_n, epi_rows=epi_rows), **options)
+    for activation in (None, "gelu", "gelu_tanh", "silu"):
+        for out in (dict(out_dtype=torch.float32), dict(out_dtype=torch.bfloat16), dict(out_dtype=torch.float16)):
+            want = launch(0, activation, **out)
+            for rows, sub_n in ((8, None), (32, None), (8, 64)):
+                assert torch.equal(launch(rows, activation, sub_n, **out), want), (activation, out, rows, sub_n)
+        requant = dict(out_quant=qdtype, out_group=64, ue8m0_out=activation == "silu")
+        q0, s0 = launch(0, activation, **requant)
+        for rows, sub_n in ((8, None), (16, 64)):
+            q, s = launch(rows, activation, sub_n, **requant)
+            assert same_q(q, q0) and same_scale(s, s0), (activation, rows, sub_n)

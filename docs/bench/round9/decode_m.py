@@ -9,17 +9,12 @@ the decode kernel under twelve launches: rows per program BLOCK_M 64 or 128, (BL
 (128, 4) or (128, 8), K split for 1 or 2 programs per SM (at least 2 K blocks a split), 4 stages where
 the tiles fit shared memory (fewer where not). Every decode output is compared with the reference's.
 
-Compiling ~400 kernels serially would take most of a device call, so worker processes run each
-launch once first (filling Triton's on-disk cache); the timed process then loads them.
+Kernels are compiled first by worker processes (harness.py).
 
-Run from the repository root: PYTHONPATH=$PWD python3 docs/bench/round9/decode_m.py [out.json]
+Ran at 201f7d9, whose decode kernel has the row-tile axis (reverted after this run): `git checkout
+201f7d9`, then from the repository root: PYTHONPATH=$PWD python3 docs/bench/round9/decode_m.py [out.json]
 GPU times: quantcore.bench.timing.gpu_time_us (CUDA events, L2 flushed, median of 15).
 """
-import json
-import math
-import os
-import subprocess
-import sys
 import traceback
 
 import torch
@@ -28,6 +23,9 @@ import torch.nn.functional as F
 from quantcore import capability, ops
 from quantcore.backends.triton import configs, launch
 from quantcore.bench.timing import gpu_time_us
+
+import harness
+from harness import geomean
 
 SHAPES = [(2112, 7168), (7168, 2048), (24576, 1536), (4096, 7168), (7168, 16384), (32768, 512), (4096, 4096),
           (16384, 4096), (4096, 16384)]
@@ -92,16 +90,7 @@ def warm(worker, workers):
     torch.cuda.synchronize()
 
 
-def geomean(xs):
-    return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else float("nan")
-
-
-def main(path):
-    workers = 14
-    procs = [subprocess.Popen([sys.executable, __file__, "--warm", str(i), str(workers)]) for i in range(workers)]
-    for p in procs:
-        p.wait()
-    print(torch.cuda.get_device_name(), torch.__version__, flush=True)
+def measure():
     rows = []
     for fname, fmt, M, N, K in cases():
         try:
@@ -147,13 +136,8 @@ def main(path):
                   + "; ".join(f"{k.strip()} {g:.3f}" for k, g in top)
                   + f"; bf16/selected {geomean([r['bf16'] / r['selected'] for r in rs]):.3f}"
                   + f"; bf16/best {geomean([r['bf16'] / r['best_decode'][1] for r in rs]):.3f}", flush=True)
-    if path:
-        with open(path, "w") as f:
-            json.dump(dict(device=torch.cuda.get_device_name(), versions=capability.versions(), rows=rows), f, indent=1)
+    return rows
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["--warm"]:
-        warm(int(sys.argv[2]), int(sys.argv[3]))
-    else:
-        main(sys.argv[1] if len(sys.argv) > 1 else None)
+    harness.main(__file__, measure, warm)

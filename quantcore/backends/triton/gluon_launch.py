@@ -41,8 +41,10 @@ class GluonConfig:
     the weight scale is one per sub-tile: a per-column one in two sets of registers spills); `group_m`
     row tiles per L2 group of the persistent walk; `producer_regs` the producer warp's registers a
     thread (setmaxnreg: a multiple of 8 from 24), the two consumer warpgroups sharing the rest (40: 232
-    each, 24: 240 each). `DEFAULT` is round 3's measured configuration; `config_for` picks the wide
-    ones (`WIDE`) where round 4's probe measured them faster."""
+    each, 24: 240 each); `epi_rows`: the epilogue staged through shared memory that many rows at a time
+    (0: from the MMA's registers; None: `EPI_ROWS` with an activation, else 0).
+    `DEFAULT` is round 3's measured configuration; `config_for` picks the wide ones (`WIDE`) where
+    round 4's probe measured them faster."""
 
     block_m: int = 128
     block_n: int = TILE_N
@@ -51,6 +53,7 @@ class GluonConfig:
     sub_n: int | None = None
     group_m: int = 8  # as the tiled kernel's
     producer_regs: int = 40
+    epi_rows: int | None = None
 
     def __post_init__(self):
         sub = self.sub_n or self.block_n
@@ -58,6 +61,10 @@ class GluonConfig:
         if not (8 <= sub <= self.block_n <= 256 and sub & (sub - 1) == 0 and self.block_n % sub == 0):
             raise InvalidInputError(f"GluonConfig: the column sub-tile {sub} (sub_n, else block_n) must be a power "
                                     f"of two from 8 dividing block_n {self.block_n}, at most 256; set sub_n to one")
+        rows = self.epi_rows
+        if rows and (rows < 8 or rows & (rows - 1) or (self.block_m // 2) % rows):
+            raise InvalidInputError(f"GluonConfig: epi_rows must be 0, None or a power of two from 8 dividing a "
+                                    f"consumer's {self.block_m // 2} rows, got {rows}")
         if self.producer_regs % 8 or not 24 <= self.producer_regs <= 64:
             raise InvalidInputError(f"GluonConfig: producer_regs must be a multiple of 8 from 24 to 64, got "
                                     f"{self.producer_regs}")
@@ -72,13 +79,15 @@ class GluonConfig:
         """Registers a thread of consumer warpgroup 1 (a multiple of 8; consumer 0 gets at least as many)."""
         return (_PARTITION_REGS - self.producer_regs) // 2 // 8 * 8
 
-    def smem_bytes(self, stages: int, block_k: int, out_bytes: int) -> int:
-        """Shared memory: the ring's A and B tiles (8-bit), the epilogue's output buffers (TMA store;
-        out_bytes 0 without: per consumer warpgroup two sub-tiles where their count is even, else all),
-        1 KiB of barriers and slack: at most 1 KiB above Triton 3.6's own count."""
+    def smem_bytes(self, stages: int, block_k: int, out_bytes: int, staged: bool = False) -> int:
+        """Shared memory: the ring's A and B tiles (8-bit), the epilogue's buffers (staged: one fp32
+        sub-tile per consumer warpgroup; else for a TMA store, out_bytes 0 without: per consumer
+        warpgroup two sub-tiles where their count is even, else all), 1 KiB of barriers and slack: at
+        most 1 KiB above Triton 3.6's own count."""
         subs = self.block_n // self.sub
         epi = 2 if subs % 2 == 0 else subs
-        return stages * (self.block_m + self.block_n) * block_k + self.block_m * epi * self.sub * out_bytes + 1024
+        buffers = self.block_m * self.sub * 4 if staged else self.block_m * epi * self.sub * out_bytes
+        return stages * (self.block_m + self.block_n) * block_k + buffers + 1024
 
 
 # The default tile; the stage count and pipelining follow from shared memory and the weight's scale block.
@@ -90,6 +99,12 @@ DEFAULT = GluonConfig()
 WIDE = (GluonConfig(block_n=256, sub_n=64, producer_regs=24), GluonConfig(block_n=192, sub_n=64))
 WIDE_M_MIN = 4096
 _MAX_STAGES = 6
+# Rows of a staged epilogue's step (`GluonConfig.epi_rows`): two per warp. Measured on the H100 over the
+# six bench shapes at M = 512 and 4096 (docs/bench/round9/gluon_staged.txt), time over the plain GEMM with
+# registers / 8 / 16 / 32 rows a step: bias + GELU 2.72 / 1.50 / 1.59 / 1.88 (FP8, 4096 rows), bias +
+# SiLU 1.49 / 1.33 / 1.30 / 1.45; a re-quantization without an activation 1.22 / 1.28, so it stays in
+# registers (with a GELU before it 3.11 / 1.87).
+EPI_ROWS = 8
 
 
 def config_for(M: int, N: int, block_n: int, out_group: int | None) -> GluonConfig:
@@ -101,11 +116,11 @@ def config_for(M: int, N: int, block_n: int, out_group: int | None) -> GluonConf
     return DEFAULT
 
 
-def _fitted(cfg: GluonConfig, block_k: int, out_bytes: int, block_n: int, profile) -> tuple[int, bool]:
+def _fitted(cfg: GluonConfig, block_k: int, out_bytes: int, block_n: int, profile, staged: bool) -> tuple[int, bool]:
     """(stages, pipeline) of `cfg` for this call: its stages, or as many as fit `profile`'s shared memory."""
     limit = getattr(profile, "smem_per_block", 0) or 232448
     stages = cfg.stages or max(s for s in range(2, _MAX_STAGES + 1)
-                               if s == 2 or cfg.smem_bytes(s, block_k, out_bytes) <= limit)
+                               if s == 2 or cfg.smem_bytes(s, block_k, out_bytes, staged) <= limit)
     return stages, cfg.pipeline and block_n % cfg.sub == 0
 
 
@@ -154,8 +169,10 @@ def scaled_mm(a, a_scale, b, b_scale, *, block_n, block_k, bias, activation, out
     kind = out_quant or out_dtype
     out_bits = {torch.bfloat16: torch.int16, torch.float8_e4m3fn: torch.uint8}.get(kind, kind)  # bf16, FP8 as bits
     out_bytes = out_bits.itemsize
-    tma_out = (N * out_bytes) % 16 == 0  # the output is fresh and contiguous: its row stride decides
-    stages, pipeline = _fitted(config, block_k, out_bytes if tma_out else 0, block_n, profile)
+    epi_rows = config.epi_rows if config.epi_rows is not None else (EPI_ROWS if activation is not None else 0)
+    # The output is fresh and contiguous: its row stride decides. A staged epilogue stores with masks.
+    tma_out = (N * out_bytes) % 16 == 0 and not epi_rows
+    stages, pipeline = _fitted(config, block_k, out_bytes if tma_out else 0, block_n, profile, bool(epi_rows))
     bm, bn = config.block_m, config.block_n
     tiles = triton.cdiv(M, bm) * triton.cdiv(N, bn)
     boxes = ([bm, block_k], [config.sub, block_k], [bm // 2, config.sub])
@@ -167,7 +184,7 @@ def scaled_mm(a, a_scale, b, b_scale, *, block_n, block_k, bias, activation, out
         SCALE_BN=block_n, BIAS=_bias_kind(bias), ACTIVATION=activation or "none", OUT=_KIND[kind],
         OUT_GROUP=out_group if out_quant is not None else 1, UE8M0_OUT=bool(ue8m0_out), BLOCK_N=bn,
         STAGES=stages, GROUP_M=config.group_m, PIPELINE=pipeline, TMA_OUT=tma_out, CONSUMER_REGS=config.consumer_regs,
-        PRODUCER_REGS=config.producer_regs, num_warps=_WARPS,
+        PRODUCER_REGS=config.producer_regs, EPI_ROWS=epi_rows, num_warps=_WARPS,
         # The promotion is one FMA per element, as the tiled kernel's under Triton 3.6's default (which
         # later versions turn off).
         enable_fp_fusion=True), a.device, descriptors)

@@ -33,11 +33,14 @@ block-wise kernel and DeepGEMM hide it by giving the work to different warps. So
 - Persistent: one program per SM (the launch's grid), each walking tiles pid, pid + programs, ...
   in grouped order (GROUP_M row tiles share a column strip of b while it is in L2). The producer
   runs ahead into the next tile while the consumers run the epilogue.
-- Epilogue, per consumer warpgroup from the MMA's registers: + bias, activation, then the cast or a
-  re-quantization per 1×OUT_GROUP group of its rows (`quant.group_quantize`, the tiled kernel's own
-  formulas: the same fp32 values give the same codes and scales), into shared memory and out through
-  a TMA store that completes during the next tile's main loop (masked stores where the output's rows
-  are not 16-byte aligned); a re-quantized output's scales with masked stores.
+- Epilogue, per consumer warpgroup: + bias, activation, then the cast or a re-quantization per
+  1×OUT_GROUP group of its rows (`quant.group_quantize`, the tiled kernel's own formulas: the same
+  fp32 values give the same codes and scales). Without an activation, from the MMA's registers into
+  shared memory and out through a TMA store that completes during the next tile's main loop (masked
+  stores where the output's rows are not 16-byte aligned). With one (EPI_ROWS), the fp32 sub-tile goes
+  to shared memory and the epilogue runs on a few rows at a time in a loop, with masked stores: unrolled
+  over a thread's whole accumulator, in each consumer's copy of the code, an activation's code outgrew
+  the instruction cache (`_staged_epilogue`). A re-quantized output's scales with masked stores.
 
 The activation scales are read per K block by the consumers (the contract allows any strides, so
 they cannot come through TMA); each K block's loads are issued before its mbarrier wait, so their
@@ -63,6 +66,20 @@ from .quant import group_quantize
 # versions call them async_load / async_store (and keep the old names only to raise).
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 _tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
+# 3.6's name for the barrier of the calling partition's warps; later versions call it `barrier`.
+_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
+
+
+if hasattr(gl.shared_memory_descriptor, "reinterpret"):  # later versions
+    @gluon.jit
+    def _in_steps(buf, STEPS: gl.constexpr):
+        """`buf` [R, C] seen as [STEPS, R / STEPS, C], one step's rows per index."""
+        return buf.reinterpret(buf.dtype, [STEPS, buf.shape[0] // STEPS, buf.shape[1]], buf.layout)
+else:  # 3.6
+    @gluon.jit
+    def _in_steps(buf, STEPS: gl.constexpr):
+        """`buf` [R, C] seen as [STEPS, R / STEPS, C], one step's rows per index."""
+        return buf._reinterpret(buf.dtype, [STEPS, buf.shape[0] // STEPS, buf.shape[1]], buf.layout)
 
 
 @gluon.jit
@@ -245,16 +262,71 @@ def _store_scales(out_scale_ptr, scale, row0, col0, M, N, stride_osm, OUT_GROUP:
 
 
 @gluon.jit
+def _finished(acc, row0, col0, M, N, bias_ptr, stride_bias, out_scale_ptr, stride_osm, eps, BIAS: gl.constexpr,
+              ACTIVATION: gl.constexpr, OUT: gl.constexpr, OUT_GROUP: gl.constexpr, UE8M0_OUT: gl.constexpr):
+    """(values to store, rows, columns, mask) of the epilogue of `acc` [R, C] fp32 (any layout) at
+    output rows row0…, columns col0…: + bias, activation, then the cast or the re-quantization per
+    1×OUT_GROUP (its scales stored here)."""
+    layout: gl.constexpr = acc.type.layout
+    rows = row0 + gl.arange(0, acc.shape[0], layout=gl.SliceLayout(1, layout))
+    cols = col0 + gl.arange(0, acc.shape[1], layout=gl.SliceLayout(0, layout))
+    n_mask = cols < N
+    mask = (rows < M)[:, None] & n_mask[None, :]
+    if BIAS != "none":
+        acc = acc + load_f32(bias_ptr + cols * stride_bias, n_mask, BIAS)[None, :]
+    acc = activate(acc, ACTIVATION)
+    if OUT == "fp8" or OUT == "int8":
+        # Elements past M and N must not reach a group's amax; the codes come back to acc's layout (the
+        # reshapes' round trip: no data moves) for the stores.
+        res, scale = group_quantize(gl.where(mask, acc, 0.0), eps, OUT_GROUP, OUT, UE8M0_OUT, True)
+        res = gl.convert_layout(res, layout)
+        _store_scales(out_scale_ptr, scale, row0, col0, M, N, stride_osm, OUT_GROUP)
+    elif OUT == "bf16":
+        res = bf16_encode(acc)
+    else:
+        res = acc
+    return res, rows, cols, mask
+
+
+@gluon.jit
+def _staged_epilogue(acc, scratch, row0, col0, M, N, bias_ptr, stride_bias, out_ptr, stride_om, out_scale_ptr,
+                     stride_osm, eps, BIAS: gl.constexpr, ACTIVATION: gl.constexpr, OUT: gl.constexpr,
+                     OUT_GROUP: gl.constexpr, UE8M0_OUT: gl.constexpr, EPI_ROWS: gl.constexpr):
+    """The epilogue of one warpgroup's sub-tile `acc` [ROWS, SUB_N] through shared memory: `acc` into
+    `scratch` (fp32 [ROWS, SUB_N]), then EPI_ROWS rows at a time in a loop that stays a loop, with
+    masked stores. Applied to the MMA's registers directly, an activation's code is unrolled over every
+    element a thread holds (64 at 128 × 128, in each consumer's copy): under ncu the GELU kernel's
+    warps spent 42 % of their stall samples waiting for instructions (docs/performance.md, round 9)."""
+    ROWS: gl.constexpr = acc.shape[0]
+    SUB_N: gl.constexpr = acc.shape[1]
+    STEPS: gl.constexpr = ROWS // EPI_ROWS
+    # A warp per row, SUB_N / 32 consecutive columns a thread: coalesced stores, a group within a row.
+    layout: gl.constexpr = gl.BlockedLayout([1, SUB_N // 32], [1, 32], [4, 1], [1, 0])
+    scratch.store(acc)
+    _barrier()
+    # A shared-memory view takes a loop's index as an index, not as a slice's start. Its swizzle's
+    # phase is the row mod 8: the same in the view where EPI_ROWS is a multiple of 8.
+    steps = _in_steps(scratch, STEPS)
+    for i in range(STEPS):
+        res, rows, cols, mask = _finished(steps.index(i).load(layout), row0 + i * EPI_ROWS, col0, M, N, bias_ptr,
+                                          stride_bias, out_scale_ptr, stride_osm, eps, BIAS, ACTIVATION, OUT,
+                                          OUT_GROUP, UE8M0_OUT)
+        gl.store(out_ptr + rows[:, None] * stride_om + cols[None, :], res.to(out_ptr.dtype.element_ty), mask=mask)
+    _barrier()  # every row read before the next sub-tile is stored
+
+
+@gluon.jit
 def _consume(a_bufs, b_bufs, ready, empty, out_desc, c_smem, params, C: gl.constexpr, SCALE_BN: gl.constexpr,
              BIAS: gl.constexpr, ACTIVATION: gl.constexpr, OUT: gl.constexpr, OUT_GROUP: gl.constexpr,
              UE8M0_OUT: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr, PIPELINE: gl.constexpr,
-             TMA_OUT: gl.constexpr):
+             TMA_OUT: gl.constexpr, EPI_ROWS: gl.constexpr):
     """Consumer warpgroup C: rows [C·ROWS, (C+1)·ROWS) of every tile of this program, K block by K
-    block from the slot ring, in column sub-tiles of SUB_N, then the epilogue sub-tile by sub-tile from
-    the MMA's register layout: through shared memory and a TMA store (TMA_OUT: out_desc, this
-    warpgroup's EPI buffers in c_smem, taken in turn; the stores of one tile run during the next tile's
-    main loop) or with masked stores. `params`: the kernel's pointers, sizes, strides and eps
-    (`block_scaled_mm_ws_kernel`)."""
+    block from the slot ring, in column sub-tiles of SUB_N, then the epilogue sub-tile by sub-tile:
+    staged in shared memory EPI_ROWS rows at a time (EPI_ROWS > 0: c_smem holds this warpgroup's fp32
+    sub-tile, `_staged_epilogue`), else from the MMA's register layout, through shared memory and a TMA
+    store (TMA_OUT: out_desc, this warpgroup's EPI buffers in c_smem, taken in turn; the stores of one
+    tile run during the next tile's main loop) or with masked stores. `params`: the kernel's pointers,
+    sizes, strides and eps (`block_scaled_mm_ws_kernel`)."""
     a_scale_ptr, b_scale_ptr, bias_ptr, out_ptr, out_scale_ptr, M, N, K, stride_asm, stride_ask, stride_bsn, \
         stride_bsk, stride_bias, stride_om, stride_osm, eps = params
     BLOCK_M: gl.constexpr = a_bufs.type.shape[1]
@@ -284,34 +356,23 @@ def _consume(a_bufs, b_bufs, ready, empty, out_desc, c_smem, params, C: gl.const
 
         for j in gl.static_range(NSUB):
             col0 = pid_n * BLOCK_N + j * SUB_N
-            cols = col0 + gl.arange(0, SUB_N, layout=gl.SliceLayout(0, mma))
-            n_mask = cols < N
-            mask = (rows < M)[:, None] & n_mask[None, :]
-            acc = accs[j]
-            if BIAS != "none":
-                acc = acc + load_f32(bias_ptr + cols * stride_bias, n_mask, BIAS)[None, :]
-            acc = activate(acc, ACTIVATION)
-            if OUT == "fp8" or OUT == "int8":
-                # Elements past M and N must not reach a group's amax; the codes come back to the MMA's
-                # layout (the reshapes' round trip: no data moves) for the stores below.
-                res, scale = group_quantize(gl.where(mask, acc, 0.0), eps, OUT_GROUP, OUT, UE8M0_OUT, True)
-                res = gl.convert_layout(res, mma)
-                _store_scales(out_scale_ptr, scale, row0, col0, M, N, stride_osm, OUT_GROUP)
-            elif OUT == "bf16":
-                res = bf16_encode(acc)
+            if EPI_ROWS:
+                _staged_epilogue(accs[j], c_smem.index(C), row0, col0, M, N, bias_ptr, stride_bias, out_ptr, stride_om,
+                                 out_scale_ptr, stride_osm, eps, BIAS, ACTIVATION, OUT, OUT_GROUP, UE8M0_OUT, EPI_ROWS)
             else:
-                res = acc
-            if TMA_OUT:
-                # Stores complete in order, and NSUB is a multiple of EPI: with at most EPI - 1 of them
-                # pending, the one that last read this buffer (this tile's or the previous one's) is done.
-                tma.store_wait(pendings=EPI - 1)
-                buf = c_smem.index(C * EPI + j % EPI)
-                buf.store(res.to(buf.dtype))
-                fence_async_shared()
-                _tma_store(out_desc, [row0, col0], buf)
-            else:
-                gl.store(out_ptr + rows[:, None] * stride_om + cols[None, :], res.to(out_ptr.dtype.element_ty),
-                         mask=mask)
+                res, rows, cols, mask = _finished(accs[j], row0, col0, M, N, bias_ptr, stride_bias, out_scale_ptr,
+                                                  stride_osm, eps, BIAS, ACTIVATION, OUT, OUT_GROUP, UE8M0_OUT)
+                if TMA_OUT:
+                    # Stores complete in order, and NSUB is a multiple of EPI: with at most EPI - 1 of them
+                    # pending, the one that last read this buffer (this tile's or the previous one's) is done.
+                    tma.store_wait(pendings=EPI - 1)
+                    buf = c_smem.index(C * EPI + j % EPI)
+                    buf.store(res.to(buf.dtype))
+                    fence_async_shared()
+                    _tma_store(out_desc, [row0, col0], buf)
+                else:
+                    gl.store(out_ptr + rows[:, None] * stride_om + cols[None, :], res.to(out_ptr.dtype.element_ty),
+                             mask=mask)
     if TMA_OUT:
         tma.store_wait(pendings=0)
 
@@ -323,7 +384,7 @@ def block_scaled_mm_ws_kernel(
         SCALE_BN: gl.constexpr, BIAS: gl.constexpr, ACTIVATION: gl.constexpr, OUT: gl.constexpr,
         OUT_GROUP: gl.constexpr, UE8M0_OUT: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
         GROUP_M: gl.constexpr, PIPELINE: gl.constexpr, TMA_OUT: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-        PRODUCER_REGS: gl.constexpr):
+        PRODUCER_REGS: gl.constexpr, EPI_ROWS: gl.constexpr):
     """a [M, K] @ b [N, K]^T with block scales and a fused epilogue, on sm_90.
 
     a_desc / b_desc: Gluon TMA descriptors over a and b (e4m3 or int8, both alike) with blocks
@@ -337,13 +398,19 @@ def block_scaled_mm_ws_kernel(
     out_desc (blocks [BLOCK_M / 2, SUB_N]) when TMA_OUT, else through out_ptr with row stride
     stride_om. Launched with num_warps=4 (the default partition, consumer 0) and a grid of at most
     one program per SM; STAGES slots in the ring; PIPELINE as in the module docstring; CONSUMER_REGS /
-    PRODUCER_REGS the registers per thread of the worker partitions.
+    PRODUCER_REGS the registers per thread of the worker partitions; EPI_ROWS > 0 stages the epilogue
+    through shared memory that many rows at a time (`_staged_epilogue`; TMA_OUT must then be off).
     """
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
     NSUB: gl.constexpr = BLOCK_N // b_desc.block_type.shape[0]
     # Slot s holds B's sub-tiles s·NSUB, ..., s·NSUB + NSUB - 1.
     b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES * NSUB] + b_desc.block_type.shape, b_desc.layout)
-    if TMA_OUT:
+    if EPI_ROWS:
+        # Per consumer warpgroup one fp32 sub-tile, swizzled in 8-element units by row: the MMA layout's
+        # stores (two columns of eight rows a warp) then spread over the banks.
+        c_smem = gl.allocate_shared_memory(gl.float32, [2, a_desc.block_type.shape[0] // 2, b_desc.block_type.shape[0]],
+                                           gl.SwizzledSharedLayout(8, 1, 8, [1, 0]))
+    elif TMA_OUT:
         # Per consumer warpgroup EPI buffers of one column sub-tile, used in turn: two where NSUB is even
         # (halving the shared memory of a 256-wide tile's), else one per sub-tile.
         EPI: gl.constexpr = 2 if NSUB % 2 == 0 else NSUB
@@ -360,8 +427,8 @@ def block_scaled_mm_ws_kernel(
               stride_bsn, stride_bsk, stride_bias, stride_om, stride_osm, eps)
     gl.warp_specialize([
         (_consume, (a_bufs, b_bufs, ready, empty, out_desc, c_smem, params, 0, SCALE_BN, BIAS, ACTIVATION, OUT,
-                    OUT_GROUP, UE8M0_OUT, BLOCK_N, GROUP_M, PIPELINE, TMA_OUT)),
+                    OUT_GROUP, UE8M0_OUT, BLOCK_N, GROUP_M, PIPELINE, TMA_OUT, EPI_ROWS)),
         (_consume, (a_bufs, b_bufs, ready, empty, out_desc, c_smem, params, 1, SCALE_BN, BIAS, ACTIVATION, OUT,
-                    OUT_GROUP, UE8M0_OUT, BLOCK_N, GROUP_M, PIPELINE, TMA_OUT)),
+                    OUT_GROUP, UE8M0_OUT, BLOCK_N, GROUP_M, PIPELINE, TMA_OUT, EPI_ROWS)),
         (_produce, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, BLOCK_N, GROUP_M)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
