@@ -23,12 +23,11 @@ OPS_FMTS = [(op, fmt) for op in ("scaled_mm", "quant_linear") for fmt in ("fp8_e
 
 
 def gemm_query(profile="sm90", fmt="fp8_e4m3", op="scaled_mm", m=4096, block_k=128, out_fmt=None, fused=False,
-               out_group=128, bias_only=False):
+               out_group=128):
     p = capability.simulated_profile(profile) if isinstance(profile, str) else profile
     blocks = (128, block_k) + ((out_group,) if out_fmt else ())
     return GemmQuery(op, p, fmt, out_fmt, blocks, m_bucket(m), nk=(7168, 2048), block_k=block_k,
-                     out_group=out_group if out_fmt else 0, fused=fused or bias_only or out_fmt is not None,
-                     bias_only=bias_only)  # as specs.gemm
+                     out_group=out_group if out_fmt else 0, fused=fused or out_fmt is not None)  # as specs.gemm
 
 
 @pytest.fixture
@@ -66,10 +65,10 @@ def test_a_gpu_with_the_shipped_tables_selects_it_exactly_where_they_rank_it_fir
                 first = own[:1] == [GLUON]
                 ranked_first += [first]
                 assert (registry.select(gemm_query(gpu, fmt, op, m)).label == GLUON) == first, (table.device, op, fmt, m)
-                # With a bias, the same ranking without cuBLAS, which would add it in passes of its own.
+                # With an epilogue, the same ranking without cuBLAS, which would run it in passes of its own.
                 fused = [name for name in own if name != "torch[cublas]"][:1] == [GLUON]
-                selected = registry.select(gemm_query(gpu, fmt, op, m, bias_only=True)).label
-                assert (selected == GLUON) == fused, (table.device, op, fmt, m, "bias")
+                selected = registry.select(gemm_query(gpu, fmt, op, m, fused=True)).label
+                assert (selected == GLUON) == fused, (table.device, op, fmt, m, "epilogue")
     assert any(ranked_first)  # the H100's table (round 4) ranks it first for FP8 at 128-512 rows, INT8 from 512
 
 
@@ -80,8 +79,9 @@ def test_a_measured_table_that_lists_it_selects_it(installed, monkeypatch):
     assert registry.select(gemm_query(gpu, m=4096)).label == GLUON
     assert registry.select(gemm_query(gpu, "int8", "quant_linear", m=16384)).label == GLUON
     assert registry.select(gemm_query(gpu, m=512)).label == "triton"
-    # A re-quantized output is a fused call, which the tables (timed on plain GEMMs) do not decide.
-    assert registry.select(gemm_query(gpu, m=4096, out_fmt="fp8_e4m3")).label == "triton"
+    # A re-quantized output is a fused epilogue, which ranks as the plain GEMM.
+    assert registry.select(gemm_query(gpu, m=4096, out_fmt="fp8_e4m3")).label == GLUON
+    assert registry.select(gemm_query(gpu, m=512, out_fmt="fp8_e4m3")).label == "triton"
 
 
 @pytest.mark.parametrize("fmt", ["fp8_e4m3", "int8"])

@@ -51,15 +51,12 @@ def test_lookup_takes_the_nearest_bucket_below(monkeypatch, tmp_path):
     ql = GemmQuery("quant_linear", H100, "fp8_e4m3", blocks=(128, 128), m_bucket=4096, nk=(2112, 7168))
     assert registry.current_priority(ql) == ("torch[cublas]", "triton", "cupy", "torch")
     assert registry.table.ordered("quant_linear", registry.current_priority(ql))[0].label == "triton"
-    # activations and re-quantized outputs are not what the bench times: they keep the default order
+    # a fused epilogue (bias, activation, re-quantization) ranks as the plain GEMM, among the
+    # implementations that compute it in their kernel
     fused = GemmQuery("scaled_mm", H100, "fp8_e4m3", blocks=(128, 128), m_bucket=4096, nk=(2112, 7168), fused=True)
-    assert registry.current_priority(fused) == ("triton", "cupy", "torch")
-    assert registry.current_priority(replace(fused, m_bucket=64)) == ("triton", "cupy", "torch")
-    # a bias alone ranks as the plain GEMM, among the implementations that add it in their kernel
-    biased = replace(fused, bias_only=True)
-    assert registry.current_priority(replace(biased, m_bucket=64)) == ("cupy", "triton", "torch")
-    assert registry.current_priority(biased) == ("triton", "cupy", "torch")  # cuBLAS adds it in passes of its own
-    assert registry.table.ordered("scaled_mm", registry.current_priority(biased))[0].label == "triton"
+    assert registry.current_priority(replace(fused, m_bucket=64)) == ("cupy", "triton", "torch")
+    assert registry.current_priority(fused) == ("triton", "cupy", "torch")  # cuBLAS adds it in passes of its own
+    assert registry.table.ordered("scaled_mm", registry.current_priority(fused))[0].label == "triton"
     # a simulated profile never uses the real GPU's measurements
     sim = H100.model_copy(update={"simulated_from": "NVIDIA H100 80GB HBM3"})
     plain = GemmQuery("scaled_mm", sim, "fp8_e4m3", m_bucket=4096)
@@ -92,20 +89,19 @@ def test_written_tables_go_to_the_user_data_folder_and_take_precedence(monkeypat
 
 
 @pytest.mark.parametrize("op", ["scaled_mm", "quant_linear"])
-def test_the_gemm_specs_tell_a_bias_alone_from_other_epilogues(op):
-    """What `GemmQuery.timed` reads: a bias and nothing else is `bias_only`; with an activation (or a
-    re-quantized output) the epilogue is fused but not bias-only; without any, neither."""
+def test_the_gemm_specs_mark_every_fused_epilogue(op):
+    """What `GemmQuery.fuses_epilogue` reads: a bias, an activation or a re-quantized output is a fused
+    epilogue; none is a plain GEMM."""
     from quantcore import opdef, ops
 
     x = torch.randn(4, 256)
     w, w_s = ops.weight_quant(torch.randn(128, 256), dtype=torch.int8)
     args = (*ops.act_quant(x, dtype=torch.int8), w, w_s) if op == "scaled_mm" else (x, w, w_s)
     bias = torch.randn(128)
-    cases = [({}, (False, False)), (dict(bias=bias), (True, True)), (dict(activation="gelu"), (True, False)),
-             (dict(bias=bias, activation="silu"), (True, False))]
+    cases = [({}, False), (dict(bias=bias), True), (dict(activation="gelu"), True),
+             (dict(bias=bias, activation="silu"), True)]
     if op == "scaled_mm":
-        cases.append((dict(bias=bias, out_quant=torch.int8), (True, False)))
+        cases.append((dict(out_quant=torch.int8), True))
     for options, expected in cases:
         query = opdef.get(op).spec(*args, **options).query
-        assert (query.fused, query.bias_only) == expected, options
-        assert query.timed == (expected == (False, False) or expected[1])
+        assert query.fused == query.fuses_epilogue == expected, options

@@ -58,18 +58,18 @@ def priority_state() -> tuple:
 
 def current_priority(query: Query) -> tuple[str, ...]:
     """The priority in force for a call: context, then environment, then the measured table of this
-    GPU model (not while simulating another; not for calls the bench's timings do not speak for, such
-    as GEMMs with an activation: `Query.timed`), then the default for the device kind. A measured table
+    GPU model (not while simulating another), then the default for the device kind. A measured table
     never brings in an opt-in variant (only a priority the user names does): one found in a table,
-    written by hand, is dropped; nor, for a call with a fused epilogue (a GEMM's bias), one that runs
-    the epilogue as passes of its own (`Impl.separate_epilogue`)."""
+    written by hand, is dropped; nor, for a call with a fused epilogue (a GEMM's bias, activation or
+    re-quantized output: `Query.fuses_epilogue`), one that runs the epilogue as passes of its own
+    (`Impl.separate_epilogue`)."""
     explicit = explicit_priority()
     if explicit:
         order = explicit[0]
         check_names(order)
     else:
         p = query.profile
-        found = None if p.kind != "cuda" or p.simulated_from or not query.timed else measured.lookup(
+        found = None if p.kind != "cuda" or p.simulated_from else measured.lookup(
             p.name, query.measured_as, query.fmt, query.m_bucket)
         if found:
             skipped = table.opt_in_labels(query.op)

@@ -31,11 +31,6 @@ class Query:
     m_bucket: int = 0
 
     @property
-    def timed(self) -> bool:
-        """Whether the bench times calls like this one, so that a measured priority applies to it."""
-        return True
-
-    @property
     def measured_as(self) -> str:
         """The op whose measured priorities rank this call's implementations: its own."""
         return self.op

@@ -58,8 +58,7 @@ def scaled_mm(a, a_scale, b, b_scale, bias=None, *, activation=None, out_dtype=t
     return Prepared(
         GemmQuery(op, profile, fmt.name, out_fmt.name if out_fmt else None, blocks, m_bucket(a2.shape[0]), (N, K),
                   block_k=bk, out_group=group if out_fmt else 0,
-                  fused=bias is not None or act is not None or out_fmt is not None,
-                  bias_only=bias is not None and act is None and out_fmt is None),
+                  fused=bias is not None or act is not None or out_fmt is not None),
         dict(a=a2, a_scale=a_scale.reshape(-1, kb), b=checks.last_dim_contiguous(b), b_scale=b_scale,
              block_n=checks.within(bn, N), block_k=bk, bias=bias, activation=act, out_dtype=out,
              out_quant=out_fmt.dtype if out_fmt else None, out_group=group, ue8m0_out=ue8m0_out, eps=floor,
@@ -105,7 +104,7 @@ def quant_linear(x, w, w_scale, bias=None, *, activation=None, out_dtype=torch.b
     profile = capability.profile_for(x.device)
     return Prepared(
         GemmQuery(op, profile, fmt.name, None, (bn, bk), m_bucket(x2.shape[0]), (w.shape[0], K), block_k=bk,
-                  fused=bias is not None or act is not None, bias_only=bias is not None and act is None),
+                  fused=bias is not None or act is not None),
         dict(x=x2, w=checks.last_dim_contiguous(w), w_scale=w_scale, block_n=checks.within(bn, w.shape[0]), block_k=bk,
              bias=bias,
              activation=act, out_dtype=out, ue8m0=ue8m0, eps=floor, profile=profile),

@@ -17,33 +17,32 @@ from ..registry.query import Query
 class GemmQuery(Query):
     """A GEMM call: `nk` its (N, K), `block_k` its K block (= the activation group), `out_group` the
     re-quantization group of a GEMM with out_quant (0 without), `fused` whether it has an epilogue
-    (bias, activation, re-quantization), `bias_only` whether that epilogue is a bias and nothing else."""
+    (bias, activation, re-quantization)."""
 
     nk: tuple[int, int] | None = None
     block_k: int = 0
     out_group: int = 0
     fused: bool = False
-    bias_only: bool = False
-
-    @property
-    def timed(self) -> bool:
-        """The bench times plain GEMMs, and a GEMM whose only epilogue is a bias ranks as the plain one
-        among the implementations that add it in their kernel: on the H100 the measured ranking's first
-        such implementation was the fastest with a bias in geometric mean over nine shapes, at M = 128 and
-        4096, FP8 and INT8 (docs/bench/round8/epilogue_select.txt). An activation or a re-quantization can
-        cost the fastest plain kernel more than it gains (there the Gluon GEMM took 1.4-2.1x the tiled
-        kernel's time with a GELU), so such GEMMs keep the default order."""
-        return not self.fused or self.bias_only
 
     @property
     def fuses_epilogue(self) -> bool:
+        """A GEMM with an epilogue ranks as the plain one (the bench times plain GEMMs) among the
+        implementations that compute the epilogue in their kernel. Measured on the H100, FP8 and INT8:
+        with a bias, the ranking's first such implementation was the fastest in geometric mean over
+        nine shapes at M = 128 and 4096 (docs/bench/round8/epilogue_select.txt). With an activation or
+        a re-quantized output, since the Gluon kernel stages its activation epilogue through shared
+        memory, the tiled kernel took 1.14-1.24x the Gluon kernel's time with SiLU or GELU and 1.08-2.67x
+        with a re-quantized output (FP8, nine shapes, M = 128 and 16384; round9/epilogue_select.txt), and
+        1.06-1.28x over six shapes at 512 and 4096 rows (FP8 and INT8; round9/gluon_staged.txt); INT8 at
+        128 rows, which the table gives the tiled kernel, was faster there with SiLU or GELU (the Gluon
+        kernel's time / the tiled kernel's 0.84-0.89 over seven shapes)."""
         return self.fused
 
     @property
     def measured_as(self) -> str:
         """scaled_mm for both GEMM ops: the bench times scaled_mm, and quant_linear is act_quant and the
-        same GEMM (at decode sizes one launch of the same kernel), whose time dominates, so a plain
-        quant_linear follows scaled_mm's ranking (skipping what has no quant_linear, as cuBLAS)."""
+        same GEMM (at decode sizes one launch of the same kernel), whose time dominates, so quant_linear
+        follows scaled_mm's ranking (skipping what has no quant_linear, as cuBLAS)."""
         return "scaled_mm"
 
 
