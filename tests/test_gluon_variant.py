@@ -113,11 +113,26 @@ def test_a_config_whose_sub_tile_a_group_does_not_divide_is_refused(config):
     (dict(block_n=512, sub_n=64), "dividing block_n 512, at most 256"),
     (dict(sub_n=48), "sub-tile 48 (sub_n, else block_n) must be a power of two"),
     (dict(producer_regs=20), "producer_regs must be a multiple of 8 from 24 to 64, got 20"),
+    (dict(epi_rows=4), "epi_rows must be 0, None or a power of two from 8 dividing a consumer's 64 rows, got 4"),
+    (dict(epi_rows=24), "epi_rows must be 0, None or a power of two from 8 dividing a consumer's 64 rows, got 24"),
+    (dict(epi_rows=128), "dividing a consumer's 64 rows, got 128"),
 ])
 def test_a_config_the_kernel_cannot_take_is_refused(fields, message):
     gluon_launch = pytest.importorskip("quantcore.backends.triton.gluon_launch")
     with pytest.raises(InvalidInputError, match=re.escape(message)):
         gluon_launch.GluonConfig(**fields)
+
+
+def test_a_staged_epilogue_trades_the_output_buffers_for_fp32_ones():
+    """Staged, each consumer's fp32 sub-tile replaces the TMA store's output buffers in the shared-memory
+    count: for the default tile a ring stage fewer than with a bf16 output."""
+    gluon_launch = pytest.importorskip("quantcore.backends.triton.gluon_launch")
+    cfg, sub_tiled = gluon_launch.DEFAULT, gluon_launch.GluonConfig(block_n=256, sub_n=64, producer_regs=24)
+    assert cfg.smem_bytes(5, 128, 2, staged=True) - cfg.smem_bytes(5, 128, 2) == 128 * 128 * (4 - 2)
+    assert sub_tiled.smem_bytes(4, 128, 2, staged=True) == 4 * 384 * 128 + 128 * 64 * 4 + 1024
+    sm90 = capability.simulated_profile("sm90")
+    assert gluon_launch._fitted(cfg, 128, 2, 128, sm90, staged=False)[0] == 6
+    assert gluon_launch._fitted(cfg, 128, 2, 128, sm90, staged=True)[0] == 5
 
 
 def test_the_consumers_share_what_the_producer_leaves():
