@@ -35,6 +35,7 @@ from helpers import (  # noqa: E402
     outputs_of_every_op_on_grad_inputs, randn, reference_quant_linear, tail_blocks, tail_gemm_operands)
 from quantcore import InvalidInputError, opdef, ops  # noqa: E402
 from quantcore.backends import torch as ref  # noqa: E402
+from quantcore.backends import splitk  # noqa: E402
 from quantcore.backends.triton import configs, launch  # noqa: E402
 from quantcore.backends.triton.kernels.cast import bf16_encode  # noqa: E402
 from quantcore.backends.triton.kernels.epilogue import activate  # noqa: E402
@@ -576,11 +577,15 @@ def test_decode_split_k_sums_in_a_fixed_order(gen, monkeypatch, qdtype, split_k)
 @pytest.mark.parametrize("profile", ["sm90", "sm80"])
 @pytest.mark.parametrize("qdtype", QDTYPES)
 @pytest.mark.parametrize("M,K,block", [(1, 300, (128, 128)), (3, 256, (64, 128)), (5, 256, (64, 128)), (8, 300, (128, 128)),
-                                       (64, 130, (128, 64)), (70, 300, (128, 128))])
+                                       (16, 1000, (128, 128)), (33, 2000, (128, 128)), (64, 130, (128, 64)),
+                                       (70, 300, (128, 128))])
 def test_quant_linear_is_act_quant_then_scaled_mm_bit_for_bit(gen, profile, qdtype, M, K, block):
-    """The decode kernel's quantizing prologue (`configs.fused`: M <= 4 everywhere, <= 8 up to K = 8192 on sm_90), act_quant + the decode kernel
-    (M <= 64) and + the tiled kernel (M > 64)."""
+    """The decode kernel quantizing in each program (`configs.fused`: M <= 4 everywhere, <= 8 up to K =
+    8192 on sm_90) or once per launch (sm_90 to 64 rows; split K at 2000), act_quant + the decode
+    kernel (M <= 64) and + the tiled kernel (M > 64); a NaN group stays in its row. The flags of the
+    once-quantized activation are back at zero after each launch."""
     x, w = randn((M, K), gen=gen, dtype=torch.bfloat16), randn((90, K), gen=gen)
+    x[M // 2, K // 3] = float("nan")
     wq, w_s = ref.weight_quant(w, qdtype=qdtype, block_n=block[0], block_k=block[1], ue8m0=False, eps=1e-4)
     bias = randn((90,), gen=gen)
     for ue8m0 in (False, True):
@@ -590,7 +595,9 @@ def test_quant_linear_is_act_quant_then_scaled_mm_bit_for_bit(gen, profile, qdty
         want = launch.scaled_mm(aq, a_s, wq, w_s, out_quant=None, out_group=block[1], ue8m0_out=False,
                                 **_on(profile, qdtype), **kw)
         got = launch.quant_linear(x, wq, w_s, ue8m0=ue8m0, **_on(profile, qdtype), **kw)
-        assert torch.equal(got, want)
+        assert torch.equal(got.nan_to_num(), want.nan_to_num()) and torch.equal(got.isnan(), want.isnan())
+        assert got.isnan().any(dim=1).sum() == 1
+        assert not any(c.any() for c in splitk.counters())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -735,11 +742,12 @@ def test_decode_configs_split_k_evenly_and_fit_shared_memory():
 
 
 def test_quant_linear_fuses_within_its_tables_bounds_only():
-    """One launch where the table's rules hold M and K (sm_90: M <= 4, or M <= 8 up to K = 8192),
-    act_quant + the GEMM elsewhere; never beyond the decode kernel's own M bound."""
-    assert [configs.fused(SM90, M, K) for M, K in ((1, 16384), (4, 16384), (8, 8192), (8, 8193), (9, 128))] == [
-        True, True, True, False, False]
-    assert [configs.fused(SM80, M, K) for M, K in ((4, 16384), (5, 128), (8, 128))] == [True, False, False]
+    """One launch where the table's rules hold M and K (sm_90: each program quantizing for M <= 4, or
+    M <= 8 up to K = 8192, then once per launch to 64 rows), act_quant + the GEMM elsewhere; never
+    beyond the decode kernel's own M bound."""
+    shapes = ((1, 16384), (4, 16384), (8, 8192), (8, 8193), (64, 128), (65, 128))
+    assert [configs.fused(SM90, M, K) for M, K in shapes] == ["program", "program", "program", "once", "once", None]
+    assert [configs.fused(SM80, M, K) for M, K in ((4, 16384), (5, 128), (8, 128))] == ["program", None, None]
     for profile in (SM90, SM80, SIMULATED["sm75"], SIMULATED["sm89"]):
         decode_bound = min(configs.decode_m_max(profile, mma) for mma in ("fp8", "int8", "fp16"))
         assert not configs.fused(profile, decode_bound + 1, 128)

@@ -18,8 +18,10 @@ device, the CPU interpreter included. A file holds:
 - `"decode"`: the GEMM at decode sizes, M <= `m_max` (kernels/decode.py; `mma_m_max` {mma kind: bound}
   overrides it per MMA kind), and quant_linear fused into
   one launch (the activation quantized in the GEMM's prologue) where a `"fused"` rule `{"m_max",
-  "k_max"}` holds M and K: every program quantizes its K range of the activation again, work that
-  grows with M and (through the programs' K ranges) with K, so beyond these bounds act_quant + the
+  "k_max", "quantize"}` holds M and K (the first that does applies). `"quantize": "program"` (the
+  default): every program quantizes its K range of the activation again, work that grows with M and
+  (through the programs' K ranges) with K; `"once"`: the programs quantize it once between them
+  into a workspace and wait for it (kernels/quantize_once.py). Beyond the rules act_quant + the
   decode GEMM take less GPU time (measured on the H100). Rules `{"mma", "m_max",
   "n_min", "n_max", "k_max", "config": [BLOCK_N, num_warps, num_stages], "waves", "min_kb_per_split"}`,
   the first match applies (a large `min_kb_per_split` keeps K whole: no split-K reduction where
@@ -191,10 +193,13 @@ def decode_m_max(profile, mma: str) -> int:
     return decode.get("mma_m_max", {}).get(mma, decode["m_max"])
 
 
-def fused(profile, M: int, K: int) -> bool:
-    """Whether quant_linear of M rows over K runs as one launch (the decode GEMM's quantizing
-    prologue) on `profile`: the first `"fused"` rule holding M and K says so."""
-    return any(_within(r["m_max"], M) and _within(r.get("k_max"), K) for r in _table(_arch(profile))["decode"]["fused"])
+def fused(profile, M: int, K: int) -> str | None:
+    """How quant_linear of M rows over K quantizes its activation inside the decode GEMM on `profile`,
+    the first `"fused"` rule holding M and K says: "program" (each program its own K range) or "once"
+    (once per launch, shared through a workspace); None: act_quant + the GEMM, two launches."""
+    rule = next((r for r in _table(_arch(profile))["decode"]["fused"]
+                 if _within(r["m_max"], M) and _within(r.get("k_max"), K)), None)
+    return None if rule is None else rule.get("quantize", "program")
 
 
 @functools.lru_cache(maxsize=4096)

@@ -254,37 +254,54 @@ def scaled_mm(a, a_scale, b, b_scale, *, block_n, block_k, bias, activation, out
 @prepared
 def quant_linear(x, w, w_scale, *, block_n, block_k, bias, activation, out_dtype, ue8m0, eps, profile, mma,
                  lead=None):
-    """act_quant(x) per 1×block_k group into w's format, then scaled_mm with w: in one launch for the
-    few rows of decode (where `configs.fused` says so: the GEMM's prologue quantizes, bit for bit the
-    two ops), else as the two ops above.
+    """act_quant(x) per 1×block_k group into w's format, then scaled_mm with w: in one launch at decode
+    sizes (where `configs.fused` says so: the decode GEMM quantizes the activation itself, bit for bit
+    the two ops), else as the two ops above.
 
     x [M, K] bf16/fp16/fp32, w [N, K] fp8_e4m3fn/int8, w_scale [ceil(N/Bn), ceil(K/Bk)] fp32, bias [N]
     or None -> out [M, N] out_dtype. `ue8m0` and `eps` are the activation quantization's; `mma` and
     `lead` as scaled_mm's.
     """
     M, K = x.shape
-    if configs.fused(profile, M, K):
-        new_out = allocator((*((M,) if lead is None else lead), w.shape[0]), out_dtype, x.device)
-        out = torch.empty((M, w.shape[0]), dtype=out_dtype, device=x.device)  # the kernel's view of the result
-        gemm = _gemm(x, None, w, w_scale, bias, out, None, block_n=block_n, block_k=block_k, activation=activation,
-                     out_group=block_k, ue8m0_out=False, eps=eps, profile=profile, mma=mma, a_ue8m0=ue8m0)
+    mode = configs.fused(profile, M, K)
+    out = mode and torch.empty((M, w.shape[0]), dtype=out_dtype, device=x.device)  # the kernel's view of the result
+    gemm = mode and _gemm(x, None, w, w_scale, bias, out, None, block_n=block_n, block_k=block_k, activation=activation,
+                          out_group=block_k, ue8m0_out=False, eps=eps, profile=profile, mma=mma, a_ue8m0=ue8m0,
+                          once=mode == "once")
+    composed = None if gemm and mode == "program" else prepared_quant_linear(
+        act_quant, scaled_mm, x, w, w_scale, block_n=block_n, block_k=block_k, bias=bias, activation=activation,
+        out_dtype=out_dtype, ue8m0=ue8m0, eps=eps, profile=profile, mma=mma, lead=lead)
+    if not gemm:
+        return composed
+    new_out = allocator((*((M,) if lead is None else lead), w.shape[0]), out_dtype, x.device)
 
-        def fused(x, w, w_scale, bias=None):
-            out = new_out()
-            gemm(x, None, w, w_scale, bias, out, None)
-            return out
+    def fused(x, w, w_scale, bias=None):
+        out = new_out()
+        gemm(x, None, w, w_scale, bias, out, None)
+        return out
+    if composed is None:
         return _like(gemm, fused)
-    return prepared_quant_linear(act_quant, scaled_mm, x, w, w_scale, block_n=block_n, block_k=block_k, bias=bias,
-                                 activation=activation, out_dtype=out_dtype, ue8m0=ue8m0, eps=eps, profile=profile,
-                                 mma=mma, lead=lead)
+
+    # Quantized once per launch, the activation costs the GEMM 1.16-1.24x the GPU time of act_quant +
+    # scaled_mm (docs/bench/round10), and saves a launch's host time, ~20 µs a call on the H100's host:
+    # one launch eagerly, the two where a graph is captured (their replays have no host time).
+    capturing = torch.cuda.is_current_stream_capturing if x.device.type == "cuda" else bool
+
+    def fused_eagerly(x, w, w_scale, bias=None):
+        if capturing():
+            return composed(x, w, w_scale, bias)
+        return fused(x, w, w_scale, bias)
+    both = getattr(gemm, "by_address", False) and getattr(composed, "by_address", False)
+    return by_address(fused_eagerly) if both else fused_eagerly
 
 
 def _gemm(a, a_scale, b, b_scale, bias, out, out_scale, *, block_n, block_k, activation, out_group, ue8m0_out, eps,
-          profile, mma, a_ue8m0=False):
+          profile, mma, a_ue8m0=False, once=False):
     """A function (a, a_scale, b, b_scale, bias, out, out_scale) running the GEMM for operands laid out as
     these: the decode kernel for M <= the profile's decode bound, else the tiled one. `a` is quantized
     (with a_scale), or a float activation that the decode kernel quantizes itself (a_scale None; a_ue8m0
-    and eps are then act_quant's)."""
+    and eps are then act_quant's): each program its rows' K range, or `once` for all of them through a
+    workspace. None where that workspace cannot be had (it would grow while a graph is captured)."""
     M, K = a.shape
     N = b.shape[0]
     if out.numel() == 0:
@@ -304,18 +321,25 @@ def _gemm(a, a_scale, b, b_scale, bias, out, out_scale, *, block_n, block_k, act
     if M <= configs.decode_m_max(profile, mma):
         cfg = configs.decode_config(profile, M, N, K, mma=mma, block_k=block_k,
                                     min_block_n=out_group if quantized_out else 1)
-        ws, counters, cfg = _workspace(a.device, cfg, N)
+        quantized = a_scale is not None
+        rows = cfg.block_m if quantized else min(cfg.block_m, triton.next_power_of_2(M))
+        work = _workspace(a.device, cfg, N, (M, K, block_k, b.dtype) if once else None)
+        if work is None:
+            return None
+        ws, counters, codes, cfg = work
+        codes = codes or (out,) * 3
         launch = Launcher(decode_mm_kernel, (triton.cdiv(N, cfg.block_n), cfg.split_k), dict(
             constants, A=_KIND[a.dtype], UE8M0_A=bool(a_ue8m0), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-            SPLIT_K=cfg.split_k, STAGES=cfg.num_stages, QROWS=cfg.block_m if a_scale is not None else min(
-                cfg.block_m, triton.next_power_of_2(M)), num_warps=cfg.num_warps, num_stages=cfg.num_stages), a.device)
-        a_strides = (0, 0) if a_scale is None else (a_scale.stride(0), a_scale.stride(1))
+            SPLIT_K=cfg.split_k, STAGES=cfg.num_stages, QROWS=rows, ONCE=once,
+            KB_VEC=max(2, triton.next_power_of_2(cfg.kb_per_split)), num_warps=cfg.num_warps,
+            num_stages=cfg.num_stages), a.device)
+        a_strides = (a_scale.stride(0), a_scale.stride(1)) if quantized else (0, 0)
         scalars = (M, N, K, cfg.kb_per_split, a.stride(0), *a_strides, b.stride(0), b_scale.stride(0),
                    b_scale.stride(1), bias_stride, out.stride(0), out_scale_stride, eps, eps)
 
         def decode(a, a_scale, b, b_scale, bias, out, out_scale):
             launch(a, a if a_scale is None else a_scale, b, b_scale, out if bias is None else _kernel_bias(bias), out,
-                   out if out_scale is None else out_scale, ws, counters, *scalars)
+                   out if out_scale is None else out_scale, ws, counters, *codes, *scalars)
         return by_address(decode) if _native_bias(bias) else decode
 
     constants.update(GROUP_M=_GROUP_M)
@@ -375,14 +399,29 @@ def _like(inner, run):
     return by_address(run) if getattr(inner, "by_address", False) else run
 
 
-def _workspace(device: torch.device, cfg: configs.DecodeConfig, N: int):
-    """(fp32 partials, int32 counters, cfg) of a decode launch (`backends.splitk`): none for an unsplit
-    one, and none, with the launch unsplit, where the buffers cannot grow (a stream being captured)."""
-    if cfg.split_k == 1:
-        return None, None, cfg
-    tiles = triton.cdiv(N, cfg.block_n)
-    pair = splitk.buffers(device, cfg.split_k * tiles * cfg.block_n * cfg.block_m, tiles)
-    return (None, None, configs.unsplit(cfg)) if pair is None else (*pair, cfg)
+def _workspace(device: torch.device, cfg: configs.DecodeConfig, N: int, once: tuple | None):
+    """(fp32 partials, int32 counters, (codes, scales, flags) or None, cfg) of a decode launch, all views
+    of the buffers of `backends.splitk`: partials and counters (None when unsplit) for its split-K
+    reduction, and, where `once` = (M, K, block_k, code dtype), the workspace of an activation quantized
+    once in the launch (`kernels/quantize_once.py`). Where the buffers cannot grow (a stream being
+    captured) a split launch runs unsplit instead, and one that needs `once` gets None."""
+    tiles = triton.cdiv(N, cfg.block_n) if cfg.split_k > 1 else 0
+    partials = cfg.split_k * tiles * cfg.block_n * cfg.block_m
+    if once is not None:
+        M, K, block_k, dtype = once
+        kbs = triton.cdiv(K, block_k)
+        codes_at = -(-(partials + M * kbs) // 32) * 32  # 128-byte aligned
+        pair = splitk.buffers(device, codes_at + triton.cdiv(M * kbs * block_k, 4), tiles + kbs + 1)
+        if pair is None:
+            return None
+        ws, counters = pair
+        codes = (ws[codes_at:].view(torch.uint8 if dtype == torch.float8_e4m3fn else torch.int8)[:M * kbs * block_k],
+                 ws[partials:partials + M * kbs], counters[tiles:tiles + kbs + 1])
+        return ws, counters, codes, cfg
+    if not tiles:
+        return None, None, None, cfg
+    pair = splitk.buffers(device, partials, tiles)
+    return (None, None, None, configs.unsplit(cfg)) if pair is None else (*pair, None, cfg)
 
 
 def _hw_fp8(profile) -> bool:

@@ -14,7 +14,8 @@ order 0, 1, … (a fixed order, so results are bit-for-bit the same run to run),
 for the next launch and runs the epilogue. A sets where the activation comes from: quantized codes
 with their scales ("fp8"/"int8"), or a float tensor ("bf16"/"fp16"/"fp32") quantized per 1×BLOCK_K
 group in the prologue with act_quant's own formulas — so that a fused quantized linear is bit for bit
-act_quant followed by this GEMM.
+act_quant followed by this GEMM: by each program for the rows it reads (a few rows), or ONCE for all
+of them into a workspace (`quantize_once.py`), whose codes the loop then reads as quantized ones.
 """
 
 import triton
@@ -24,18 +25,19 @@ from .cast import to_f32
 from .fp8 import nan_absmax
 from .gemm import block_dot, finish_tile, tile_pointers
 from .quant import block_scale, quantize
+from .quantize_once import quantize_once, release_once
 
 
 @triton.jit
 def decode_mm_kernel(
         a_ptr, a_scale_ptr, b_ptr, b_scale_ptr, bias_ptr, out_ptr, out_scale_ptr, ws_ptr, counter_ptr,
-        M, N, K, kb_per_split, stride_am, stride_asm, stride_ask, stride_bn, stride_bsn, stride_bsk, stride_bias,
-        stride_om, stride_osm, eps, a_eps,
+        q_ptr, qs_ptr, flag_ptr, M, N, K, kb_per_split, stride_am, stride_asm, stride_ask, stride_bn, stride_bsn,
+        stride_bsk, stride_bias, stride_om, stride_osm, eps, a_eps,
         A: tl.constexpr, QFMT: tl.constexpr, USE_FP8_MMA: tl.constexpr, UE8M0_A: tl.constexpr,
         SCALE_BN: tl.constexpr, BIAS: tl.constexpr, ACTIVATION: tl.constexpr, OUT: tl.constexpr,
         OUT_GROUP: tl.constexpr, UE8M0_OUT: tl.constexpr, HW_FP8: tl.constexpr, BLOCK_M: tl.constexpr,
         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, STAGES: tl.constexpr,
-        QROWS: tl.constexpr):
+        QROWS: tl.constexpr, ONCE: tl.constexpr, KB_VEC: tl.constexpr):
     """out [M, N] = a [M, K] @ b [N, K]^T with block scales and the fused epilogue, for M ≤ BLOCK_M.
 
     A: "fp8"/"int8" reads codes a with a_scale [M, ceil(K/BLOCK_K)]; "bf16"/"fp16"/"fp32" reads a float
@@ -43,8 +45,10 @@ def decode_mm_kernel(
     (pid_n, pid_k) covers columns pid_n·BLOCK_N… and K blocks pid_k·kb_per_split…; ws_ptr holds
     SPLIT_K × cdiv(N, BLOCK_N) fp32 tiles of BLOCK_N × BLOCK_M and counter_ptr one int32 per column
     tile, zero between launches (unused when SPLIT_K == 1). STAGES: weight tiles in flight. QROWS:
-    the rows a float activation is quantized in (a power of two >= M, at most BLOCK_M). The rest is
-    block_scaled_mm_kernel's.
+    the rows a float activation is quantized in (a power of two >= M, at most BLOCK_M). ONCE (float A):
+    the programs quantize it once between them into codes q_ptr [M, cdiv(K, BLOCK_K)·BLOCK_K] and scales
+    qs_ptr [M, cdiv(K, BLOCK_K)], with flag_ptr's cdiv(K, BLOCK_K) + 1 int32 zero between launches
+    (`quantize_once.py`; KB_VEC: a power of two >= kb_per_split). The rest is block_scaled_mm_kernel's.
     """
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -64,17 +68,27 @@ def decode_mm_kernel(
 
     kb_start = pid_k * kb_per_split
     kb_end = tl.minimum(kb_start + kb_per_split, tl.cdiv(K, BLOCK_K))
+    CODES: tl.constexpr = A == "fp8" or A == "int8" or ONCE
+    if ONCE:
+        quantize_once(a_ptr, stride_am, q_ptr, qs_ptr, flag_ptr, kb_start, kb_end, pid_n, tl.num_programs(0), M, K,
+                      a_eps, A, QFMT, UE8M0_A, HW_FP8, QROWS, BLOCK_K, KB_VEC)
+        num_kb = tl.cdiv(K, BLOCK_K)
+        a_ptrs, _, a_s_ptrs, _ = tile_pointers(q_ptr, b_ptr, qs_ptr, b_scale_ptr, offs_m, offs_n, offs_k, pid_n, M, N,
+                                               num_kb * BLOCK_K, stride_bn, num_kb, stride_bsn, SCALE_BN, BLOCK_N)
+        stride_ask = 1
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    if A != "fp8" and A != "int8":
+    if not CODES:
         x_next = tl.load(x_ptrs + kb_start * BLOCK_K, mask=offs_k[None, :] < K - kb_start * BLOCK_K, other=0)
     # The pipelining depth is asked of the loop itself: with bounds that depend on the program (its K
     # split), the launch's num_stages alone left the weight loads synchronous (checked in the TTGIR).
     for kb in tl.range(kb_start, kb_end, num_stages=STAGES):
         k_mask = offs_k[None, :] < K - kb * BLOCK_K
         b = tl.load(b_ptrs + kb * BLOCK_K, mask=k_mask, other=0)
-        if A == "fp8" or A == "int8":
-            a = tl.load(a_ptrs + kb * BLOCK_K, mask=k_mask, other=0)
-            a_s = tl.load(a_s_ptrs + kb * stride_ask)
+        if CODES:
+            # Codes quantized once were written in this launch by other SMs: read from L2 (.cg), never
+            # a stale L1 line.
+            a = tl.load(a_ptrs + kb * BLOCK_K, mask=k_mask, other=0, cache_modifier=".cg" if ONCE else "")
+            a_s = tl.load(a_s_ptrs + kb * stride_ask, cache_modifier=".cg" if ONCE else "")
         else:
             x = to_f32(x_next, A)  # converted here, where it is used, so the load is waited for here
             x_next = tl.load(x_ptrs + (kb + 1) * BLOCK_K, mask=offs_k[None, :] < K - (kb + 1) * BLOCK_K, other=0)
@@ -89,6 +103,8 @@ def decode_mm_kernel(
             acc += part * (a_s * tl.load(b_s_ptrs + kb * stride_bsk))[None, :]
         else:
             acc += part * a_s[None, :] * tl.load(b_s_ptrs + kb * stride_bsk)[:, None]
+    if ONCE:
+        release_once(flag_ptr, tl.cdiv(K, BLOCK_K), tl.num_programs(0) * tl.num_programs(1), KB_VEC)
 
     if SPLIT_K == 1:
         finish_tile(tl.trans(acc), offs_m, offs_n, pid_n, M, N, bias_ptr, stride_bias, out_ptr, stride_om,
