@@ -9,6 +9,8 @@ plans reset in between), and whether the fused output is bit for bit the two lau
 decode model's three QuantLinear layers and bf16 nn.Linear at M = 16, 32, 64: host issue time per call.
 
 Run from the repository root: PYTHONPATH=$PWD python3 docs/bench/round10/once_probe.py [out.json]
+once_probe.txt: the kernel's first version (never committed: programs claimed every unclaimed block
+at once), "program" also at 16 rows; once_probe2.txt: the final version.
 """
 import json
 import sys
