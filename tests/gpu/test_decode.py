@@ -105,6 +105,40 @@ def test_cuda_graph_replays_the_quantized_linear(backend, m):
     assert not torch.equal(out, eager)
 
 
+def test_a_captured_quant_linear_runs_act_quant_then_the_gemm(monkeypatch):
+    """At 16 rows on the H100 the Triton quant_linear is one launch eagerly (the activation quantized once
+    inside the GEMM) and, captured into a graph, act_quant then the GEMM (less GPU time): the same bits."""
+    from quantcore.backends.triton import launch
+
+    w, w_s = ops.weight_quant(rand((1024, 3072), seed=7))
+    x = rand((16, 3072), seed=8)
+    calls, real = [], launch.Launcher
+
+    def recording(kernel, grid, constants, device, descriptors=None):
+        inner = real(kernel, grid, constants, device, descriptors)
+
+        def call(*args):
+            calls.append((kernel.fn.__name__, constants.get("ONCE", False)))
+            return inner(*args)
+        return call
+    monkeypatch.setattr(launch, "Launcher", recording)
+    registry.reset()  # plans kept by earlier tests hold the real launchers, and these must not outlive it
+    try:
+        with quantcore.priority("triton"):
+            eager = ops.quant_linear(x, w, w_s)
+            assert calls == [("decode_mm_kernel", True)]
+            calls.clear()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                out = ops.quant_linear(x, w, w_s)
+            assert calls == [("block_quant_kernel", False), ("decode_mm_kernel", False)]
+            graph.replay()
+            torch.cuda.synchronize()
+            assert torch.equal(out, eager)
+    finally:
+        registry.reset()
+
+
 @pytest.mark.parametrize("qdtype", list(FMTS))
 def test_layer_eagerly_and_in_a_cuda_graph_is_the_op(qdtype):
     """QuantLinear's kept call site (`dispatch.Site`) on decoder-shaped inputs [B, 1, K], with a bias:
