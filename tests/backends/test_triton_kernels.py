@@ -600,6 +600,24 @@ def test_quant_linear_is_act_quant_then_scaled_mm_bit_for_bit(gen, profile, qdty
         assert not any(c.any() for c in splitk.counters())
 
 
+@pytest.mark.parametrize("qdtype", QDTYPES)
+@pytest.mark.parametrize("xdtype", [torch.float16, torch.float32])
+def test_activation_quantized_once_reads_any_float_row_strided(gen, qdtype, xdtype):
+    """The once-per-launch quantization (sm_90, 9 to 64 rows) on fp16 and fp32 activations that are
+    column slices of a wider tensor (row stride != K): bit for bit act_quant + scaled_mm."""
+    M, K = 12, 700
+    assert configs.fused(SM90, M, K) == "once"
+    x = randn((M, K + 40), gen=gen, dtype=xdtype)[:, 40:]
+    wq, w_s = ref.weight_quant(randn((100, K), gen=gen), qdtype=qdtype, block_n=128, block_k=128, ue8m0=False,
+                               eps=1e-4)
+    kw = dict(block_n=128, block_k=128, bias=None, activation=None, out_dtype=torch.bfloat16, eps=1e-4)
+    aq, a_s = launch.act_quant(x, qdtype=qdtype, group_size=128, ue8m0=False, eps=1e-4, scale_m_major=False,
+                               profile=SM90)
+    want = launch.scaled_mm(aq, a_s, wq, w_s, out_quant=None, out_group=128, ue8m0_out=False, **_on("sm90", qdtype),
+                            **kw)
+    assert torch.equal(launch.quant_linear(x, wq, w_s, ue8m0=False, **_on("sm90", qdtype), **kw), want)
+
+
 # ---------------------------------------------------------------------------------------------
 # the registry's choice reaches the kernel: the GEMM runs the `mma` it is given, whatever the profile
 
