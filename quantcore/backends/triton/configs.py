@@ -20,10 +20,12 @@ device, the CPU interpreter included. A file holds:
   one launch (the activation quantized in the GEMM's prologue) where a `"fused"` rule `{"m_max",
   "k_max", "quantize"}` holds M and K (the first that does applies). `"quantize": "program"` (the
   default): every program quantizes its K range of the activation again, work that grows with M and
-  (through the programs' K ranges) with K; `"once"`: the programs quantize it once between them
-  into a workspace and wait for it (kernels/quantize_once.py). Beyond the rules act_quant + the
-  decode GEMM take less GPU time (measured on the H100). Rules `{"mma", "m_max",
-  "n_min", "n_max", "k_max", "config": [BLOCK_N, num_warps, num_stages], "waves", "min_kb_per_split"}`,
+  (through the programs' K ranges) with K, so past a few rows act_quant + the decode GEMM take less
+  GPU time; `"once"`: the programs quantize it once between them into a workspace and wait for it
+  (kernels/quantize_once.py), at 1.08-1.24x the two launches' GPU time on the H100 but one launch's
+  host time less, so quant_linear takes it outside graph captures only (launch.quant_linear). Rules
+  `{"mma", "m_max", "n_min", "n_max", "k_max", "config": [BLOCK_N, num_warps, num_stages], "waves",
+  "min_kb_per_split"}`,
   the first match applies (a large `min_kb_per_split` keeps K whole: no split-K reduction where
   the N tiles alone fill the GPU). K is split so that about `waves` programs per SM stream the weight, each
   taking at least `min_kb_per_split` K blocks; stages are cut until the pipeline fits shared memory.
