@@ -256,7 +256,7 @@ def quant_linear(x, w, w_scale, *, block_n, block_k, bias, activation, out_dtype
                  lead=None):
     """act_quant(x) per 1×block_k group into w's format, then scaled_mm with w: in one launch at decode
     sizes (where `configs.fused` says so: the decode GEMM quantizes the activation itself, bit for bit
-    the two ops), else as the two ops above.
+    the two ops; quantized once per launch, only outside a graph capture), else as the two ops above.
 
     x [M, K] bf16/fp16/fp32, w [N, K] fp8_e4m3fn/int8, w_scale [ceil(N/Bn), ceil(K/Bk)] fp32, bias [N]
     or None -> out [M, N] out_dtype. `ue8m0` and `eps` are the activation quantization's; `mma` and
@@ -282,7 +282,7 @@ def quant_linear(x, w, w_scale, *, block_n, block_k, bias, activation, out_dtype
     if composed is None:
         return _like(gemm, fused)
 
-    # Quantized once per launch, the activation costs the GEMM 1.16-1.24x the GPU time of act_quant +
+    # Quantized once per launch, the activation costs the GEMM 1.08-1.24x the GPU time of act_quant +
     # scaled_mm (docs/bench/round10), and saves a launch's host time, ~20 µs a call on the H100's host:
     # one launch eagerly, the two where a graph is captured (their replays have no host time).
     capturing = torch.cuda.is_current_stream_capturing if x.device.type == "cuda" else bool
