@@ -17,9 +17,13 @@ shapes alone, as the backend contract (docs/backend-contract.md) defines them: e
 contiguous except the M-major activation scale, the transpose view of a contiguous [ceil(K/G), M]
 buffer. Invalid arguments are reported when the real kernel runs, with the error `quantcore.ops` raises.
 
-Autograd (`torch.library.register_autograd`, formulas in `quantcore.gradients`): `quant_linear`
-gives x and bias gradients, `scaled_mm` bias; their other tensor arguments (quantized codes and
-scales) are refused in the forward when they require grad. The other ops are not differentiable:
+The ops are defined on a `torch.library.Library` with a kernel per dispatch key (the real one for
+every backend, an Autograd one above it, a fake for tracing) rather than `torch.library.custom_op`,
+whose Python wrappers run on every call: an inference call pays one redispatch below autograd.
+
+Autograd (a `torch.autograd.Function` recorded by the Autograd kernel, formulas in
+`quantcore.gradients`): `quant_linear` gives x and bias gradients, `scaled_mm` bias; their other
+tensor arguments (quantized codes and scales) are refused in the forward when they require grad. The other ops are not differentiable:
 their outputs never require grad, as a cast to an integer dtype's do not. `quantcore.ops` runs
 through these custom ops when grad mode is on and an input requires grad, so eager calls get the
 same gradients (`call_with_gradient`).
@@ -70,38 +74,66 @@ def _refuse_undefined(op: OpDef, custom: CustomOp, tensors: tuple) -> None:
             "torch.no_grad() for inference")
 
 
-def _autograd(op: OpDef, custom: CustomOp) -> tuple[Callable[..., Any], Callable[..., Any]]:
-    """(backward, setup_context) of a custom op, from its `Gradient` (or none: outputs never require grad)."""
+def _autograd(op: OpDef, custom: CustomOp, overload: torch._ops.OpOverload) -> Callable[..., Any]:
+    """The op's Autograd kernel. Without an input that requires grad (inference) it goes straight to
+    the kernel below autograd, one Python frame: `torch.library.custom_op`'s wrappers, which did this
+    before, cost ~14 µs more a call on the CPU machine (docs/performance.md, round 11). Otherwise it
+    records a `torch.autograd.Function` whose backward is the op's `Gradient`; an op without one
+    marks its outputs non-differentiable. The dispatcher passes
+    a Python kernel only the arguments given: the `Gradient` gets every keyword-only one, the
+    absent at the public function's defaults (which the schema's mirror)."""
     gradient = custom.gradient
+    defaults = {a.name: op.defaults.get(a.name) for a in overload._schema.arguments if a.kwarg_only}
 
-    def setup_context(ctx, inputs, keyword_only_inputs, output):
-        if gradient is None:
-            ctx.mark_non_differentiable(*(output if isinstance(output, tuple) else (output,)))
-            return
-        _refuse_undefined(op, custom, inputs)
-        ctx.save_for_backward(*inputs)
-        ctx.options = keyword_only_inputs
+    class Function(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, options, *tensors):
+            with torch._C._AutoDispatchBelowAutograd():
+                out = overload(*tensors, **options)
+            if gradient is None:
+                ctx.mark_non_differentiable(*(out if isinstance(out, tuple) else (out,)))
+            else:
+                ctx.save_for_backward(*tensors)
+                ctx.options = {**defaults, **options}
+            return out
 
-    def backward(ctx, grad, *_):
-        if gradient is None:  # outputs marked non-differentiable: autograd asks for no gradient
-            return (None,) * len(op.tensors)
-        needs = {n for n, need in zip(op.tensors, ctx.needs_input_grad) if need}
-        got = gradient.backward(dict(zip(op.tensors, ctx.saved_tensors)), ctx.options, grad, needs)
-        return tuple(got.get(n) for n in op.tensors)
+        @staticmethod
+        def backward(ctx, grad, *_):
+            if gradient is None:  # outputs marked non-differentiable: autograd asks for no gradient
+                return (None,) * len(ctx.needs_input_grad)
+            names = op.tensors[:len(ctx.saved_tensors)]  # a trailing optional tensor may be absent (None)
+            needs = {n for n, need in zip(names, ctx.needs_input_grad[1:]) if need}
+            given = dict.fromkeys(op.tensors) | dict(zip(names, ctx.saved_tensors))
+            got = gradient.backward(given, ctx.options, grad, needs)
+            return (None, *(got.get(n) for n in names))
 
-    return backward, setup_context
+    Function.__name__ = Function.__qualname__ = f"{custom.name}_autograd"
+
+    def kernel(*tensors, **options):
+        if torch.is_grad_enabled() and requires_grad(*tensors):
+            if gradient is not None:
+                _refuse_undefined(op, custom, tensors)
+            return Function.apply(options, *tensors)
+        with torch._C._AutoDispatchBelowAutograd():
+            return overload(*tensors, **options)
+    return kernel
 
 
-def _register(op: OpDef, custom: CustomOp) -> torch.library.CustomOpDef:
-    registered = torch.library.custom_op(f"{NAMESPACE}::{custom.name}", _real(op, custom), mutates_args=(),
-                                         schema=custom.schema)
-    registered.register_fake(custom.fake)
-    backward, setup_context = _autograd(op, custom)
-    registered.register_autograd(backward, setup_context=setup_context)
-    return registered
+_LIBRARY = torch.library.Library(NAMESPACE, "DEF")
 
 
-CUSTOM_OPS: dict[str, torch.library.CustomOpDef] = {
+def _register(op: OpDef, custom: CustomOp) -> torch._ops.OpOverload:
+    """Define `torch.ops.quantcore.<custom.name>`: the real kernel for every backend, the Autograd kernel
+    above it and the fake kernel for tracing. Returns its overload."""
+    _LIBRARY.define(custom.name + custom.schema)
+    overload = getattr(torch.ops.quantcore, custom.name).default
+    _LIBRARY.impl(custom.name, _real(op, custom), "CompositeExplicitAutograd")
+    _LIBRARY.impl(custom.name, _autograd(op, custom, overload), "Autograd")
+    torch.library.register_fake(overload, custom.fake, lib=_LIBRARY)
+    return overload
+
+
+CUSTOM_OPS: dict[str, torch._ops.OpOverload] = {
     custom.name: _register(op, custom) for op in BUILTIN for custom in op.custom_ops}
 
 

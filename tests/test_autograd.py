@@ -69,6 +69,17 @@ def test_eager_gradients_are_the_custom_ops(gen):
     assert all(torch.equal(a, b) for a, b in zip(eager, custom))
 
 
+def test_the_custom_op_differentiates_with_its_options_at_their_defaults_and_no_bias(gen):
+    """The dispatcher hands a Python kernel only the arguments given: the gradient still gets every option."""
+    w, ws = weight(gen, 40, 200, INT8, (128, 128))
+    x = randn((3, 200), gen=gen).requires_grad_()
+    grad_out = randn((3, 40), gen=gen, dtype=torch.bfloat16)
+    (gx,) = grads(qc.quant_linear(x, w, ws), grad_out, x)
+    ref_y, rx, _ = reference_quant_linear(x, w, ws, None, None, (128, 128))
+    (ex,) = grads(ref_y, grad_out.float(), rx)
+    assert gx.dtype == torch.float32 and rel_error(gx, ex) <= GRADIENT[torch.float32]
+
+
 def test_a_priority_list_keeps_falling_back_on_the_gradient_path(gen):
     w, ws = weight(gen, 40, 200, INT8, (128, 128))
     x = randn((3, 200), gen=gen).requires_grad_()
