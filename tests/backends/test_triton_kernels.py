@@ -606,7 +606,7 @@ def test_activation_quantized_once_reads_any_float_row_strided(gen, qdtype, xdty
     """The once-per-launch quantization (sm_90, 9 to 64 rows) on fp16 and fp32 activations that are
     column slices of a wider tensor (row stride != K): bit for bit act_quant + scaled_mm."""
     M, K = 12, 700
-    assert configs.fused(SM90, M, K) == "once"
+    assert configs.fused(SM90, M, 100, K) == "once"
     x = randn((M, K + 40), gen=gen, dtype=xdtype)[:, 40:]
     wq, w_s = ref.weight_quant(randn((100, K), gen=gen), qdtype=qdtype, block_n=128, block_k=128, ue8m0=False,
                                eps=1e-4)
@@ -760,15 +760,17 @@ def test_decode_configs_split_k_evenly_and_fit_shared_memory():
 
 
 def test_quant_linear_fuses_within_its_tables_bounds_only():
-    """One launch where the table's rules hold M and K (sm_90: each program quantizing for M <= 4, or
-    M <= 8 up to K = 8192, then once per launch to 64 rows), act_quant + the GEMM elsewhere; never
-    beyond the decode kernel's own M bound."""
-    shapes = ((1, 16384), (4, 16384), (8, 8192), (8, 8193), (64, 128), (65, 128))
-    assert [configs.fused(SM90, M, K) for M, K in shapes] == ["program", "program", "program", "once", "once", None]
-    assert [configs.fused(SM80, M, K) for M, K in ((4, 16384), (5, 128), (8, 128))] == ["program", None, None]
+    """One launch where the table's rules hold M, K and N·K (sm_90: each program quantizing for M <= 4,
+    or M <= 8 up to K = 8192, then once per launch to 64 rows for weights of up to 2^26 elements),
+    act_quant + the GEMM elsewhere; never beyond the decode kernel's own M bound."""
+    shapes = ((1, 7168, 16384), (4, 7168, 16384), (8, 2112, 8192), (8, 2112, 8193), (64, 4096, 16384),
+              (64, 16384, 4096), (64, 7168, 16384), (5, 7168, 16384), (65, 128, 128))
+    assert [configs.fused(SM90, M, N, K) for M, N, K in shapes] == [
+        "program", "program", "program", "once", "once", "once", None, None, None]
+    assert [configs.fused(SM80, M, 64, K) for M, K in ((4, 16384), (5, 128), (8, 128))] == ["program", None, None]
     for profile in (SM90, SM80, SIMULATED["sm75"], SIMULATED["sm89"]):
         decode_bound = min(configs.decode_m_max(profile, mma) for mma in ("fp8", "int8", "fp16"))
-        assert not configs.fused(profile, decode_bound + 1, 128)
+        assert not configs.fused(profile, decode_bound + 1, 128, 128)
 
 
 def test_gemm_candidates_fit_shared_memory_and_requant_groups():

@@ -18,12 +18,13 @@ device, the CPU interpreter included. A file holds:
 - `"decode"`: the GEMM at decode sizes, M <= `m_max` (kernels/decode.py; `mma_m_max` {mma kind: bound}
   overrides it per MMA kind), and quant_linear fused into
   one launch (the activation quantized in the GEMM's prologue) where a `"fused"` rule `{"m_max",
-  "k_max", "quantize"}` holds M and K (the first that does applies). `"quantize": "program"` (the
+  "k_max", "nk_max", "quantize"}` holds M, K and N·K (the first that does applies). `"quantize": "program"` (the
   default): every program quantizes its K range of the activation again, work that grows with M and
   (through the programs' K ranges) with K, so past a few rows act_quant + the decode GEMM take less
   GPU time; `"once"`: the programs quantize it once between them into a workspace and wait for it
   (kernels/quantize_once.py), at 1.08-1.24x the two launches' GPU time on the H100 but one launch's
-  host time less, so quant_linear takes it outside graph captures only (launch.quant_linear). Rules
+  host time less, so quant_linear takes it outside graph captures only (launch.quant_linear), and
+  not for weights whose GPU time exceeds the launch's host time (`nk_max`). Rules
   `{"mma", "m_max", "n_min", "n_max", "k_max", "config": [BLOCK_N, num_warps, num_stages], "waves",
   "min_kb_per_split"}`,
   the first match applies (a large `min_kb_per_split` keeps K whole: no split-K reduction where
@@ -195,12 +196,13 @@ def decode_m_max(profile, mma: str) -> int:
     return decode.get("mma_m_max", {}).get(mma, decode["m_max"])
 
 
-def fused(profile, M: int, K: int) -> str | None:
-    """How quant_linear of M rows over K quantizes its activation inside the decode GEMM on `profile`,
-    the first `"fused"` rule holding M and K says: "program" (each program its own K range) or "once"
-    (once per launch, shared through a workspace); None: act_quant + the GEMM, two launches."""
+def fused(profile, M: int, N: int, K: int) -> str | None:
+    """How quant_linear of M rows over an N×K weight quantizes its activation inside the decode GEMM
+    on `profile`, the first `"fused"` rule holding M, K and N·K says: "program" (each program its own
+    K range) or "once" (once per launch, shared through a workspace); None: act_quant + the GEMM, two
+    launches."""
     rule = next((r for r in _table(_arch(profile))["decode"]["fused"]
-                 if _within(r["m_max"], M) and _within(r.get("k_max"), K)), None)
+                 if _within(r["m_max"], M) and _within(r.get("k_max"), K) and _within(r.get("nk_max"), N * K)), None)
     return None if rule is None else rule.get("quantize", "program")
 
 

@@ -263,7 +263,7 @@ def quant_linear(x, w, w_scale, *, block_n, block_k, bias, activation, out_dtype
     `lead` as scaled_mm's.
     """
     M, K = x.shape
-    mode = configs.fused(profile, M, K)
+    mode = configs.fused(profile, M, w.shape[0], K)
     out = mode and torch.empty((M, w.shape[0]), dtype=out_dtype, device=x.device)  # the kernel's view of the result
     gemm = mode and _gemm(x, None, w, w_scale, bias, out, None, block_n=block_n, block_k=block_k, activation=activation,
                           out_group=block_k, ue8m0_out=False, eps=eps, profile=profile, mma=mma, a_ue8m0=ue8m0,
