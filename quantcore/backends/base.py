@@ -158,6 +158,21 @@ def prepared_quant_linear(act_quant: Any, scaled_mm: Any, x: torch.Tensor, w: to
     return by_address(run) if getattr(gemm, "by_address", False) and getattr(quantize, "by_address", False) else run
 
 
+def eagerly(one_launch: Callable[..., Any], composed: Callable[..., Any], device: torch.device) -> Callable[..., Any]:
+    """A prepared quant_linear's `run(x, w, w_scale, bias=None)`: `one_launch` (a GEMM that quantizes the
+    activation once per launch, bit for bit `composed`) except while a CUDA graph is being captured,
+    where it is `composed` (act_quant + scaled_mm): the one launch takes more GPU time than the two and
+    saves a launch's host time, which a graph's replays do not have (docs/bench/round10)."""
+    capturing = torch.cuda.is_current_stream_capturing if device.type == "cuda" else bool
+
+    def run(x, w, w_scale, bias=None):
+        if capturing():
+            return composed(x, w, w_scale, bias)
+        return one_launch(x, w, w_scale, bias)
+    both = getattr(one_launch, "by_address", False) and getattr(composed, "by_address", False)
+    return by_address(run) if both else run
+
+
 _resets: list[Callable[[], None]] = []
 
 

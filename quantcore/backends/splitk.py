@@ -1,4 +1,5 @@
-"""The workspace of the GPU backends' in-launch split-K reduction (Triton's decode kernel, CuPy's GEMM).
+"""The workspace of the GPU backends' in-launch split-K reduction (Triton's decode kernel, CuPy's GEMM),
+and of a float activation quantized once per launch inside those GEMMs.
 
 A split-K launch writes one fp32 partial tile per (split, output tile) and counts the splits in on
 one int32 counter per output tile; the last split sums the partials and sets the counter back to 0.
@@ -33,6 +34,23 @@ def buffers(device: torch.device, floats: int, tiles: int) -> tuple[torch.Tensor
     _current[device] = (torch.empty(floats, dtype=torch.float32, device=device),
                         torch.zeros(tiles, dtype=torch.int32, device=device))
     return _current[device]
+
+
+def once_buffers(device: torch.device, floats: int, tiles: int, M: int, K: int, block_k: int) -> tuple | None:
+    """The buffers of a launch that reduces `floats` partials over `tiles` counters (0, 0: unsplit) and
+    quantizes its float activation of M rows over K once, per 1×block_k group: (partials, counters,
+    codes, scales, flags), views of the `buffers` pair, or None where `buffers` gives none. codes:
+    uint8 [M · kpad] (row stride kpad = K rounded up to block_k, 128-byte aligned), scales: fp32
+    [M · kpad / block_k], flags: int32 [kpad / block_k + 1] (one per K block, then a count), zero
+    between launches like the counters they follow."""
+    kbs = -(-K // block_k)
+    codes_at = -(-(floats + M * kbs) // 32) * 32  # floats: 128-byte aligned
+    pair = buffers(device, codes_at + -(-(M * kbs * block_k) // 4), tiles + kbs + 1)
+    if pair is None:
+        return None
+    ws, counts = pair
+    return (ws, counts, ws[codes_at:].view(torch.uint8)[:M * kbs * block_k], ws[floats:floats + M * kbs],
+            counts[tiles:tiles + kbs + 1])
 
 
 def counters() -> list[torch.Tensor]:

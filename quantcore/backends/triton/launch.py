@@ -26,7 +26,7 @@ except ImportError:  # older Triton: pointer loads only
 from ... import capability
 from ...errors import InvalidInputError
 from .. import splitk
-from ..base import allocator, by_address, prepared, prepared_quant_linear
+from ..base import allocator, by_address, eagerly, prepared, prepared_quant_linear
 from . import configs
 from .direct import Launcher
 from .kernels.decode import decode_mm_kernel
@@ -283,16 +283,8 @@ def quant_linear(x, w, w_scale, *, block_n, block_k, bias, activation, out_dtype
         return _like(gemm, fused)
 
     # Quantized once per launch, the activation costs the GEMM 1.08-1.24x the GPU time of act_quant +
-    # scaled_mm (docs/bench/round10), and saves a launch's host time, ~20 µs a call on the H100's host:
-    # one launch eagerly, the two where a graph is captured (their replays have no host time).
-    capturing = torch.cuda.is_current_stream_capturing if x.device.type == "cuda" else bool
-
-    def fused_eagerly(x, w, w_scale, bias=None):
-        if capturing():
-            return composed(x, w, w_scale, bias)
-        return fused(x, w, w_scale, bias)
-    both = getattr(gemm, "by_address", False) and getattr(composed, "by_address", False)
-    return by_address(fused_eagerly) if both else fused_eagerly
+    # scaled_mm (docs/bench/round10), and saves a launch's host time, ~20 µs a call on the H100's host.
+    return eagerly(_like(gemm, fused), composed, x.device)
 
 
 def _gemm(a, a_scale, b, b_scale, bias, out, out_scale, *, block_n, block_k, activation, out_group, ue8m0_out, eps,
@@ -409,15 +401,11 @@ def _workspace(device: torch.device, cfg: configs.DecodeConfig, N: int, once: tu
     partials = cfg.split_k * tiles * cfg.block_n * cfg.block_m
     if once is not None:
         M, K, block_k, dtype = once
-        kbs = triton.cdiv(K, block_k)
-        codes_at = -(-(partials + M * kbs) // 32) * 32  # 128-byte aligned
-        pair = splitk.buffers(device, codes_at + triton.cdiv(M * kbs * block_k, 4), tiles + kbs + 1)
-        if pair is None:
+        work = splitk.once_buffers(device, partials, tiles, M, K, block_k)
+        if work is None:
             return None
-        ws, counters = pair
-        codes = (ws[codes_at:].view(torch.uint8 if dtype == torch.float8_e4m3fn else torch.int8)[:M * kbs * block_k],
-                 ws[partials:partials + M * kbs], counters[tiles:tiles + kbs + 1])
-        return ws, counters, codes, cfg
+        ws, counters, codes, scales, flags = work
+        return ws, counters, (codes.view(torch.int8) if dtype == torch.int8 else codes, scales, flags), cfg
     if not tiles:
         return None, None, None, cfg
     pair = splitk.buffers(device, partials, tiles)
