@@ -74,6 +74,12 @@ def _gemm_names(arch: int) -> tuple[str, ...]:
         a_bytes = launch.fused_a_bytes(tile, 7 * 128, 128)
         stages, _ = launch.gemm_stages(tile, profile.smem_per_block, a_bytes)
         names += [launch.gemm_kernel_name(kind, tile, stages, True, a_type) for a_type in launch._A_TYPE.values()]
+        # quantized once per launch, on each decode tile (M <= ONCE_M_MAX) and activation dtype
+        for m in DECODE_BM:
+            tile = launch.gemm_tile(m)
+            stages, _ = launch.gemm_stages(tile, profile.smem_per_block)
+            names += [launch.gemm_kernel_name(kind, tile, stages, aligned, a_type, once=True)
+                      for a_type in launch._A_TYPE.values() for aligned in (True, False)]
     return tuple(dict.fromkeys(names))
 
 
@@ -100,6 +106,7 @@ def test_gemm_paths(arch):
     for instr in absent:
         assert instr not in ptx, f"sm_{arch}: {instr} should not be there"
     assert "ldmatrix.sync.aligned.m8n8.x4.shared.b16" in ptx
+    assert "atom.global.cas.b32" in ptx and "ld.volatile.global" in ptx  # quantize_once's flags
 
 
 @pytest.mark.parametrize("arch", (70, *ARCHS))

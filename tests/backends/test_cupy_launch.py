@@ -358,7 +358,7 @@ def test_quant_linear_fuses_its_quantization_where_it_fits(launches):
     assert run.smem == launch.gemm_stages(tile, SM90.smem_per_block, a_bytes)[1]
     assert launch.gemm_stages(tile, SM90.smem_per_block, a_bytes)[0] == launch.gemm_stages(tile, SM90.smem_per_block)[0]
     launches.clear()
-    launch.quant_linear(_randn(launch.FUSED_M_MAX + 1, 7168, dtype=BF16), w, w_s, **opts)
+    launch.quant_linear(_randn(launch.ONCE_M_MAX + 1, 7168, dtype=BF16), w, w_s, **opts)
     assert [r.kernel for r in launches] == ["quant_kernel", "gemm_kernel"]
     assert launches[1].expr.startswith(f"qc::gemm_kernel<{launch.MMA_KIND['fp8']}, qc::u8, ")
     launches.clear()  # groups of 256: more than the prologue keeps in registers
@@ -366,6 +366,41 @@ def test_quant_linear_fuses_its_quantization_where_it_fits(launches):
     assert [r.kernel for r in launches] == ["quant_kernel", "gemm_kernel"]
     launches.clear()  # 7168 x 16384 at one row: 8192 bytes of K per split, codes too large to fuse
     launch.quant_linear(_randn(1, 16384, dtype=BF16), _q(7168, 16384), _randn(56, 128), **opts)
+    assert [r.kernel for r in launches] == ["quant_kernel", "gemm_kernel"]
+
+
+@pytest.mark.parametrize("M", [launch.FUSED_M_MAX + 1, 16, launch.ONCE_M_MAX])
+def test_quant_linear_quantizes_once_per_launch_beyond_fused_m_max(launches, monkeypatch, M):
+    """From FUSED_M_MAX + 1 to ONCE_M_MAX rows, for weights of at most ONCE_NK_MAX elements, quant_linear is
+    one gemm_kernel launch (ONCE) on the float activation, whose codes, scales and flags are
+    backends/splitk.py's: scales after the split-K partials, codes 128-byte aligned after them, flags
+    after the tiles' counters. A larger weight, or no workspace (as while a graph is captured), gets
+    act_quant then the GEMM."""
+    opts = dict(block_n=128, block_k=128, bias=None, activation="gelu", out_dtype=BF16, ue8m0=False, eps=1e-4,
+                mma="int8", profile=SM90)
+    w, w_s = _q(2112, 7168, dtype=I8), _randn(17, 56)
+    x = _padded(_randn(M, 7168, dtype=BF16), 64)
+    out = launch.quant_linear(x, w, w_s, **opts)
+    (run,) = launches
+    p, (gx, gy, splits) = run.params, run.grid
+    tile = launch.gemm_tile(M)
+    assert run.expr.startswith(f"qc::gemm_kernel<{launch.MMA_KIND['int8']}, __nv_bfloat16, {tile.bm}, ")
+    assert run.expr.endswith(", true, true>") and gx == 1 and M <= tile.bm
+    assert (p["a"], p["lda"], p["as"], p["out"], p["a_eps"]) == (x.data_ptr(), 7232, 0, out.data_ptr(),
+                                                                 pytest.approx(1e-4, rel=1e-6))
+    assert splits > 1 and p["k_split"] * splits >= 7168
+    ws, counters = splitk.buffers(torch.device("cpu"), 0, 0)
+    partials, tiles = gx * gy * splits * tile.bm * tile.bn, gx * gy
+    assert (p["ws"], p["counters"]) == (ws.data_ptr(), counters.data_ptr())
+    assert p["once_s"] == ws.data_ptr() + 4 * partials and p["once_flags"] == counters.data_ptr() + 4 * tiles
+    assert (p["once_q"] - ws.data_ptr()) % 128 == 0 and p["once_q"] >= p["once_s"] + 4 * M * 56
+    assert not counters[tiles:tiles + 57].any()  # the flags and their count start at zero
+    launches.clear()
+    launch.quant_linear(_randn(M, 16384, dtype=BF16), _q(7168, 16384, dtype=I8), _randn(56, 128), **opts)
+    assert 7168 * 16384 > launch.ONCE_NK_MAX and [r.kernel for r in launches] == ["quant_kernel", "gemm_kernel"]
+    launches.clear()
+    monkeypatch.setattr(splitk, "buffers", lambda *args: None)
+    launch.quant_linear(x, w, w_s, **opts)
     assert [r.kernel for r in launches] == ["quant_kernel", "gemm_kernel"]
 
 

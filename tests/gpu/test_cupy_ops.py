@@ -150,17 +150,20 @@ def test_the_variant_explain_names_is_the_one_that_runs(monkeypatch, profile, qd
 @pytest.mark.parametrize("profile", [None, "sm80", "sm75"])
 @pytest.mark.parametrize("qdtype", list(FMTS))
 @pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float16, torch.float32])
-@pytest.mark.parametrize("m,n,k", [(1, 2112, 7168), (4, 4000, 1000), (8, 129, 7296), (2, 7168, 16384)])
+@pytest.mark.parametrize("m,n,k", [(1, 2112, 7168), (4, 4000, 1000), (8, 129, 7296), (2, 7168, 16384),
+                                   (16, 2112, 7168), (32, 4000, 1000), (33, 4000, 1000), (16, 7168, 16384)])
 def test_quant_linear_fuses_its_quantization_bit_for_bit(monkeypatch, profile, qdtype, x_dtype, m, n, k):
     """Up to FUSED_M_MAX rows quant_linear is one launch whose prologue quantizes x (a row-strided view
     here, with a NaN in one row's group and another group of zeros), bit for bit act_quant + scaled_mm
     on this backend; where the activation's codes do not fit shared memory beside the weight's stages
-    (K = 16384 at two rows on an H100 or as an A100), or beyond FUSED_M_MAX rows, the two launches."""
+    (K = 16384 at two rows on an H100 or as an A100), the two launches. Up to ONCE_M_MAX rows, for
+    weights of at most ONCE_NK_MAX elements, one launch quantizing x once, the same bits, its flags
+    back at zero after each launch; beyond, the two launches."""
     calls, real = [], launch._gemm
 
     def spy(*args, **kwargs):  # (asked for the fused prologue, got a launch)
         gemm = real(*args, **kwargs)
-        calls.append((kwargs.get("a_quant") is not None, gemm is not None))
+        calls.append((kwargs.get("a_quant") is not None, gemm is not None))  # (a try at one launch, made)
         return gemm
     monkeypatch.setattr(launch, "_gemm", spy)
     x = rand((m, k + 64), seed=20).to(x_dtype)[:, 32:32 + k]
@@ -172,12 +175,52 @@ def test_quant_linear_fuses_its_quantization_bit_for_bit(monkeypatch, profile, q
         for options in (dict(out_dtype=torch.float32), dict(activation="silu", scale_fmt="ue8m0")):
             calls.clear()
             got = ops.quant_linear(x, w, w_s, bias, backend="cupy", **options)
-            made, one_launch = list(calls), calls == [(True, True)]
+            made, one_launch = list(calls), calls[:1] == [(True, True)]  # (quantized once: composed prepared too)
             a, a_s = ops.act_quant(x, dtype=qdtype, scale_fmt=options.get("scale_fmt", "fp32"), backend="cupy")
             want = ops.scaled_mm(a, a_s, w, w_s, bias=bias, activation=options.get("activation"),
                                  out_dtype=options.get("out_dtype", torch.bfloat16), backend="cupy")
-            # Composed: the fused launch tried and refused, or not tried beyond FUSED_M_MAX rows.
-            assert one_launch or made in ([(True, False), (False, True)], [(False, True)]), made
-            if profile != "sm75":  # (a T4's 64 KiB of shared memory leaves less room: some shapes fuse there)
+            # Composed: the fused launch tried and refused, or not tried.
+            assert made in ([(True, True)], [(True, True), (False, True)], [(True, False), (False, True)],
+                            [(False, True)]), made
+            if launch.FUSED_M_MAX < m <= launch.ONCE_M_MAX and n * k <= launch.ONCE_NK_MAX:
+                assert made == [(True, True), (False, True)], made  # quantized once; composed kept for captures
+            elif profile != "sm75":  # (a T4's 64 KiB of shared memory leaves less room: some shapes fuse there)
                 assert one_launch == (m <= launch.FUSED_M_MAX and k != 16384), made
             assert torch.equal(got.nan_to_num(7), want.nan_to_num(7)) and bool(got[0].isnan().all())
+            assert not any(c.any() for c in splitk.counters())
+
+
+def test_a_captured_quant_linear_runs_act_quant_then_the_gemm(monkeypatch):
+    """At 16 rows the CuPy quant_linear is one launch eagerly (the activation quantized once inside the
+    GEMM) and, captured into a graph, act_quant then the GEMM (less GPU time): the same bits, replays
+    following the input."""
+    calls, real = [], launch._kernel
+
+    def recording(filename, expr, *args, **kwargs):
+        inner = real(filename, expr, *args, **kwargs)
+
+        def call(*addresses):
+            calls.append(expr.split("<")[0] + (" once" if expr.endswith(", true>") else ""))
+            return inner(*addresses)
+        return call
+    monkeypatch.setattr(launch, "_kernel", recording)
+    registry.reset()  # plans kept by earlier tests hold the real launchers, and these must not outlive it
+    w, w_s = ops.weight_quant(rand((1024, 3072), seed=7))
+    x = rand((16, 3072), seed=8)
+    try:
+        eager = ops.quant_linear(x, w, w_s, backend="cupy")
+        assert calls == ["qc::gemm_kernel once"]
+        calls.clear()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = ops.quant_linear(x, w, w_s, backend="cupy")
+        assert calls == ["qc::quant_kernel", "qc::gemm_kernel"]
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, eager)
+        x.copy_(rand((16, 3072), seed=9))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, ops.quant_linear(x, w, w_s, backend="cupy"))
+    finally:
+        registry.reset()

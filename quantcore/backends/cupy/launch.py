@@ -11,7 +11,7 @@ Every function is `prepared` (backends/base.py): its body runs once per kept pla
 depends only on shapes, strides, dtypes, device, options and the inputs' 16-byte alignment (tiles,
 stages, splits, vector widths, grids, the compiled kernel and its constant arguments, packed in a
 `launcher.Launcher`); the `run` it returns allocates the outputs, reads the tensors' addresses and
-launches once (`quant_linear` at more than `FUSED_M_MAX` rows: twice).
+launches once (`quant_linear` outside its one-launch bounds, or while a graph is captured: twice).
 
 Constraints beyond the contract (declared as data in `__init__.py`, where the registry checks them):
 
@@ -37,7 +37,7 @@ import torch
 
 from ...errors import UnsupportedError
 from .. import splitk
-from ..base import allocator, by_address, prepared, prepared_quant_linear
+from ..base import allocator, by_address, eagerly, prepared, prepared_quant_linear
 from . import compiler
 from .launcher import POINTER, Launcher, f32, i32, i64
 
@@ -323,6 +323,14 @@ def dequant_bias(g, scale_a, scale_b, bias, *, out_dtype, profile):
 # act_quant + the GEMM over the decode shapes: GPU time 1.04-1.05x at M = 1, 0.92-0.93x at M = 4 and
 # 0.78-0.80x at M = 8, while a back-to-back call took 19-33 µs against 46-58 at every M: the host's
 # second launch outweighs the prologue's GPU cost up to 4 rows, not at 8.
+#
+# From FUSED_M_MAX + 1 to ONCE_M_MAX rows the programs quantize the activation once between them into
+# a workspace (gemm.cu's ONCE, the Triton decode kernel's protocol), eagerly only (`base.eagerly`).
+# Measured on the H100 (docs/bench/round11/once_cupy_probe.txt), against act_quant + the GEMM: GPU time
+# 1.45-1.67x in geometric mean over the nine decode shapes at M = 8-32 (ncu: the A scales' loads,
+# from L2 here where the two launches read them through L1, stall each K block's promotion); eager
+# time per call 0.78x over the shapes the bounds hold (24 of 30 faster), and the model's eager decode
+# step 8-11 % faster in FP8 at batch 8-32 (round11/ab_step_cupy.txt). Larger weights are GPU-bound.
 
 
 class GemmTile(NamedTuple):
@@ -340,6 +348,10 @@ class GemmTile(NamedTuple):
 _LARGE_TILE = GemmTile(128, 128, 2, 4, 64, 1)
 _WEIGHT_IN_FLIGHT = 32 * 1024  # bytes of weight each CTA keeps loading (stages ahead of the MMAs)
 FUSED_M_MAX = 4
+# Quantized once per launch: where the host's second launch costs more than the GPU time the wait adds
+# (docs/bench/round11/once_cupy_probe.txt); at most one row tile (gemm.cu's ONCE).
+ONCE_M_MAX = 32
+ONCE_NK_MAX = 2**25
 
 
 def gemm_tile(M: int, out_group: int | None = None) -> GemmTile:
@@ -379,21 +391,25 @@ def gemm_splits(M: int, N: int, K: int, block_k: int, tile: GemmTile, sm_count: 
     return per_split, math.ceil(kblocks / per_split)
 
 
-def gemm_kernel_name(mma: str, tile: GemmTile, stages: int, aligned: bool, a_type: str = "qc::u8") -> str:
+def gemm_kernel_name(mma: str, tile: GemmTile, stages: int, aligned: bool, a_type: str = "qc::u8",
+                     once: bool = False) -> str:
     """The gemm.cu template instantiation for one configuration; `mma` is "fp8", "int8" or "fp16";
-    `a_type` the element type of A: codes, or a float activation quantized in the prologue."""
+    `a_type` the element type of A: codes, or a float activation quantized in the prologue (by each
+    program, or `once` per launch into a workspace)."""
     bm, bn, wm, wn, bk, _ = tile
     return (f"qc::gemm_kernel<{MMA_KIND[mma]}, {a_type}, {bm}, {bn}, {wm}, {wn}, {bk}, {stages}, "
-            f"{'true' if aligned else 'false'}>")
+            f"{'true' if aligned else 'false'}, {'true' if once else 'false'}>")
 
 
 def _gemm(a, a_scale, b, b_scale, *, block_n, block_k, activation, out_kind, out_group, ue8m0_out, eps,
-          mma, profile, a_quant: tuple[float, bool] | None = None) -> Callable[..., None] | None:
+          mma, profile, a_quant: tuple[float, bool] | None = None, once: bool = False) -> Callable[..., None] | None:
     """The gemm.cu launch for operands laid out as these and an output of dtype `out_kind` (re-quantized
     per 1 x out_group when 8-bit): a function of the addresses of a, a_scale, b, b_scale, bias (0:
     none), out and out's scale (0: none). With `a_quant` (act_quant's eps and ue8m0) `a` is a float
-    activation that the kernel quantizes in its prologue (a_scale unused), or None where its codes
-    would not fit in shared memory beside the weight stages of the unfused kernel."""
+    activation that the kernel quantizes (a_scale unused): in each program's prologue, None where its
+    codes would not fit in shared memory beside the weight stages of the unfused kernel; or `once` per
+    launch into a workspace (M <= 64, one row tile), None where that workspace cannot be had (it
+    would grow while a graph is captured)."""
     M, K = a.shape
     N = b.shape[0]
     if M == 0 or N == 0:
@@ -408,25 +424,33 @@ def _gemm(a, a_scale, b, b_scale, *, block_n, block_k, activation, out_kind, out
     kb_per_split, splits = gemm_splits(M, N, K, block_k, tile, max(1, profile.sm_count))
     tiles = math.ceil(M / tile.bm) * math.ceil(N / tile.bn)
     # The plan keeps the workspace's addresses: a replaced pair stays allocated (backends/splitk.py).
-    pair = splitk.buffers(a.device, tiles * splits * tile.bm * tile.bn, tiles) if splits > 1 else None
+    split = splits > 1
+    if once:
+        work = splitk.once_buffers(a.device, tiles * splits * tile.bm * tile.bn if split else 0, tiles if split else 0,
+                                   M, K, block_k)
+        if work is None:
+            return None
+        pair, codes = work[:2] if split else None, work[2:]
+    else:
+        pair, codes = splitk.buffers(a.device, tiles * splits * tile.bm * tile.bn, tiles) if split else None, None
     if pair is None:  # unsplit, or the buffers cannot grow now (a stream being captured): this plan runs unsplit
         kb_per_split, splits = kb_per_split * splits, 1
     ws, counters = pair or (None, None)
-    a_bytes = fused_a_bytes(tile, kb_per_split * block_k, block_k) if a_quant else None
+    a_bytes = fused_a_bytes(tile, kb_per_split * block_k, block_k) if a_quant and not once else None
     stages, smem = gemm_stages(tile, profile.smem_per_block, a_bytes)
-    if a_quant and (smem > (profile.smem_per_block or 48 * 1024) // tile.per_sm
+    if a_bytes and (smem > (profile.smem_per_block or 48 * 1024) // tile.per_sm
                     or stages < gemm_stages(tile, profile.smem_per_block)[0]):
         return None  # the activation's codes would not fit, or would leave less weight in flight
     as_strides = (0, 0) if a_scale is None else a_scale.stride()
     args = (POINTER, i64(lda), POINTER, i64(as_strides[0]), i64(as_strides[1]),
             POINTER, i64(ldb), POINTER, i64(b_scale.stride(0)), i64(b_scale.stride(1)),
             POINTER, POINTER, i64(N), POINTER, i64(math.ceil(N / out_group) if requant else 0), i64(1),
-            i64(_address(ws)), i64(_address(counters)),
+            i64(_address(ws)), i64(_address(counters)), *(i64(_address(t)) for t in codes or (None,) * 3),
             i32(M), i32(N), i32(K), i32(block_n), i32(block_k), i32(kb_per_split * block_k),
             i32(_ACTIVATION[activation]), i32(_OUT_KIND[out_kind]), i32(out_group or 1), i32(bool(ue8m0_out)),
             f32(eps), f32(a_quant[0] if a_quant else 0.0), i32(bool(a_quant and a_quant[1])))
     a_type = _A_TYPE[a.dtype] if a_quant else "qc::u8"
-    return _kernel("gemm.cu", gemm_kernel_name(mma, tile, stages, aligned, a_type), profile, a.device,
+    return _kernel("gemm.cu", gemm_kernel_name(mma, tile, stages, aligned, a_type, once), profile, a.device,
                    (math.ceil(M / tile.bm), math.ceil(N / tile.bn), splits), (tile.wm * tile.wn * 32,), args, smem)
 
 
@@ -468,23 +492,26 @@ def scaled_mm(a, a_scale, b, b_scale, *, block_n, block_k, bias, activation, out
 @prepared
 def quant_linear(x, w, w_scale, *, block_n, block_k, bias, activation, out_dtype, ue8m0, eps, mma, profile, lead=None):
     """act_quant(x) per 1 x block_k group into w's format, then scaled_mm with w, bit for bit the two
-    ops: in one launch up to FUSED_M_MAX rows and for groups of at most 128 (each program quantizes its
-    K range of x in its prologue, where that fits shared memory: `_gemm`), else as the two launches.
+    ops, for groups of at most 128 in one launch: up to FUSED_M_MAX rows each program quantizes its K
+    range of x in its prologue (where that fits shared memory: `_gemm`); up to ONCE_M_MAX rows and
+    weights of ONCE_NK_MAX elements the programs quantize x once between them, outside graph captures
+    only (`base.eagerly`). Elsewhere as the two launches.
 
     x [M, K] bf16/fp16/fp32, w [N, K] fp8_e4m3fn/int8, w_scale [ceil(N/Bn), ceil(K/Bk)] fp32, bias [N]
     float or None -> out [M, N] out_dtype. `ue8m0` and `eps` are the activation quantization's; `mma`
     and `lead` as for scaled_mm.
     """
-    M, N = x.shape[0], w.shape[0]
-    fused = None
-    if 0 < M <= FUSED_M_MAX and block_k <= 128:  # the prologue keeps a lane's block_k / 8 values in registers
+    (M, K), N = x.shape, w.shape[0]
+    fused, once = None, 0 < M <= ONCE_M_MAX and N * K <= ONCE_NK_MAX and M > FUSED_M_MAX
+    if 0 < M <= (ONCE_M_MAX if once else FUSED_M_MAX) and block_k <= 128:  # a lane keeps block_k / 8 values
         fused = _gemm(x, None, w, w_scale, block_n=block_n, block_k=block_k, activation=activation,
                       out_kind=out_dtype, out_group=None, ue8m0_out=False, eps=0.0, mma=mma, profile=profile,
-                      a_quant=(eps, ue8m0))
+                      a_quant=(eps, ue8m0), once=once)
+    composed = None if fused and not once else prepared_quant_linear(
+        act_quant, scaled_mm, x, w, w_scale, block_n=block_n, block_k=block_k, bias=bias, activation=activation,
+        out_dtype=out_dtype, ue8m0=ue8m0, eps=eps, profile=profile, mma=mma, lead=lead)
     if fused is None:
-        return prepared_quant_linear(act_quant, scaled_mm, x, w, w_scale, block_n=block_n, block_k=block_k,
-                                     bias=bias, activation=activation, out_dtype=out_dtype, ue8m0=ue8m0, eps=eps,
-                                     profile=profile, mma=mma, lead=lead)
+        return composed
     as_is = _fp32_bias(bias)
     new_out = allocator((*((M,) if lead is None else lead), N), out_dtype, x.device)
 
@@ -494,4 +521,5 @@ def quant_linear(x, w, w_scale, *, block_n, block_k, bias, activation, out_dtype
             bias = bias.to(torch.float32).contiguous()
         fused(x.data_ptr(), 0, w.data_ptr(), w_scale.data_ptr(), _address(bias), out.data_ptr(), 0)
         return out
-    return by_address(run) if as_is else run
+    run = by_address(run) if as_is else run
+    return eagerly(run, composed, x.device) if once else run

@@ -17,7 +17,9 @@
 // A float activation (AT = float, __half or __nv_bfloat16 instead of the codes' u8) is quantized in
 // the prologue, the quantized linear in one launch: each program quantizes its rows' K range per
 // 1 x block_k group with act_quant's formulas (blockquant.cuh, bit for bit) into shared memory, codes
-// and scales, while the first weight stages load; the main loop then reads A from there.
+// and scales, while the first weight stages load; the main loop then reads A from there. With ONCE the
+// programs quantize it once between them instead, into a global workspace (`quantize_once`), and the
+// main loop reads those codes as it reads quantized input.
 //
 // Split-K runs in the same launch: blockIdx.z takes a contiguous range of K blocks, every (split,
 // tile) program stores its fp32 partial tile in a workspace and counts itself in a per-tile counter;
@@ -56,19 +58,21 @@ template <int BK> __device__ __forceinline__ int swizzle(int row, int chunk) {
 
 // Copies `valid` (0..16) bytes of a 16-byte chunk and zero-fills the rest; src is read only when
 // valid > 0. ALIGNED: src is 16-byte aligned and valid is 0 or 16; otherwise bytes are read one by one.
-template <bool ALIGNED> __device__ __forceinline__ void copy_chunk(u8* dst, const u8* src, int valid) {
+// L2: data other SMs wrote in this launch, read from L2 (cp.async.cg is L2-only already), never L1.
+template <bool ALIGNED, bool L2> __device__ __forceinline__ void copy_chunk(u8* dst, const u8* src, int valid) {
   if (ALIGNED) {
 #if __CUDA_ARCH__ >= 800
     // The ignore-src predicate zero-fills without reading: no address select, no size arithmetic.
     asm volatile("{\n.reg .pred z;\nsetp.eq.u32 z, %2, 0;\ncp.async.cg.shared.global [%0], [%1], 16, z;\n}\n"
                  ::"r"(smem_addr(dst)), "l"(src), "r"(valid));
 #else
-    *reinterpret_cast<uint4*>(dst) = valid ? *reinterpret_cast<const uint4*>(src) : make_uint4(0, 0, 0, 0);
+    const uint4* p = reinterpret_cast<const uint4*>(src);
+    *reinterpret_cast<uint4*>(dst) = valid ? (L2 ? __ldcg(p) : *p) : make_uint4(0, 0, 0, 0);
 #endif
   } else {
     u8 v[16];
 #pragma unroll
-    for (int j = 0; j < 16; ++j) v[j] = j < valid ? src[j] : 0;
+    for (int j = 0; j < 16; ++j) v[j] = j < valid ? (L2 ? __ldcg(src + j) : src[j]) : 0;
     store_vec(dst, v);
   }
 }
@@ -95,7 +99,8 @@ __device__ __forceinline__ void ldmatrix_x4(u32 (&r)[4], u32 addr) {
 // rows >= nrows and bytes >= kend read as zero. THREADS is a multiple of a row's CH chunks, so a
 // thread always copies the same 16-byte column of rows r0, r0 + RSTEP, ...: one source pointer and
 // one shared offset, set up once (RSTEP is a multiple of 8 rows, which the swizzle repeats after).
-template <int ROWS, int BK, int THREADS, bool ALIGNED> struct RowLoader {
+// L2: see copy_chunk.
+template <int ROWS, int BK, int THREADS, bool ALIGNED, bool L2 = false> struct RowLoader {
   static constexpr int CH = BK / 16, RSTEP = THREADS / CH, ITERS = (ROWS + RSTEP - 1) / RSTEP;
   static_assert(THREADS % CH == 0 && RSTEP % 8 == 0, "a thread's rows are 8-row multiples apart");
   const u8* src;   // row r0, K byte kch
@@ -119,7 +124,7 @@ template <int ROWS, int BK, int THREADS, bool ALIGNED> struct RowLoader {
 #pragma unroll
     for (int i = 0; i < ITERS; ++i, p += step) {
       if (ROWS % RSTEP != 0 && r0 + i * RSTEP >= ROWS) break;
-      copy_chunk<ALIGNED>(stage + dst + i * RSTEP * BK, p, i * RSTEP < rows ? kvalid : 0);
+      copy_chunk<ALIGNED, L2>(stage + dst + i * RSTEP * BK, p, i * RSTEP < rows ? kvalid : 0);
     }
   }
 };
@@ -373,21 +378,94 @@ __device__ __forceinline__ void quantize_rows(const AT* __restrict__ a, long lon
   }
 }
 
+// The float activation quantized once per launch for every program that reads it (ONCE): rows
+// [m0, min(m0 + BM, M)) over K blocks [kb0, kb1) into codes q (row stride kpad = K rounded up to
+// block_k, zero past K) and scales s (row stride kpad / block_k), shared with the `shares` programs
+// that read the same blocks (this one is `share`). Per K block an int flag says: 0 unclaimed, 1
+// being quantized, 2 published; a count of the programs done reading follows them (release_once).
+// A program claims its own blocks (every shares-th from its share) and quantizes them, then waits
+// until every block of its range is claimed, for at most PATIENCE polls, after which it claims and
+// quantizes the blocks still unclaimed (their owner has not started), and then waits until every
+// block is published. Past the bounded wait it waits only on flags at 1, held by running programs
+// that never wait before publishing, so no order of dispatch can deadlock. Warp 0 polls the flags.
+// The same protocol as the Triton decode kernel's (backends/triton/kernels/quantize_once.py).
+template <class Q, class AT>
+__device__ __noinline__ void quantize_once(const AT* __restrict__ a, long long lda, u8* q, float* s, int* flags,
+                                           int m0, int BM, int M, int K, int kb0, int kb1, int block_k, float eps,
+                                           bool ue8m0, int share, int shares) {
+  constexpr int PATIENCE = 32;
+  __shared__ u32 won;  // the blocks of a 32-block chunk this program took over
+  const int kpad = (K + block_k - 1) / block_k * block_k, num_kb = kpad / block_k;
+  auto publish = [&](int kb) {
+    quantize_rows<Q>(a, lda, q + (long long)m0 * kpad + kb * block_k, kpad, s + m0 * num_kb + kb, num_kb, m0, BM, M,
+                     kb * block_k, min(K, (kb + 1) * block_k), block_k, eps, ue8m0);
+    __syncthreads();  // every thread's codes written before the flag says so
+    if (threadIdx.x == 0) {
+      __threadfence();
+      atomicExch(flags + kb, 2);
+    }
+  };
+  // Whether some block of the range has (or, `equal` false, has not) flag `value`: read by warp 0.
+  auto seen = [&](int value, bool equal) {
+    bool found = false;
+    if (threadIdx.x < 32)
+      for (int kb = kb0 + threadIdx.x; kb < kb1; kb += 32)
+        found |= (*reinterpret_cast<volatile int*>(flags + kb) == value) == equal;
+    return __syncthreads_or(found) != 0;
+  };
+
+  for (int kb = kb0 + share; kb < kb1; kb += shares)
+    if (__syncthreads_or(threadIdx.x == 0 && atomicCAS(flags + kb, 0, 1) == 0)) publish(kb);
+  for (int polls = 0; polls < PATIENCE && seen(0, true); ++polls) {
+  }
+  for (int base = kb0; base < kb1; base += 32) {
+    if (threadIdx.x < 32) {
+      const int kb = base + threadIdx.x;
+      const bool open = kb < kb1 && *reinterpret_cast<volatile int*>(flags + kb) == 0;
+      const u32 mask = __ballot_sync(0xffffffffu, open && atomicCAS(flags + kb, 0, 1) == 0);
+      if (threadIdx.x == 0) won = mask;
+    }
+    __syncthreads();
+    u32 mine = won;
+    __syncthreads();  // read by every thread before the next chunk rewrites it
+    for (; mine; mine &= mine - 1) publish(base + __ffs(mine) - 1);
+  }
+  while (seen(2, false)) {
+  }
+  __threadfence();  // the codes' loads after the flags that published them
+}
+
+// After its last read of the codes: count this program in; the launch's last program sets the
+// num_kb flags and the count back to 0 for the next launch (stream order), as the split-K counters.
+__device__ __forceinline__ void release_once(int* flags, int num_kb, int programs) {
+  if (threadIdx.x == 0) {
+    __threadfence();
+    if (atomicAdd(flags + num_kb, 1) == programs - 1) {
+      for (int kb = 0; kb <= num_kb; ++kb) flags[kb] = 0;
+      __threadfence();
+    }
+  }
+}
+
 template <class T> struct IsCode { static constexpr bool value = false; };
 template <> struct IsCode<u8> { static constexpr bool value = true; };
 
-template <int KIND, class AT, int BM, int BN, int WM, int WN, int BK, int STAGES, bool ALIGNED>
+// ONCE (a float AT, one row tile: M <= BM): once_q, once_s and once_flags are quantize_once's q, s and
+// flags, zero flags between launches; unused otherwise.
+template <int KIND, class AT, int BM, int BN, int WM, int WN, int BK, int STAGES, bool ALIGNED, bool ONCE>
 __global__ void __launch_bounds__(WM * WN * 32)
 gemm_kernel(const AT* __restrict__ a, long long lda, const float* __restrict__ as, long long as_m, long long as_k,
             const u8* __restrict__ b, long long ldb, const float* __restrict__ bs, long long bs_n, long long bs_k,
             const float* __restrict__ bias, void* __restrict__ out, long long ldo, float* __restrict__ out_scale,
-            long long os_m, long long os_n, float* ws, int* counters, int M, int N, int K, int block_n,
-            int block_k, int k_split, int act, int out_kind, int out_group, int ue8m0_out, float eps,
-            float a_eps, int a_ue8m0) {
+            long long os_m, long long os_n, float* ws, int* counters, u8* once_q, float* once_s, int* once_flags,
+            int M, int N, int K, int block_n, int block_k, int k_split, int act, int out_kind, int out_group,
+            int ue8m0_out, float eps, float a_eps, int a_ue8m0) {
   static_assert(KIND != kMmaE4M3 || __CUDA_ARCH__ >= 890, "FP8 tensor-core MMA needs sm_89 or newer");
+  static_assert(!ONCE || !IsCode<AT>::value, "ONCE quantizes a float activation");
   typedef Mma<KIND> MMA;
   typedef typename MMA::acc_t acc_t;
-  constexpr bool FUSED = !IsCode<AT>::value;  // a float activation, quantized in the prologue
+  typedef typename Select<KIND == kMmaS8, Int8, Fp8E4M3>::type Q;  // the format a float activation takes
+  constexpr bool FUSED = !IsCode<AT>::value && !ONCE;  // a float activation, quantized in the prologue
   constexpr int THREADS = WM * WN * 32, WTM = BM / WM, WTN = BN / WN, MT = WTM / 16, NT = WTN / 8;
   constexpr int CPR = BN / 8, RPI = THREADS / CPR;  // epilogue: 8-column chunks per row, rows per sweep
   static_assert(WTM % 16 == 0 && NT % 2 == 0, "warp tiles are whole m16 x (2 x n8) MMA tiles");
@@ -407,21 +485,38 @@ gemm_kernel(const AT* __restrict__ a, long long lda, const float* __restrict__ a
   const int kz0 = blockIdx.z * k_split, kz1 = min(K, kz0 + k_split);
   const int KT = (kz1 - kz0 + BK - 1) / BK;
 
-  const RowLoader<BM, BK, THREADS, ALIGNED> load_a(FUSED ? nullptr : reinterpret_cast<const u8*>(a), lda, m0, M);
+  // ONCE: A's codes (row stride kpad, the K blocks' codes rounded up with zeros) and scales (row
+  // stride num_kb) in the workspace, written by other SMs in this launch.
+  const int kpad = (K + block_k - 1) / block_k * block_k, num_kb = kpad / block_k;
+  const u8* const a_codes = ONCE ? once_q : reinterpret_cast<const u8*>(a);
+  const float* const a_scales = ONCE ? once_s : as;
+  const long long a_ld = ONCE ? kpad : lda, a_sm = ONCE ? num_kb : as_m, a_sk = ONCE ? 1 : as_k;
+  const RowLoader<BM, BK, THREADS, ALIGNED, ONCE> load_a(FUSED ? nullptr : a_codes, a_ld, m0, M);
   const RowLoader<BN, BK, THREADS, ALIGNED> load_b(b, ldb, n0, N);
-  auto load_tile = [&](int kt) {
-    const int stage = kt % STAGES, k0 = kz0 + kt * BK;
-    if constexpr (!FUSED) load_a.load(sA + stage * BM * BK, k0, kz1);
-    load_b.load(sB + stage * BN * BK, k0, kz1);
-  };
+  auto load_a_tile = [&](int kt) { load_a.load(sA + kt % STAGES * BM * BK, kz0 + kt * BK, kz1); };
+  auto load_b_tile = [&](int kt) { load_b.load(sB + kt % STAGES * BN * BK, kz0 + kt * BK, kz1); };
+  // ONCE: the first weight stages (one commit group each) load while the activation is quantized,
+  // then A's (a group each): at iteration kt, with STAGES - 2 groups left pending, stage kt's both
+  // have landed.
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) {
-    if (s < KT) load_tile(s);
+    if (s < KT) {
+      if constexpr (!FUSED && !ONCE) load_a_tile(s);
+      load_b_tile(s);
+    }
     cp_async_commit();
   }
   if constexpr (FUSED) {  // while the first weight stages load; the main loop's first barrier publishes it
-    typedef typename Select<KIND == kMmaS8, Int8, Fp8E4M3>::type Q;
     quantize_rows<Q>(a, lda, sA, ldq, sS, groups, m0, BM, M, kz0, kz1, block_k, a_eps, a_ue8m0 != 0);
+  }
+  if constexpr (ONCE) {
+    quantize_once<Q>(a, lda, once_q, once_s, once_flags, m0, BM, M, K, kz0 / block_k, (kz1 + block_k - 1) / block_k,
+                     block_k, a_eps, a_ue8m0 != 0, blockIdx.y, gridDim.y);
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+      if (s < KT) load_a_tile(s);
+      cp_async_commit();
+    }
   }
 
   // Scale rows of this thread's accumulator rows and columns, at K block 0 (null past M or N).
@@ -433,7 +528,7 @@ gemm_kernel(const AT* __restrict__ a, long long lda, const float* __restrict__ a
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int m = m0 + wm * WTM + mt * 16 + g + 8 * h;
-      ap[mt][h] = !FUSED && m < M ? as + m * as_m : nullptr;
+      ap[mt][h] = !FUSED && m < M ? a_scales + m * a_sm : nullptr;
       if constexpr (!FUSED) pin(ap[mt][h]);
     }
 #pragma unroll
@@ -458,11 +553,14 @@ gemm_kernel(const AT* __restrict__ a, long long lda, const float* __restrict__ a
   // Position in K blocks, kept by counting (k_split is a multiple of block_k, so kz0 starts a
   // block): kin bytes of the current block are behind the step; ao and bo are its scale offsets.
   int kin = 0;
-  long long ao = FUSED ? 0 : kz0 / block_k * as_k, bo = kz0 / block_k * bs_k;
+  long long ao = FUSED ? 0 : kz0 / block_k * a_sk, bo = kz0 / block_k * bs_k;
   for (int kt = 0; kt < KT; ++kt) {
     cp_async_wait<STAGES - 2>();
     __syncthreads();  // stage kt landed for everyone; stage kt - 1 is free to refill
-    if (kt + STAGES - 1 < KT) load_tile(kt + STAGES - 1);
+    if (kt + STAGES - 1 < KT) {
+      if constexpr (!FUSED) load_a_tile(kt + STAGES - 1);
+      load_b_tile(kt + STAGES - 1);
+    }
     cp_async_commit();
     const u8* tA = sA + (kt % STAGES) * BM * BK;
     const u8* tB = sB + (kt % STAGES) * BN * BK;
@@ -477,6 +575,7 @@ gemm_kernel(const AT* __restrict__ a, long long lda, const float* __restrict__ a
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
             if constexpr (FUSED) sa[mt][h] = sS[(wm * WTM + mt * 16 + g + 8 * h) * groups + ao];
+            else if constexpr (ONCE) sa[mt][h] = ap[mt][h] ? __ldcg(ap[mt][h] + ao) : 0.f;
             else sa[mt][h] = ap[mt][h] ? __ldg(ap[mt][h] + ao) : 0.f;
           }
 #pragma unroll
@@ -523,7 +622,7 @@ gemm_kernel(const AT* __restrict__ a, long long lda, const float* __restrict__ a
               blk[mt][nt][i] = 0;
             }
         kin = 0;
-        ao += FUSED ? 1 : as_k;
+        ao += FUSED ? 1 : a_sk;
         bo += bs_k;
       }
     }
@@ -534,6 +633,7 @@ gemm_kernel(const AT* __restrict__ a, long long lda, const float* __restrict__ a
   // per program and are kept rolled (finish_chunk is large).
   cp_async_wait<0>();
   __syncthreads();
+  if constexpr (ONCE) release_once(once_flags, num_kb, gridDim.x * gridDim.y * gridDim.z);
   float* const tile = reinterpret_cast<float*>(smem);
   constexpr int LDT = BN + 8;  // the padding spreads a warp's float2 writes over all banks
   auto stage_rows = [&](int pass) {  // warp row `pass` -> tile; callers synchronize around it
