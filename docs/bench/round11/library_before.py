@@ -1,0 +1,130 @@
+"""quantcore's ops as `torch.library` custom ops, for `torch.compile` and `torch.export`.
+
+Importing this module registers `torch.ops.quantcore.<name>` for act_quant, act_dequant,
+weight_quant, weight_dequant, scaled_mm, scaled_mm_quant (the re-quantized-output GEMM: one op per
+return type, where `ops.scaled_mm` returns either), quant_linear, dequant_bias and quantized_gelu.
+`import quantcore` imports it, so a program saved with `torch.export.save` loads in a process that
+imports quantcore alone; registering costs about 10 ms of the import, which torch's own second
+dominates.
+
+Each op takes the same arguments as its `quantcore.ops` function, with these differences, all forced
+by the schema language: dtypes are `torch.dtype` values ("auto" is resolved by the caller, e.g.
+`quantcore.nn`); `block_size` is a list of two ints; `backend` is None (automatic), one backend name
+or a comma-separated priority ("cupy,triton"). The real kernel calls `quantcore.ops`, so validation
+and backend selection happen at run time on the real tensors: a graph compiled for one M serves
+every M, and selection may still depend on M. The fake kernel derives the outputs from the inputs'
+shapes alone, as the backend contract (docs/backend-contract.md) defines them: every output is
+contiguous except the M-major activation scale, the transpose view of a contiguous [ceil(K/G), M]
+buffer. Invalid arguments are reported when the real kernel runs, with the error `quantcore.ops` raises.
+
+Autograd (`torch.library.register_autograd`, formulas in `quantcore.gradients`): `quant_linear`
+gives x and bias gradients, `scaled_mm` bias; their other tensor arguments (quantized codes and
+scales) are refused in the forward when they require grad. The other ops are not differentiable:
+their outputs never require grad, as a cast to an integer dtype's do not. `quantcore.ops` runs
+through these custom ops when grad mode is on and an input requires grad, so eager calls get the
+same gradients (`call_with_gradient`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from . import opdef
+from .dispatch import call
+from .errors import InvalidInputError
+from .opdef import CustomOp, OpDef, requires_grad
+from .opdefs import BUILTIN
+
+NAMESPACE = "quantcore"
+
+
+def _backend(name: str | None):
+    """The schema's `str?` backend as `quantcore.ops` takes it: a string with a comma is a priority
+    tuple ("cupy,triton"; "triton," is a priority of one, which falls back to the reference)."""
+    if name is not None and "," in name:
+        return tuple(part.strip() for part in name.split(",") if part.strip())
+    return name
+
+
+def _real(op: OpDef, custom: CustomOp) -> Callable[..., Any]:
+    """The real kernel: the op's public function, its outputs in the fake's layout. Tensors arrive as
+    the schema orders them (the optional bias positional) and go on by name."""
+    def kernel(*tensors, backend=None, **options):
+        out = op.function(**dict(zip(op.tensors, tensors)), backend=_backend(backend), **options)
+        return custom.layout(out, options)
+    return kernel
+
+
+def _refuse_undefined(op: OpDef, custom: CustomOp, tensors: tuple) -> None:
+    """Raise `InvalidInputError` for a tensor argument that requires grad but has no gradient."""
+    gradient = custom.gradient
+    refused = [n for n, t in zip(op.tensors, tensors) if n not in gradient.inputs and requires_grad(t)]
+    if refused:
+        one = len(refused) == 1
+        raise InvalidInputError(
+            f"{op.name}: {' and '.join(refused)} require{'s' if one else ''} grad, but {op.name} has no gradient "
+            f"with respect to quantized codes or their scales; only {' and '.join(gradient.inputs)} get gradients"
+            f"{gradient.hint}. Freeze {'it' if one else 'them'} (.requires_grad_(False)), or call under "
+            "torch.no_grad() for inference")
+
+
+def _autograd(op: OpDef, custom: CustomOp) -> tuple[Callable[..., Any], Callable[..., Any]]:
+    """(backward, setup_context) of a custom op, from its `Gradient` (or none: outputs never require grad)."""
+    gradient = custom.gradient
+
+    def setup_context(ctx, inputs, keyword_only_inputs, output):
+        if gradient is None:
+            ctx.mark_non_differentiable(*(output if isinstance(output, tuple) else (output,)))
+            return
+        _refuse_undefined(op, custom, inputs)
+        ctx.save_for_backward(*inputs)
+        ctx.options = keyword_only_inputs
+
+    def backward(ctx, grad, *_):
+        if gradient is None:  # outputs marked non-differentiable: autograd asks for no gradient
+            return (None,) * len(op.tensors)
+        needs = {n for n, need in zip(op.tensors, ctx.needs_input_grad) if need}
+        got = gradient.backward(dict(zip(op.tensors, ctx.saved_tensors)), ctx.options, grad, needs)
+        return tuple(got.get(n) for n in op.tensors)
+
+    return backward, setup_context
+
+
+def _register(op: OpDef, custom: CustomOp) -> torch.library.CustomOpDef:
+    registered = torch.library.custom_op(f"{NAMESPACE}::{custom.name}", _real(op, custom), mutates_args=(),
+                                         schema=custom.schema)
+    registered.register_fake(custom.fake)
+    backward, setup_context = _autograd(op, custom)
+    registered.register_autograd(backward, setup_context=setup_context)
+    return registered
+
+
+CUSTOM_OPS: dict[str, torch.library.CustomOpDef] = {
+    custom.name: _register(op, custom) for op in BUILTIN for custom in op.custom_ops}
+
+
+def _schema_backend(backend: Any) -> Any:
+    """`quantcore.ops`'s backend argument as the schema's `str?`: a priority list joined by commas,
+    with a trailing one so that a list of one stays a priority (`_backend`)."""
+    if isinstance(backend, (list, tuple)) and all(isinstance(b, str) for b in backend):
+        return ",".join(backend) + ","
+    return backend
+
+
+def call_with_gradient(name: str, tensors: tuple, options: dict[str, Any], backend: Any) -> Any:
+    """`quantcore.ops.<name>` called with grad mode on and an input that requires grad: validated as
+    the plain call is (same errors, before anything runs), then run through the custom op whose
+    `Gradient` applies, so that autograd records it. A call no gradient applies to (`scaled_mm` with
+    `out_quant`) runs plainly: its outputs never require grad."""
+    op = opdef.get(name)
+    op.spec(*tensors, **options)
+    custom = next((c for c in op.custom_ops if c.gradient is not None and c.gradient.applies(options)), None)
+    backend = _schema_backend(backend)
+    if custom is None or not (backend is None or isinstance(backend, str)):
+        return call(name, tensors, options, backend)  # a bad backend: the plain path names what is wrong
+    _refuse_undefined(op, custom, tensors)
+    schema = getattr(torch.ops.quantcore, custom.name).default._schema
+    kwargs = {a.name: options[a.name] for a in schema.arguments if a.kwarg_only and a.name in options}
+    return CUSTOM_OPS[custom.name](*tensors, **kwargs, backend=backend)
