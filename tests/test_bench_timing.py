@@ -14,7 +14,9 @@ def test_eager_time_is_the_time_per_call_of_a_back_to_back_loop():
         calls.append(None)
         time.sleep(1e-4)
 
-    us = timing.eager_time_us(fn, n=30, warmup=5)
+    # A budget far above 30 calls' time: on a loaded machine one 100 µs sleep can take past the
+    # default budget / n (3.3 ms), and fewer calls would be made.
+    us = timing.eager_time_us(fn, n=30, warmup=5, budget_s=10.0)
     assert 100 <= us < 5000, us  # each call sleeps 100 µs
     assert len(calls) == 1 + 5 + 30  # the probe, the warm-up, the timed loop
 
