@@ -41,15 +41,18 @@ def once_buffers(device: torch.device, floats: int, tiles: int, M: int, K: int, 
     quantizes its float activation of M rows over K once, per 1×block_k group: (partials, counters,
     codes, scales, flags), views of the `buffers` pair, or None where `buffers` gives none. codes:
     uint8 [M · kpad] (row stride kpad = K rounded up to block_k, 128-byte aligned), scales: fp32
-    [M · kpad / block_k], flags: int32 [kpad / block_k + 1] (one per K block, then a count), zero
-    between launches like the counters they follow."""
-    kbs = -(-K // block_k)
-    codes_at = -(-(floats + M * kbs) // 32) * 32  # floats: 128-byte aligned
+    [kpad / block_k, mpad] (K-block-major, mpad = M rounded up to 32, 128-byte aligned: a cache line
+    never holds two K blocks' scales, so a program that reads a published block's through L1 caches
+    no other block's, which may not be published yet), flags: int32 [kpad / block_k + 1] (one per K
+    block, then a count), zero between launches like the counters they follow."""
+    kbs, mpad = -(-K // block_k), -(-M // 32) * 32
+    scales_at = -(-floats // 32) * 32  # floats: 128-byte aligned
+    codes_at = scales_at + kbs * mpad
     pair = buffers(device, codes_at + -(-(M * kbs * block_k) // 4), tiles + kbs + 1)
     if pair is None:
         return None
     ws, counts = pair
-    return (ws, counts, ws[codes_at:].view(torch.uint8)[:M * kbs * block_k], ws[floats:floats + M * kbs],
+    return (ws, counts, ws[codes_at:].view(torch.uint8)[:M * kbs * block_k], ws[scales_at:codes_at],
             counts[tiles:tiles + kbs + 1])
 
 

@@ -373,8 +373,8 @@ def test_quant_linear_fuses_its_quantization_where_it_fits(launches):
 def test_quant_linear_quantizes_once_per_launch_beyond_fused_m_max(launches, monkeypatch, M):
     """From FUSED_M_MAX + 1 to ONCE_M_MAX rows, for weights of at most ONCE_NK_MAX elements, quant_linear is
     one gemm_kernel launch (ONCE) on the float activation, whose codes, scales and flags are
-    backends/splitk.py's: scales after the split-K partials, codes 128-byte aligned after them, flags
-    after the tiles' counters. A larger weight, or no workspace (as while a graph is captured), gets
+    backends/splitk.py's: scales after the split-K partials (K-block-major, M rounded up to 32),
+    codes after them, flags after the tiles' counters. A larger weight, or no workspace (as while a graph is captured), gets
     act_quant then the GEMM."""
     opts = dict(block_n=128, block_k=128, bias=None, activation="gelu", out_dtype=BF16, ue8m0=False, eps=1e-4,
                 mma="int8", profile=SM90)
@@ -393,7 +393,9 @@ def test_quant_linear_quantizes_once_per_launch_beyond_fused_m_max(launches, mon
     partials, tiles = gx * gy * splits * tile.bm * tile.bn, gx * gy
     assert (p["ws"], p["counters"]) == (ws.data_ptr(), counters.data_ptr())
     assert p["once_s"] == ws.data_ptr() + 4 * partials and p["once_flags"] == counters.data_ptr() + 4 * tiles
-    assert (p["once_q"] - ws.data_ptr()) % 128 == 0 and p["once_q"] >= p["once_s"] + 4 * M * 56
+    mpad = -(-M // 32) * 32  # scales K-block-major, a K block's on whole 128-byte lines
+    assert (p["once_s"] - ws.data_ptr()) % 128 == 0 and p["once_q"] == p["once_s"] + 4 * 56 * mpad
+    assert (p["once_q"] - ws.data_ptr()) % 128 == 0
     assert not counters[tiles:tiles + 57].any()  # the flags and their count start at zero
     launches.clear()
     launch.quant_linear(_randn(M, 16384, dtype=BF16), _q(7168, 16384, dtype=I8), _randn(56, 128), **opts)

@@ -326,11 +326,11 @@ def dequant_bias(g, scale_a, scale_b, bias, *, out_dtype, profile):
 #
 # From FUSED_M_MAX + 1 to ONCE_M_MAX rows the programs quantize the activation once between them into
 # a workspace (gemm.cu's ONCE, the Triton decode kernel's protocol), eagerly only (`base.eagerly`).
-# Measured on the H100 (docs/bench/round11/once_cupy_probe.txt), against act_quant + the GEMM: GPU time
-# 1.45-1.67x in geometric mean over the nine decode shapes at M = 8-32 (ncu: the A scales' loads,
-# from L2 here where the two launches read them through L1, stall each K block's promotion); eager
-# time per call 0.78x over the shapes the bounds hold (24 of 30 faster), and the model's eager decode
-# step 8-11 % faster in FP8 at batch 8-32 (round11/ab_step_cupy.txt). Larger weights are GPU-bound.
+# Measured on the H100 (docs/bench/round11/once_cupy_probe_l1.txt), against act_quant + the GEMM:
+# GPU time 1.33-1.41x in geometric mean over the nine decode shapes at M = 8-32, eager time per call
+# 0.654x where the bounds hold (30 of 30 faster: 19-35 µs against 27-45); the model's eager decode
+# step 5-12 % faster (round11/ab_step_cupy_l1.txt). Larger weights or more rows: the GPU bounds the
+# call and the one launch loses (eager 1.11x outside the weight bound, 1.16x at 64 rows).
 
 
 class GemmTile(NamedTuple):
@@ -349,7 +349,7 @@ _LARGE_TILE = GemmTile(128, 128, 2, 4, 64, 1)
 _WEIGHT_IN_FLIGHT = 32 * 1024  # bytes of weight each CTA keeps loading (stages ahead of the MMAs)
 FUSED_M_MAX = 4
 # Quantized once per launch: where the host's second launch costs more than the GPU time the wait adds
-# (docs/bench/round11/once_cupy_probe.txt); at most one row tile (gemm.cu's ONCE).
+# (docs/bench/round11/once_cupy_probe_l1.txt); at most one row tile (gemm.cu's ONCE).
 ONCE_M_MAX = 32
 ONCE_NK_MAX = 2**25
 

@@ -380,7 +380,8 @@ __device__ __forceinline__ void quantize_rows(const AT* __restrict__ a, long lon
 
 // The float activation quantized once per launch for every program that reads it (ONCE): rows
 // [m0, min(m0 + BM, M)) over K blocks [kb0, kb1) into codes q (row stride kpad = K rounded up to
-// block_k, zero past K) and scales s (row stride kpad / block_k), shared with the `shares` programs
+// block_k, zero past K) and scales s (K-block-major, K block stride mpad = M rounded up to 32:
+// backends/splitk.py's `once_buffers`), shared with the `shares` programs
 // that read the same blocks (this one is `share`). Per K block an int flag says: 0 unclaimed, 1
 // being quantized, 2 published; a count of the programs done reading follows them (release_once).
 // A program claims its own blocks (every shares-th from its share) and quantizes them, then waits
@@ -395,9 +396,9 @@ __device__ __noinline__ void quantize_once(const AT* __restrict__ a, long long l
                                            bool ue8m0, int share, int shares) {
   constexpr int PATIENCE = 32;
   __shared__ u32 won;  // the blocks of a 32-block chunk this program took over
-  const int kpad = (K + block_k - 1) / block_k * block_k, num_kb = kpad / block_k;
+  const int kpad = (K + block_k - 1) / block_k * block_k, mpad = (M + 31) / 32 * 32;
   auto publish = [&](int kb) {
-    quantize_rows<Q>(a, lda, q + (long long)m0 * kpad + kb * block_k, kpad, s + m0 * num_kb + kb, num_kb, m0, BM, M,
+    quantize_rows<Q>(a, lda, q + (long long)m0 * kpad + kb * block_k, kpad, s + kb * mpad + m0, 1, m0, BM, M,
                      kb * block_k, min(K, (kb + 1) * block_k), block_k, eps, ue8m0);
     __syncthreads();  // every thread's codes written before the flag says so
     if (threadIdx.x == 0) {
@@ -485,12 +486,15 @@ gemm_kernel(const AT* __restrict__ a, long long lda, const float* __restrict__ a
   const int kz0 = blockIdx.z * k_split, kz1 = min(K, kz0 + k_split);
   const int KT = (kz1 - kz0 + BK - 1) / BK;
 
-  // ONCE: A's codes (row stride kpad, the K blocks' codes rounded up with zeros) and scales (row
-  // stride num_kb) in the workspace, written by other SMs in this launch.
-  const int kpad = (K + block_k - 1) / block_k * block_k, num_kb = kpad / block_k;
+  // ONCE: A's codes (row stride kpad, the K blocks' codes rounded up with zeros) and scales
+  // (K-block-major, stride mpad) in the workspace, written by other SMs in this launch. The codes are
+  // read from L2 only (a 128-byte line may hold K blocks another program has not published yet); a
+  // line of scales holds one K block's only, which this program reads after it is published, so
+  // they are read through L1 (from L2 they stalled each K block's promotion: docs/bench/round11).
+  const int kpad = (K + block_k - 1) / block_k * block_k, num_kb = kpad / block_k, mpad = (M + 31) / 32 * 32;
   const u8* const a_codes = ONCE ? once_q : reinterpret_cast<const u8*>(a);
   const float* const a_scales = ONCE ? once_s : as;
-  const long long a_ld = ONCE ? kpad : lda, a_sm = ONCE ? num_kb : as_m, a_sk = ONCE ? 1 : as_k;
+  const long long a_ld = ONCE ? kpad : lda, a_sm = ONCE ? 1 : as_m, a_sk = ONCE ? mpad : as_k;
   const RowLoader<BM, BK, THREADS, ALIGNED, ONCE> load_a(FUSED ? nullptr : a_codes, a_ld, m0, M);
   const RowLoader<BN, BK, THREADS, ALIGNED> load_b(b, ldb, n0, N);
   auto load_a_tile = [&](int kt) { load_a.load(sA + kt % STAGES * BM * BK, kz0 + kt * BK, kz1); };
@@ -575,7 +579,7 @@ gemm_kernel(const AT* __restrict__ a, long long lda, const float* __restrict__ a
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
             if constexpr (FUSED) sa[mt][h] = sS[(wm * WTM + mt * 16 + g + 8 * h) * groups + ao];
-            else if constexpr (ONCE) sa[mt][h] = ap[mt][h] ? __ldcg(ap[mt][h] + ao) : 0.f;
+            else if constexpr (ONCE) sa[mt][h] = ap[mt][h] ? __ldca(ap[mt][h] + ao) : 0.f;  // (not .nc: written in the launch)
             else sa[mt][h] = ap[mt][h] ? __ldg(ap[mt][h] + ao) : 0.f;
           }
 #pragma unroll

@@ -47,7 +47,7 @@ def decode_mm_kernel(
     tile, zero between launches (unused when SPLIT_K == 1). STAGES: weight tiles in flight. QROWS:
     the rows a float activation is quantized in (a power of two >= M, at most BLOCK_M). ONCE (float A):
     the programs quantize it once between them into codes q_ptr [M, cdiv(K, BLOCK_K)·BLOCK_K] and scales
-    qs_ptr [M, cdiv(K, BLOCK_K)], with flag_ptr's cdiv(K, BLOCK_K) + 1 int32 zero between launches
+    qs_ptr [cdiv(K, BLOCK_K), M rounded up to 32], with flag_ptr's cdiv(K, BLOCK_K) + 1 int32 zero between launches
     (`quantize_once.py`; KB_VEC: a power of two >= kb_per_split). The rest is block_scaled_mm_kernel's.
     """
     pid_n = tl.program_id(0)
@@ -74,8 +74,8 @@ def decode_mm_kernel(
                       a_eps, A, QFMT, UE8M0_A, HW_FP8, QROWS, BLOCK_K, KB_VEC)
         num_kb = tl.cdiv(K, BLOCK_K)
         a_ptrs, _, a_s_ptrs, _ = tile_pointers(q_ptr, b_ptr, qs_ptr, b_scale_ptr, offs_m, offs_n, offs_k, pid_n, M, N,
-                                               num_kb * BLOCK_K, stride_bn, num_kb, stride_bsn, SCALE_BN, BLOCK_N)
-        stride_ask = 1
+                                               num_kb * BLOCK_K, stride_bn, 1, stride_bsn, SCALE_BN, BLOCK_N)
+        stride_ask = tl.cdiv(M, 32) * 32
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     if not CODES:
         x_next = tl.load(x_ptrs + kb_start * BLOCK_K, mask=offs_k[None, :] < K - kb_start * BLOCK_K, other=0)

@@ -32,7 +32,8 @@ def _publish(x_ptr, stride_xm, q_ptr, qs_ptr, flags, kb, M, K, eps,
              A: tl.constexpr, QFMT: tl.constexpr, UE8M0: tl.constexpr, HW_FP8: tl.constexpr,
              ROWS: tl.constexpr, BLOCK_K: tl.constexpr):
     """Quantize the M rows (at most ROWS) of K block kb per 1×BLOCK_K group into codes q [M, K rounded
-    up to BLOCK_K] and scales qs [M, cdiv(K, BLOCK_K)], then publish the block (flag 2)."""
+    up to BLOCK_K] and scales qs [cdiv(K, BLOCK_K), M rounded up to 32] (`splitk.once_buffers`), then
+    publish the block (flag 2)."""
     num_kb = tl.cdiv(K, BLOCK_K)
     cols = kb * BLOCK_K + tl.arange(0, BLOCK_K)
     # STEP_ROWS rows at a time: a whole [ROWS, BLOCK_K] fp32 tile in registers spilled beside the
@@ -44,7 +45,7 @@ def _publish(x_ptr, stride_xm, q_ptr, qs_ptr, flags, kb, M, K, eps,
         s = block_scale(nan_absmax(x, 1), eps, QFMT, UE8M0)
         q = quantize(x, tl.broadcast_to(s[:, None], x.shape), QFMT, HW_FP8)
         tl.store(q_ptr + rows[:, None] * (num_kb * BLOCK_K) + cols[None, :], q, mask=(rows < M)[:, None])
-        tl.store(qs_ptr + rows * num_kb + kb, s, mask=rows < M)
+        tl.store(qs_ptr + kb * (tl.cdiv(M, 32) * 32) + rows, s, mask=rows < M)
     # Every thread's codes are written before the flag says so (release).
     tl.debug_barrier()
     tl.atomic_xchg(flags + kb, 2, sem="release")
