@@ -12,9 +12,11 @@ three: GPU time (`timing.gpu_time_us`) and eager time per call (`timing.eager_ti
 requiring grad), Triton backend.
 
 Run from the repository root: PYTHONPATH=$PWD python3 docs/bench/round11/once_cupy_probe.py [out.json] [cupy] [custom]
-once_cupy_probe.txt: the committed kernel (ONCE_M_MAX was 64 then, so "once" ran to 64 rows);
-once_cupy_probe_prefetch.txt: with scale_prefetch.diff applied (since reverted) and ONCE_M_MAX = 32,
-so its "once" column at 64 rows is the two launches.
+once_cupy_probe.txt: the first kernel (its A scales M-major, read from L2 only; ONCE_M_MAX was 64,
+so "once" ran to 64 rows); once_cupy_probe_prefetch.txt: that kernel with scale_prefetch.diff applied
+(since reverted), "once" then stopping at ONCE_M_MAX = 32 (its 64-row "once" column is the two
+launches); once_cupy_probe_l1.txt: the final kernel (scales K-block-major, read through L1), "once"
+forced to 64 rows.
 """
 import json
 import os
@@ -41,7 +43,7 @@ def same(u, v):
 
 def cupy_mode(mode):
     registry.reset()
-    cupy_launch.ONCE_M_MAX, cupy_launch.ONCE_NK_MAX = (0, 0) if mode == "two" else (ONCE[0], 2**40)
+    cupy_launch.ONCE_M_MAX, cupy_launch.ONCE_NK_MAX = {"two": (0, 0), "once": (64, 2**40)}.get(mode, ONCE)
 
 
 print(torch.cuda.get_device_name(), torch.__version__, capability.versions(), flush=True)
