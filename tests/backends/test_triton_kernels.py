@@ -663,7 +663,8 @@ def test_the_kernel_runs_the_variant_the_registry_names(monkeypatch, op, profile
             chosen, out = check_binding(spy, op, args, kwargs, backend)
             if chosen is None or chosen.backend != "triton":
                 continue
-            assert [kernel_mma(c) for c in seen] == [dict(chosen.options)["mma"]], (backend, fmt)
+            # A one-launch quant_linear also prepares its two launches (what a graph capture runs): same MMA.
+            assert seen and {kernel_mma(c) for c in seen} == {dict(chosen.options)["mma"]}, (backend, fmt)
             assert rel_err(out, expected) <= 1e-2  # bf16 output
             ran.add((chosen.label, dict(chosen.options)["mma"]))
     assert ran  # Triton ran under every profile listed (min_cc 8.0, or the interpreter)
@@ -761,16 +762,50 @@ def test_decode_configs_split_k_evenly_and_fit_shared_memory():
 
 def test_quant_linear_fuses_within_its_tables_bounds_only():
     """One launch where the table's rules hold M, K and N·K (sm_90: each program quantizing for M <= 4,
-    or M <= 8 up to K = 8192, then once per launch to 64 rows for weights of up to 2^26 elements),
-    act_quant + the GEMM elsewhere; never beyond the decode kernel's own M bound."""
+    or M <= 8 up to K = 8192, then once per launch to 64 rows for weights of up to 2^26 elements and to
+    128 rows up to K = 4096), act_quant + the GEMM elsewhere; past the decode kernel's own M bound only
+    once per launch (which runs K unsplit)."""
     shapes = ((1, 7168, 16384), (4, 7168, 16384), (8, 2112, 8192), (8, 2112, 8193), (64, 4096, 16384),
-              (64, 16384, 4096), (64, 7168, 16384), (5, 7168, 16384), (65, 128, 128))
+              (64, 16384, 4096), (64, 7168, 16384), (5, 7168, 16384), (65, 128, 128), (128, 16384, 4096),
+              (128, 4096, 4097), (100, 32768, 4096), (129, 128, 128))
     assert [configs.fused(SM90, M, N, K) for M, N, K in shapes] == [
-        "program", "program", "program", "once", "once", "once", None, None, None]
+        "program", "program", "program", "once", "once", "once", None, None, "once", "once", None, None, None]
     assert [configs.fused(SM80, M, 64, K) for M, K in ((4, 16384), (5, 128), (8, 128))] == ["program", None, None]
     for profile in (SM90, SM80, SIMULATED["sm75"], SIMULATED["sm89"]):
         decode_bound = min(configs.decode_m_max(profile, mma) for mma in ("fp8", "int8", "fp16"))
-        assert not configs.fused(profile, decode_bound + 1, 128, 128)
+        assert configs.fused(profile, decode_bound + 1, 128, 128) in (None, "once")
+
+
+@pytest.mark.parametrize("qdtype", QDTYPES)
+def test_quant_linear_past_the_decode_rows_is_one_unsplit_launch(gen, monkeypatch, qdtype):
+    """At 100 rows on sm_90 scaled_mm runs the tiled kernel and quant_linear, eagerly, the decode kernel
+    quantizing once with K unsplit (prepared beside the two launches a capture would run): bit for bit
+    act_quant + scaled_mm, K tail and fp16 activation included, the flags back at zero; not for weight
+    scales of 64 rows."""
+    seen = spy_triton_gemms(monkeypatch)
+    M, K = 100, 700
+    x, wq_src = randn((M, K), gen=gen, dtype=torch.float16), randn((90, K), gen=gen)
+    wq, w_s = ref.weight_quant(wq_src, qdtype=qdtype, block_n=128, block_k=128, ue8m0=False, eps=1e-4)
+    kw = dict(block_n=128, block_k=128, bias=randn((90,), gen=gen), activation="gelu", out_dtype=torch.bfloat16,
+              eps=1e-4)
+    got = launch.quant_linear(x, wq, w_s, ue8m0=False, **_on("sm90", qdtype), **kw)
+    once = [c for c in seen if c.get("ONCE")]
+    assert len(once) == 1 and once[0]["SPLIT_K"] == 1 and once[0]["BLOCK_M"] == 128
+    assert any("ONCE" not in c for c in seen)  # the tiled kernel, for captures
+    seen.clear()
+    aq, a_s = launch.act_quant(x, qdtype=qdtype, group_size=128, ue8m0=False, eps=1e-4, scale_m_major=False,
+                               profile=SM90)
+    want = launch.scaled_mm(aq, a_s, wq, w_s, out_quant=None, out_group=128, ue8m0_out=False, **_on("sm90", qdtype),
+                            **kw)
+    assert ["ONCE" in c for c in seen] == [False]
+    assert torch.equal(got, want)
+    assert not any(c.any() for c in splitk.counters())
+    # Weight-scale blocks narrower than a tiled GEMM's columns: that GEMM may multiply its scales in another
+    # order, so the two launches stay.
+    seen.clear()
+    wq, w_s = ref.weight_quant(wq_src, qdtype=qdtype, block_n=64, block_k=128, ue8m0=False, eps=1e-4)
+    launch.quant_linear(x, wq, w_s, ue8m0=False, **_on("sm90", qdtype), **(kw | dict(block_n=64)))
+    assert seen and not any(c.get("ONCE") for c in seen)
 
 
 def test_gemm_candidates_fit_shared_memory_and_requant_groups():

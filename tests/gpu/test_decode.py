@@ -1,4 +1,4 @@
-"""Decode-sized GEMMs (M <= 64) and the one-launch quantized linear on the GPU: parity with the
+"""Decode-sized GEMMs (M <= 64) and the one-launch quantized linear (to 128 rows) on the GPU: parity with the
 reference on DeepSeek-V3 decode shapes with tails, bit-identity of quant_linear with act_quant +
 scaled_mm, determinism of the split-K reduction, CUDA-graph replay, and the direct Triton launch.
 
@@ -56,7 +56,7 @@ def test_decode_shapes(backend, qdtype, mnk):
 @pytest.mark.parametrize("backend", registry.compared("quant_linear"))
 @pytest.mark.parametrize("qdtype", list(FMTS))
 @pytest.mark.parametrize("block", [(128, 128), (64, 128)])
-@pytest.mark.parametrize("m", [1, 3, 5, 16, 64, 65, 300])
+@pytest.mark.parametrize("m", [1, 3, 5, 16, 64, 65, 128, 300])
 def test_quant_linear_is_act_quant_then_scaled_mm_bit_for_bit(backend, profile, qdtype, block, m):
     n, k = 2112, 1000
     x = rand((m, k), seed=5)
@@ -84,13 +84,14 @@ def test_split_k_is_deterministic(qdtype):
     assert torch.equal(ops.scaled_mm(a, a_s, b, b_s, out_dtype=torch.float32, backend="triton"), first)
 
 
-@pytest.mark.parametrize("m", [1, 16])
+@pytest.mark.parametrize("m", [1, 16, 100])
 @pytest.mark.parametrize("backend", registry.compared("quant_linear"))
 def test_cuda_graph_replays_the_quantized_linear(backend, m):
-    """Replays of a captured quant_linear follow the input; on the H100 at 16 rows the activation is
-    quantized once per launch, whose flags must be back at zero for each replay."""
-    w, w_s = ops.weight_quant(rand((4096, 7168), seed=7))
-    x = rand((m, 7168), seed=8)
+    """Replays of a captured quant_linear follow the input and equal its eager calls; on the H100 at 16
+    and 100 rows the eager call quantizes the activation once per launch (at 100 K unsplit, on both Triton
+    variants), whose flags must be back at zero for each replay."""
+    w, w_s = ops.weight_quant(rand((4096, 4096), seed=7))
+    x = rand((m, 4096), seed=8)
     bias = rand((4096,), seed=9)
     with quantcore.priority(backend):
         eager = ops.quant_linear(x, w, w_s, bias)  # warm-up: compiles, allocates the split-K workspace
@@ -98,20 +99,22 @@ def test_cuda_graph_replays_the_quantized_linear(backend, m):
         with torch.cuda.graph(graph):
             out = ops.quant_linear(x, w, w_s, bias)
         for seed in (10, 11):
-            x.copy_(rand((m, 7168), seed=seed))
+            x.copy_(rand((m, 4096), seed=seed))
             graph.replay()
             torch.cuda.synchronize()
             assert torch.equal(out, ops.quant_linear(x, w, w_s, bias))
     assert not torch.equal(out, eager)
 
 
-def test_a_captured_quant_linear_runs_act_quant_then_the_gemm(monkeypatch):
-    """At 16 rows on the H100 the Triton quant_linear is one launch eagerly (the activation quantized once
-    inside the GEMM) and, captured into a graph, act_quant then the GEMM (less GPU time): the same bits."""
+@pytest.mark.parametrize("m, gemm", [(16, "decode_mm_kernel"), (100, "block_scaled_mm_kernel")])
+def test_a_captured_quant_linear_runs_act_quant_then_the_gemm(monkeypatch, m, gemm):
+    """At 16 and 100 rows on the H100 the Triton quant_linear is one launch eagerly (the activation
+    quantized once inside the decode GEMM) and, captured into a graph, act_quant then scaled_mm's GEMM
+    (less GPU time): the same bits."""
     from quantcore.backends.triton import launch
 
     w, w_s = ops.weight_quant(rand((1024, 3072), seed=7))
-    x = rand((16, 3072), seed=8)
+    x = rand((m, 3072), seed=8)
     calls, real = [], launch.Launcher
 
     def recording(kernel, grid, constants, device, descriptors=None):
@@ -131,7 +134,7 @@ def test_a_captured_quant_linear_runs_act_quant_then_the_gemm(monkeypatch):
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
                 out = ops.quant_linear(x, w, w_s)
-            assert calls == [("block_quant_kernel", False), ("decode_mm_kernel", False)]
+            assert calls == [("block_quant_kernel", False), (gemm, False)]
             graph.replay()
             torch.cuda.synchronize()
             assert torch.equal(out, eager)

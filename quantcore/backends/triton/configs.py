@@ -23,8 +23,10 @@ device, the CPU interpreter included. A file holds:
   (through the programs' K ranges) with K, so past a few rows act_quant + the decode GEMM take less
   GPU time; `"once"`: the programs quantize it once between them into a workspace and wait for it
   (kernels/quantize_once.py), at 1.08-1.24x the two launches' GPU time on the H100 but one launch's
-  host time less, so quant_linear takes it outside graph captures only (launch.quant_linear), and
-  not for weights whose GPU time exceeds the launch's host time (`nk_max`). Rules
+  host time less, so quant_linear takes it outside graph captures only (launch.fused_linear), and
+  not for weights whose GPU time exceeds the launch's host time (`nk_max`). A "once" rule past
+  `m_max` runs the decode kernel with K unsplit, summing as the tiled and Gluon GEMMs that scaled_mm
+  runs there (bit for bit); its rows need a `"rules"` entry for the tile, whose split is unused. Rules
   `{"mma", "m_max", "n_min", "n_max", "k_max", "config": [BLOCK_N, num_warps, num_stages], "waves",
   "min_kb_per_split"}`,
   the first match applies (a large `min_kb_per_split` keeps K whole: no split-K reduction where

@@ -39,6 +39,7 @@ _KIND = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", t
          torch.float8_e4m3fn: "fp8", torch.int8: "int8"}
 _GROUP_M = 8  # row tiles per L2 group in the GEMM's program order
 _MMA_KINDS = {"int8": ("int8",), "fp8": ("fp8", "fp16")}  # the GEMM variants' `mma` per operand kind
+_TILE_N_MAX = 128  # the widest column tile of the tiled and Gluon GEMMs up to 128 rows (configs/sm_90.json, gluon.py)
 
 
 _NATIVE_BIAS = (torch.float32, torch.float16, torch.bfloat16)
@@ -254,43 +255,61 @@ def scaled_mm(a, a_scale, b, b_scale, *, block_n, block_k, bias, activation, out
 @prepared
 def quant_linear(x, w, w_scale, *, block_n, block_k, bias, activation, out_dtype, ue8m0, eps, profile, mma,
                  lead=None):
-    """act_quant(x) per 1×block_k group into w's format, then scaled_mm with w: in one launch at decode
-    sizes (where `configs.fused` says so: the decode GEMM quantizes the activation itself, bit for bit
-    the two ops; quantized once per launch, only outside a graph capture), else as the two ops above.
+    """act_quant(x) per 1×block_k group into w's format, then scaled_mm with w: in one launch where
+    `configs.fused` says so (`fused_linear`), else as the two ops above.
 
     x [M, K] bf16/fp16/fp32, w [N, K] fp8_e4m3fn/int8, w_scale [ceil(N/Bn), ceil(K/Bk)] fp32, bias [N]
     or None -> out [M, N] out_dtype. `ue8m0` and `eps` are the activation quantization's; `mma` and
     `lead` as scaled_mm's.
     """
+    options = dict(block_n=block_n, block_k=block_k, bias=bias, activation=activation, out_dtype=out_dtype,
+                   ue8m0=ue8m0, eps=eps, profile=profile, mma=mma, lead=lead)
+    return fused_linear(x, w, w_scale, lambda: prepared_quant_linear(act_quant, scaled_mm, x, w, w_scale, **options),
+                        **options)
+
+
+def fused_linear(x, w, w_scale, composed, *, block_n, block_k, bias, activation, out_dtype, ue8m0, eps, profile, mma,
+                 lead=None, unsplit_only=False):
+    """The `run(x, w, w_scale, bias=None)` of a prepared quant_linear whose two launches `composed()` makes
+    (act_quant + a GEMM): one launch of the decode GEMM quantizing the activation itself where
+    `configs.fused` says so, bit for bit the two, else those. Each program quantizes its rows' K range,
+    or the programs quantize it once per launch between them; that one takes more GPU time than the two
+    launches and saves a launch's host time, ~20 µs a call on the H100's host (docs/bench/round10), so
+    it is taken outside graph captures only. Past the decode GEMM's rows the launch runs K unsplit:
+    the tiled and Gluon GEMMs sum each output's K blocks in one program, in order, and so does the
+    decode kernel unsplit, bit for bit (docs/bench/round12/decode128_ab.txt). `unsplit_only`: only
+    there (the Gluon variant, whose GEMM never splits K).
+    """
     M, K = x.shape
     mode = configs.fused(profile, M, w.shape[0], K)
+    beyond = M > configs.decode_m_max(profile, mma)
+    # Past the decode rows the decode kernel's tiles (64 columns) and the tiled and Gluon GEMMs' (at most
+    # 128 there) must each scale all their columns by one weight scale, so that all form the same products:
+    # with narrower scale blocks some multiply by the two scales in turn (GPU-checked: Bn = 64 differed).
+    if (beyond and (mode != "once" or block_n % _TILE_N_MAX)) or (unsplit_only and not beyond):
+        return composed()
     out = mode and torch.empty((M, w.shape[0]), dtype=out_dtype, device=x.device)  # the kernel's view of the result
     gemm = mode and _gemm(x, None, w, w_scale, bias, out, None, block_n=block_n, block_k=block_k, activation=activation,
                           out_group=block_k, ue8m0_out=False, eps=eps, profile=profile, mma=mma, a_ue8m0=ue8m0,
                           once=mode == "once")
-    composed = None if gemm and mode == "program" else prepared_quant_linear(
-        act_quant, scaled_mm, x, w, w_scale, block_n=block_n, block_k=block_k, bias=bias, activation=activation,
-        out_dtype=out_dtype, ue8m0=ue8m0, eps=eps, profile=profile, mma=mma, lead=lead)
     if not gemm:
-        return composed
+        return composed()
     new_out = allocator((*((M,) if lead is None else lead), w.shape[0]), out_dtype, x.device)
 
     def fused(x, w, w_scale, bias=None):
         out = new_out()
         gemm(x, None, w, w_scale, bias, out, None)
         return out
-    if composed is None:
+    if mode == "program":
         return _like(gemm, fused)
-
-    # Quantized once per launch, the activation costs the GEMM 1.08-1.24x the GPU time of act_quant +
-    # scaled_mm (docs/bench/round10), and saves a launch's host time, ~20 µs a call on the H100's host.
-    return eagerly(_like(gemm, fused), composed, x.device)
+    return eagerly(_like(gemm, fused), composed(), x.device)
 
 
 def _gemm(a, a_scale, b, b_scale, bias, out, out_scale, *, block_n, block_k, activation, out_group, ue8m0_out, eps,
           profile, mma, a_ue8m0=False, once=False):
     """A function (a, a_scale, b, b_scale, bias, out, out_scale) running the GEMM for operands laid out as
-    these: the decode kernel for M <= the profile's decode bound, else the tiled one. `a` is quantized
+    these: the decode kernel for M <= the profile's decode bound (and, K unsplit, for an activation quantized
+    `once` beyond it), else the tiled one. `a` is quantized
     (with a_scale), or a float activation that the decode kernel quantizes itself (a_scale None; a_ue8m0
     and eps are then act_quant's): each program its rows' K range, or `once` for all of them through a
     workspace. None where that workspace cannot be had (it would grow while a graph is captured)."""
@@ -310,9 +329,14 @@ def _gemm(a, a_scale, b, b_scale, bias, out, out_scale, *, block_n, block_k, act
         HW_FP8=_hw_fp8(profile), BLOCK_K=block_k)
     bias_stride = 0 if bias is None else bias.stride(0)
     out_scale_stride = out_scale.stride(0) if quantized_out else 0
-    if M <= configs.decode_m_max(profile, mma):
+    decode_rows = configs.decode_m_max(profile, mma)
+    if M <= decode_rows or once:
         cfg = configs.decode_config(profile, M, N, K, mma=mma, block_k=block_k,
                                     min_block_n=out_group if quantized_out else 1)
+        if M > decode_rows:
+            # A quantized linear in one launch where scaled_mm runs the tiled kernel: unsplit, each output's K
+            # blocks are summed as that kernel sums them.
+            cfg = configs.unsplit(cfg)
         quantized = a_scale is not None
         rows = cfg.block_m if quantized else min(cfg.block_m, triton.next_power_of_2(M))
         work = _workspace(a.device, cfg, N, (M, K, block_k, b.dtype) if once else None)
