@@ -67,9 +67,9 @@ def quant_linear(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, bias: 
     block_size=block_size)`, bit for bit, on the same backend.
 
     x: [..., K] bf16/fp16/fp32; w: [N, K] fp8_e4m3fn/int8 with w_scale [ceil(N/Bn), ceil(K/Bk)] fp32
-    (weight_quant's output); bias: [N] or None. Returns [..., N] out_dtype. Where the GEMM runs its
-    decode kernel (Triton, M <= 64 rows) the activation is quantized in the kernel's prologue: one
-    launch instead of two.
+    (weight_quant's output); bias: [N] or None. Returns [..., N] out_dtype. Where the Triton backend's
+    table says so (on the H100 up to 64 rows, and to 128 rows up to K = 4096) the decode GEMM quantizes
+    the activation itself: one launch instead of two, outside CUDA-graph captures from 9 rows.
     """
 
 
