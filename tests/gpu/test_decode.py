@@ -142,17 +142,20 @@ def test_a_captured_quant_linear_runs_act_quant_then_the_gemm(monkeypatch, m, ge
         registry.reset()
 
 
+@pytest.mark.parametrize("k, n, batches", [(7168, 2112, (1, 8, 128)), (3072, 1024, (100,))])
 @pytest.mark.parametrize("qdtype", list(FMTS))
-def test_layer_eagerly_and_in_a_cuda_graph_is_the_op(qdtype):
+def test_layer_eagerly_and_in_a_cuda_graph_is_the_op(qdtype, k, n, batches):
     """QuantLinear's kept call site (`dispatch.Site`) on decoder-shaped inputs [B, 1, K], with a bias:
-    bit for bit ops.quant_linear, eagerly (driver launches) and replayed from a CUDA graph."""
+    bit for bit ops.quant_linear, eagerly (driver launches; one launch at 1-8 and at 100 rows, two at 128
+    rows of K = 7168, FP8 on the Gluon GEMM there) and replayed from a CUDA graph, and replayed by the
+    dispatcher directly: no per-call view of x, no reshape of the result."""
     from quantcore.nn import QuantLinear
 
-    lin = torch.nn.Linear(7168, 2112, device="cuda", dtype=torch.bfloat16).requires_grad_(False)
+    lin = torch.nn.Linear(k, n, device="cuda", dtype=torch.bfloat16).requires_grad_(False)
     layer = QuantLinear.from_linear(lin, dtype=qdtype)
     with torch.inference_mode():
-        for batch in (1, 8):
-            x = rand((batch, 1, 7168), seed=20 + batch)
+        for batch in batches:
+            x = rand((batch, 1, k), seed=20 + batch)
             op = lambda: ops.quant_linear(x, layer.weight, layer.weight_scale_inv, layer.bias)
             for _ in range(3):
                 assert torch.equal(layer(x), op())
@@ -164,7 +167,7 @@ def test_layer_eagerly_and_in_a_cuda_graph_is_the_op(qdtype):
                 with torch.cuda.graph(graph, stream=side):
                     out = layer(x)
             torch.cuda.current_stream().wait_stream(side)
-            x.copy_(rand((batch, 1, 7168), seed=30 + batch))
+            x.copy_(rand((batch, 1, k), seed=30 + batch))
             graph.replay()
             torch.cuda.synchronize()
             assert torch.equal(out, op())
