@@ -142,20 +142,27 @@ def prepared_quant_linear(act_quant: Any, scaled_mm: Any, x: torch.Tensor, w: to
     """`composed_quant_linear` for a backend whose act_quant and scaled_mm are `prepared`: both prepared
     once, the GEMM for act_quant's outputs as it returns them (fresh and contiguous); returns the
     `run(x, w, w_scale, bias=None)` of a prepared quant_linear. `lead`: the result's leading dims (see
-    `prepared`), passed on only when given (a scaled_mm that writes through a TMA descriptor of its
-    [M, N] output takes none). `gemm_options`: the GEMM variant's own (e.g. `mma`)."""
+    `prepared`), which the GEMM allocates where it takes them, else its [M, N] result is viewed so (a
+    GEMM writing through a TMA descriptor of its [M, N] output takes none). `gemm_options`: the GEMM
+    variant's own (e.g. `mma`)."""
     (M, K), device = x.shape, x.device
     quantize = act_quant.prepare(x, qdtype=w.dtype, group_size=block_k, ue8m0=ue8m0, eps=eps, scale_m_major=False,
                                  profile=profile)
     a = torch.empty((M, K), dtype=w.dtype, device=device)  # only the layout of act_quant's outputs matters
     a_scale = torch.empty((M, -(-K // block_k)), dtype=torch.float32, device=device)
+    shapes = lead is not None and getattr(scaled_mm, "shapes_results", False)
     gemm = scaled_mm.prepare(a, a_scale, w, w_scale, block_n=block_n, block_k=block_k, bias=bias, activation=activation,
                              out_dtype=out_dtype, out_quant=None, out_group=block_k, ue8m0_out=False, eps=eps,
-                             profile=profile, **gemm_options, **({} if lead is None else {"lead": lead}))
+                             profile=profile, **gemm_options, **({"lead": lead} if shapes else {}))
+    shape = None if lead is None or shapes else (*lead, w.shape[0])
 
     def run(x, w, w_scale, bias=None):
-        return gemm(*quantize(x), w, w_scale, bias)
-    return by_address(run) if getattr(gemm, "by_address", False) and getattr(quantize, "by_address", False) else run
+        out = gemm(*quantize(x), w, w_scale, bias)
+        return out if shape is None else out.view(shape)
+    # x reaches act_quant alone, and quant_linear's spec passes w, w_scale and bias on as the caller gave
+    # them (it views none of them): the run takes the caller's tensors wherever act_quant's does, whatever
+    # the GEMM reads of its own operands (a TMA descriptor reads their shapes).
+    return by_address(run) if getattr(quantize, "by_address", False) else run
 
 
 def eagerly(one_launch: Callable[..., Any], composed: Callable[..., Any], device: torch.device) -> Callable[..., Any]:

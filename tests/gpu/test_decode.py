@@ -142,13 +142,13 @@ def test_a_captured_quant_linear_runs_act_quant_then_the_gemm(monkeypatch, m, ge
         registry.reset()
 
 
-@pytest.mark.parametrize("k, n, batches", [(7168, 2112, (1, 8, 128)), (3072, 1024, (100,))])
+@pytest.mark.parametrize("k, n, batches", [(7168, 2112, (1, 8, 128, 300)), (3072, 1024, (100,))])
 @pytest.mark.parametrize("qdtype", list(FMTS))
 def test_layer_eagerly_and_in_a_cuda_graph_is_the_op(qdtype, k, n, batches):
     """QuantLinear's kept call site (`dispatch.Site`) on decoder-shaped inputs [B, 1, K], with a bias:
     bit for bit ops.quant_linear, eagerly (driver launches; one launch at 1-8 and at 100 rows, two at 128
-    rows of K = 7168, FP8 on the Gluon GEMM there) and replayed from a CUDA graph, and replayed by the
-    dispatcher directly: no per-call view of x, no reshape of the result."""
+    and 300 rows of K = 7168, on the Gluon GEMM for FP8 at 128 and both formats at 300) and replayed from a
+    CUDA graph, and replayed by the dispatcher directly: no per-call view of x, no reshape of the result."""
     from quantcore.nn import QuantLinear
 
     lin = torch.nn.Linear(k, n, device="cuda", dtype=torch.bfloat16).requires_grad_(False)
@@ -171,7 +171,7 @@ def test_layer_eagerly_and_in_a_cuda_graph_is_the_op(qdtype, k, n, batches):
             graph.replay()
             torch.cuda.synchronize()
             assert torch.equal(out, op())
-            # Triton's replay takes x [B, 1, K] itself (no flattening view) and allocates [B, 1, N] (no reshape).
+            # The replay takes x [B, 1, K] itself (no flattening view) and returns [B, 1, N] (no reshape).
             plan = layer._site._plan
             assert plan.direct == 4 and plan.finish is keep
 

@@ -16,11 +16,11 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from ...errors import InvalidInputError
-from ..base import by_address, prepared, prepared_quant_linear
+from ..base import prepared, prepared_quant_linear
 from .direct import Launcher
 from .gluon import TILE_N
 from .kernels.gluon_gemm import block_scaled_mm_ws_kernel
-from .launch import _KIND, _bias_kind, _gemm_outputs, _kernel_bias, _native_bias, act_quant, fused_linear
+from .launch import _KIND, _bias_kind, _gemm_outputs, _kernel_bias, act_quant, fused_linear
 
 _WARPS = 4  # the default partition: consumer warpgroup 0 (the kernel adds a consumer warpgroup and a producer warp)
 # Triton 3.6 starts the three partitions' warpgroups at 168 registers a thread (64512 of the 65536) and
@@ -225,17 +225,6 @@ def quant_linear(x, w, w_scale, *, block_n, block_k, bias, activation, out_dtype
     None -> out [M, N] out_dtype, or [*lead, N] where `lead` is given (`backends.base.prepared`).
     """
     options = dict(block_n=block_n, block_k=block_k, bias=bias, activation=activation, out_dtype=out_dtype,
-                   ue8m0=ue8m0, eps=eps, profile=profile)
-    N = w.shape[0]
-
-    def composed():
-        two = prepared_quant_linear(act_quant, scaled_mm, x, w, w_scale, **options)
-
-        def shaped(x, w, w_scale, bias=None):  # the Gluon GEMM writes [M, N] through a descriptor
-            return two(x, w, w_scale, bias).view(*lead, N)
-        run = two if lead is None else shaped
-        # x reaches act_quant only, which reads its address; the GEMM's descriptors see act_quant's fresh
-        # codes and w, which the spec never views. So the two launches take the caller's tensors too, and
-        # the one launch beside them keeps the dispatcher's direct replay (no per-call view of x).
-        return by_address(run) if _native_bias(bias) else run
-    return fused_linear(x, w, w_scale, composed, mma=_KIND[w.dtype], lead=lead, unsplit_only=True, **options)
+                   ue8m0=ue8m0, eps=eps, profile=profile, lead=lead)
+    return fused_linear(x, w, w_scale, lambda: prepared_quant_linear(act_quant, scaled_mm, x, w, w_scale, **options),
+                        mma=_KIND[w.dtype], unsplit_only=True, **options)
