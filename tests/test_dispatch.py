@@ -266,13 +266,19 @@ def test_allocator_gives_fresh_contiguous_tensors():
 
 
 def test_a_composed_quant_linear_passes_the_leading_dims_on_only_when_given(gen):
-    """`prepared_quant_linear` hands `lead` to its scaled_mm when the caller gives it, and otherwise
-    prepares a scaled_mm whose prepare has no `lead` at all (the Gluon kernel's)."""
-    from quantcore.backends.base import prepared, prepared_quant_linear
+    """`prepared_quant_linear` hands `lead` to its scaled_mm when the caller gives it and the scaled_mm
+    takes it, prepares one whose prepare has no `lead` at all (the Gluon kernel's) without it and views
+    its [M, N] result in the leading dims; its run takes the caller's tensors (`by_address`) wherever
+    act_quant's does, whatever the GEMM's run does (x reaches act_quant alone)."""
+    from quantcore.backends.base import by_address, prepared, prepared_quant_linear
 
-    @prepared
-    def act_quant(x, *, qdtype, group_size, ue8m0, eps, scale_m_major, profile):
-        return lambda x: (torch.zeros(x.shape, dtype=qdtype), torch.ones(x.shape[0], 2))
+    def quantizer(addresses):
+        @prepared
+        def act_quant(x, *, qdtype, group_size, ue8m0, eps, scale_m_major, profile):
+            def run(x):
+                return torch.zeros((6, 256), dtype=qdtype), torch.ones(6, 2)
+            return by_address(run) if addresses else run
+        return act_quant
 
     @prepared
     def scaled_mm(a, a_scale, b, b_scale, *, block_n, block_k, bias, activation, out_dtype, out_quant, out_group,
@@ -288,6 +294,9 @@ def test_a_composed_quant_linear_passes_the_leading_dims_on_only_when_given(gen)
     x, w, w_s = randn((6, 256), gen=gen), torch.zeros((40, 256), dtype=torch.int8), torch.ones(1, 2)
     kw = dict(block_n=128, block_k=128, bias=None, activation=None, out_dtype=torch.float32, ue8m0=False, eps=1e-4,
               profile=None)
-    assert prepared_quant_linear(act_quant, scaled_mm, x, w, w_s, **kw)(x, w, w_s).shape == (6, 40)
-    with_lead = prepared_quant_linear(act_quant, scaled_mm_with_lead, x, w, w_s, lead=(2, 3), **kw)
-    assert with_lead(x, w, w_s).shape == (2, 3, 40)
+    plain = prepared_quant_linear(quantizer(False), scaled_mm, x, w, w_s, **kw)
+    assert plain(x, w, w_s).shape == (6, 40) and not getattr(plain, "by_address", False)
+    with_lead = prepared_quant_linear(quantizer(True), scaled_mm_with_lead, x, w, w_s, lead=(2, 3), **kw)
+    assert with_lead(x, w, w_s).shape == (2, 3, 40) and with_lead.by_address
+    viewed = prepared_quant_linear(quantizer(True), scaled_mm, x, w, w_s, lead=(2, 3), **kw)
+    assert viewed(x.view(2, 3, 256), w, w_s).shape == (2, 3, 40) and viewed.by_address
