@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import os
+from dataclasses import replace
 
 import torch
 
@@ -120,6 +121,15 @@ def strided(x, extra=37):
     wide = torch.full((x.shape[0], x.shape[1] + extra), poison, dtype=x.dtype)
     wide[:, : x.shape[1]] = x
     return wide[:, : x.shape[1]]
+
+
+def one_binade(x):
+    """x's signs with magnitudes in [256, 448): quantized (one scale per block, ~1), codes of 256-448
+    whose K-block dots are exact in fp32 in any order (at most 128 products, multiples of 1024, below
+    2^25). The interpreter multiplies through numpy, whose summation order follows the operands'
+    orientation: the decode kernel's swapped dot and the tiled kernel's could otherwise round apart
+    where the GPU's MMAs do not (tests/gpu checks random data there)."""
+    return x.sign() * (256 + 191 * torch.rand(x.shape, generator=torch.Generator().manual_seed(3))).to(x.dtype)
 
 
 def plant_specials(x, group):
@@ -396,9 +406,9 @@ def test_quantized_gelu_within_one_code(gen, qdtype, out_qdtype, approximate):
 # ---------------------------------------------------------------------------------------------
 # GEMM
 
-def _gemm_inputs(gen, M, N, K, qdtype, block_n, block_k):
-    a = randn((M, K), gen=gen)
-    w = randn((N, K), gen=gen)
+def _gemm_inputs(gen, M, N, K, qdtype, block_n, block_k, values=lambda t: t):
+    a = values(randn((M, K), gen=gen))
+    w = values(randn((N, K), gen=gen))
     aq, a_s = ref.act_quant(a, qdtype=qdtype, group_size=block_k, ue8m0=False, eps=1e-4, scale_m_major=True)
     bq, b_s = ref.weight_quant(w, qdtype=qdtype, block_n=block_n, block_k=block_k, ue8m0=False, eps=1e-4)
     return aq, a_s, bq, b_s
@@ -574,6 +584,37 @@ def test_decode_split_k_sums_in_a_fixed_order(gen, monkeypatch, qdtype, split_k)
     assert torch.equal(launch.scaled_mm(aq, a_s, bq, b_s, **_on("sm90", qdtype), **kw), first)
 
 
+@pytest.mark.parametrize("qdtype", QDTYPES)
+@pytest.mark.parametrize("k_step,split", [(1, 2), (1, 5), (2, 2)])
+@pytest.mark.parametrize("tma", [False, True])
+def test_tiled_split_k_sums_as_the_decode_kernel_split_alike(gen, monkeypatch, qdtype, k_step, split, tma):
+    """The tiled GEMM with K (5 blocks, a 16-wide tail) split over its second grid axis: within the
+    contract, the same bits again on a second call (the counters back at zero), and the bits of the decode
+    kernel split alike (the same K blocks per split, the partials met in split order)."""
+    # FP8: the two kernels' dots in the interpreter (one_binade).
+    aq, a_s, bq, b_s = _gemm_inputs(gen, 5, 200, 528, qdtype, 128, 128, **({"values": one_binade} if qdtype == FP8 else {}))
+    per = -(-5 // split) + (k_step == 2 and -(-5 // split) % 2)  # even splits for two blocks a step
+    cfg = configs.GemmConfig(16, 64, 4, 2, k_step=k_step, tma=tma, split_k=-(-5 // per), kb_per_split=per)
+    monkeypatch.setattr(configs, "gemm_config", lambda *args, **kwargs: cfg)
+    kw, on = _gemm_kw(bias=randn((200,), gen=gen), activation="gelu"), _on("sm90", qdtype)
+    _tiled_only(monkeypatch)
+    tiled = launch.scaled_mm(aq, a_s, bq, b_s, **on, **kw)
+    assert rel_err(tiled, ref.scaled_mm(aq, a_s, bq, b_s, **kw)) <= TOL[qdtype]
+    assert torch.equal(launch.scaled_mm(aq, a_s, bq, b_s, **on, **kw), tiled)
+    assert not any(c.any() for c in splitk.counters())
+    monkeypatch.undo()
+    monkeypatch.setattr(configs, "decode_config", lambda *a, **k: configs.DecodeConfig(16, 64, 4, 2, cfg.split_k, per))
+    assert_bits_equal(launch.scaled_mm(aq, a_s, bq, b_s, **on, **kw), tiled)
+
+
+def test_split_k_keeps_every_split_whole_and_non_empty():
+    for tiles, kbs, waves, min_kb, step in [(32, 32, 1, 4, 1), (17, 56, 1, 4, 2), (132, 56, 1, 4, 1), (1, 5, 2, 1, 2),
+                                            (4, 7, 1, 1, 2), (1, 1, 1, 1, 1)]:
+        split, per = configs._split(SM90, tiles, kbs, waves, min_kb, step)
+        assert per % step == 0 and (split - 1) * per < kbs <= split * per
+        assert split == 1 or (per >= min_kb and split * tiles <= 2 * waves * SM90.sm_count)
+
+
 @pytest.mark.parametrize("profile", ["sm90", "sm80"])
 @pytest.mark.parametrize("qdtype", QDTYPES)
 @pytest.mark.parametrize("M,K,block", [(1, 300, (128, 128)), (3, 256, (64, 128)), (5, 256, (64, 128)), (8, 300, (128, 128)),
@@ -585,6 +626,8 @@ def test_quant_linear_is_act_quant_then_scaled_mm_bit_for_bit(gen, profile, qdty
     kernel (M <= 64) and + the tiled kernel (M > 64); a NaN group stays in its row. The flags of the
     once-quantized activation are back at zero after each launch."""
     x, w = randn((M, K), gen=gen, dtype=torch.bfloat16), randn((90, K), gen=gen)
+    if qdtype == FP8 and M > configs.decode_m_max(PROFILES[profile], _on(profile, qdtype)["mma"]):
+        x, w = one_binade(x), one_binade(w)  # the tiled kernel's dot against the decode kernel's swapped one
     x[M // 2, K // 3] = float("nan")
     wq, w_s = ref.weight_quant(w, qdtype=qdtype, block_n=block[0], block_k=block[1], ue8m0=False, eps=1e-4)
     bias = randn((90,), gen=gen)
@@ -777,21 +820,27 @@ def test_quant_linear_fuses_within_its_tables_bounds_only():
 
 
 @pytest.mark.parametrize("qdtype", QDTYPES)
-def test_quant_linear_past_the_decode_rows_is_one_unsplit_launch(gen, monkeypatch, qdtype):
+@pytest.mark.parametrize("split", [1, 3])
+def test_quant_linear_past_the_decode_rows_is_one_launch_split_as_the_tiled_gemm(gen, monkeypatch, qdtype, split):
     """At 100 rows on sm_90 scaled_mm runs the tiled kernel and quant_linear, eagerly, the decode kernel
-    quantizing once with K unsplit (prepared beside the two launches a capture would run): bit for bit
-    act_quant + scaled_mm, K tail and fp16 activation included, the flags back at zero; not for weight
-    scales of 64 rows."""
+    quantizing once with K split as the tiled kernel splits it (unsplit, or 6 K blocks in 3 splits;
+    prepared beside the two launches a capture would run): bit for bit act_quant + scaled_mm, K tail and
+    fp16 activation included, the flags and counters back at zero; not for weight scales of 64 rows."""
     seen = spy_triton_gemms(monkeypatch)
+    candidates = configs.gemm_candidates
+    monkeypatch.setattr(configs, "gemm_candidates", lambda *a, **kw: tuple(
+        replace(c, split_k=split, kb_per_split=-(-6 // split)) for c in candidates(*a, **kw)))
     M, K = 100, 700
     x, wq_src = randn((M, K), gen=gen, dtype=torch.float16), randn((90, K), gen=gen)
+    if qdtype == FP8:
+        x, wq_src = one_binade(x), one_binade(wq_src)
     wq, w_s = ref.weight_quant(wq_src, qdtype=qdtype, block_n=128, block_k=128, ue8m0=False, eps=1e-4)
     kw = dict(block_n=128, block_k=128, bias=randn((90,), gen=gen), activation="gelu", out_dtype=torch.bfloat16,
               eps=1e-4)
     got = launch.quant_linear(x, wq, w_s, ue8m0=False, **_on("sm90", qdtype), **kw)
     once = [c for c in seen if c.get("ONCE")]
-    assert len(once) == 1 and once[0]["SPLIT_K"] == 1 and once[0]["BLOCK_M"] == 128
-    assert any("ONCE" not in c for c in seen)  # the tiled kernel, for captures
+    assert len(once) == 1 and once[0]["SPLIT_K"] == split and once[0]["BLOCK_M"] == 128
+    assert [c["SPLIT"] for c in seen if "ONCE" not in c] == [split > 1]  # the tiled kernel, for captures
     seen.clear()
     aq, a_s = launch.act_quant(x, qdtype=qdtype, group_size=128, ue8m0=False, eps=1e-4, scale_m_major=False,
                                profile=SM90)

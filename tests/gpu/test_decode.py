@@ -1,6 +1,7 @@
 """Decode-sized GEMMs (M <= 64) and the one-launch quantized linear (to 128 rows) on the GPU: parity with the
 reference on DeepSeek-V3 decode shapes with tails, bit-identity of quant_linear with act_quant +
-scaled_mm, determinism of the split-K reduction, CUDA-graph replay, and the direct Triton launch.
+scaled_mm (past 64 rows with K split as the tiled GEMM splits it), determinism of the split-K reduction
+(decode and tiled kernels), CUDA-graph replay, and the direct Triton launch.
 
 Run on a GPU machine: `python3 -m pytest -m gpu tests/gpu`.
 """
@@ -73,8 +74,10 @@ def test_quant_linear_is_act_quant_then_scaled_mm_bit_for_bit(backend, profile, 
 
 
 @pytest.mark.parametrize("qdtype", list(FMTS))
-def test_split_k_is_deterministic(qdtype):
-    a, a_s, b, b_s = operands(4, 2112, 7168, qdtype)  # few column tiles: K is split
+@pytest.mark.parametrize("m", [4, 128])
+def test_split_k_is_deterministic(qdtype, m):
+    """Few column tiles: K is split, in the decode kernel (4 rows) and the tiled one (128 rows on sm_90)."""
+    a, a_s, b, b_s = operands(m, 2112, 7168, qdtype)
     first = ops.scaled_mm(a, a_s, b, b_s, out_dtype=torch.float32, backend="triton")
     for _ in range(20):
         assert torch.equal(ops.scaled_mm(a, a_s, b, b_s, out_dtype=torch.float32, backend="triton"), first)

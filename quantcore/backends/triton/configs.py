@@ -11,7 +11,11 @@ device, the CPU interpreter included. A file holds:
   iteration, 1 or 2) or `[..., k_step, block_ks]` (the K loaded per pipeline stage, a divisor of the
   scale block that the K loop steps by, chaining each block's MMAs: `GemmConfig.step_k`), best first;
   `"tma": true` loads them through TMA descriptors where the device (sm_90+) and the operands'
-  alignment allow. BLOCK_K is always the scale block along K.
+  alignment allow. BLOCK_K is always the scale block along K. `"split": {"waves", "min_kb_per_split"}`
+  splits K over a second grid axis where the first candidate's output tiles alone leave SMs idle: into
+  about `waves` programs per SM, each taking at least `min_kb_per_split` K blocks (a multiple of the
+  candidate's k_step, so that no split reads its neighbour's first block as a phantom one); every
+  candidate of the rule splits alike, so the choice among them never changes the sums.
   Candidates whose estimated shared memory exceeds `profile.smem_per_block` are dropped. The
   first survivor is used, or, with `QUANTCORE_TRITON_AUTOTUNE=1`, the fastest survivor measured on
   the first call of each (device, M bucket, N, K, variant).
@@ -60,8 +64,9 @@ _DIR = Path(__file__).with_name("configs")
 @dataclass(frozen=True)
 class GemmConfig:
     """One GEMM tiling: BLOCK_M × BLOCK_N output tile, warps, software-pipeline stages, K blocks
-    per loop iteration, the K of a pipeline stage (0: a whole scale block), and whether tiles come
-    through TMA descriptors (where the call allows)."""
+    per loop iteration, the K of a pipeline stage (0: a whole scale block), whether tiles come
+    through TMA descriptors (where the call allows), and K split `split_k` ways of `kb_per_split`
+    K blocks each."""
 
     block_m: int
     block_n: int
@@ -70,6 +75,8 @@ class GemmConfig:
     k_step: int = 1
     block_ks: int = 0
     tma: bool = False
+    split_k: int = 1
+    kb_per_split: int = 0  # K blocks per split (0: K whole)
 
     def step_k(self, block_k: int, tma: bool) -> int:
         """The K the kernel's loop advances per stage for scale blocks of `block_k`: `block_ks` where it
@@ -166,11 +173,18 @@ def gemm_candidates(profile, M: int, N: int, K: int, *, mma: str, block_k: int,
     rules = _table(_arch(profile))["gemm"]
     rule = next(r for r in rules if r.get("mma") in (None, mma) and _within(r.get("m_max"), M)
                 and _within(r.get("n_max"), N) and _within(r.get("k_max"), K))
+    # TMA delivers typed e4m3 tiles, while FP8 decoded in the kernel ("fp16") starts from their bits.
+    tma = rule.get("tma", False) and mma != "fp16"
     configs = []
     for bm, bn, warps, stages, *steps in rule["configs"]:
-        cfg = GemmConfig(bm, max(bn, min_block_n), warps, stages, *steps, tma=rule.get("tma", False))
+        cfg = GemmConfig(bm, max(bn, min_block_n), warps, stages, *steps, tma=tma)
         if cfg not in configs:
             configs.append(cfg)
+    if "split" in rule:
+        first = configs[0]
+        split, per = _split(profile, _cdiv(M, first.block_m) * _cdiv(N, first.block_n), _cdiv(K, block_k),
+                            rule["split"]["waves"], rule["split"]["min_kb_per_split"], max(c.k_step for c in configs))
+        configs = [replace(c, split_k=split, kb_per_split=per) for c in configs]
     limit = getattr(profile, "smem_per_block", 0) or 0
     if not limit:
         return tuple(configs)
@@ -181,6 +195,16 @@ def gemm_candidates(profile, M: int, N: int, K: int, *, mma: str, block_k: int,
     while smallest.num_stages > 1 and smallest.smem_bytes(block_k, mma) > limit:
         smallest = replace(smallest, num_stages=smallest.num_stages - 1)
     return (smallest,)
+
+
+def _split(profile, tiles: int, kbs: int, waves: float, min_kb: int, step: int = 1) -> tuple[int, int]:
+    """(splits, K blocks per split) of K's `kbs` blocks so that `tiles` output tiles make about `waves`
+    programs per SM of `profile`, each split at least `min_kb` blocks, a multiple of `step`, and
+    none empty; (1, kbs) where the tiles fill the GPU alone."""
+    wanted = waves * (getattr(profile, "sm_count", 0) or 0)
+    split = max(1, min(round(wanted / tiles), kbs // max(min_kb, 1)))
+    per = _cdiv(_cdiv(kbs, split), step) * step
+    return _cdiv(kbs, per), per
 
 
 def predecode(profile, M: int, N: int, K: int) -> bool:
@@ -219,20 +243,25 @@ def decode_config(profile, M: int, N: int, K: int, *, mma: str, block_k: int, mi
     block_n, warps, stages = rule["config"]
     block_n = max(block_n, _next_pow2(min_block_n))
     block_m = max(16, _next_pow2(M))
-    tiles, kbs = _cdiv(N, block_n), _cdiv(K, block_k)
-    wanted = rule["waves"] * (getattr(profile, "sm_count", 0) or 0)
-    split = max(1, min(round(wanted / tiles), kbs // rule["min_kb_per_split"]))
-    per = _cdiv(kbs, split)
-    cfg = DecodeConfig(block_m, block_n, warps, stages, _cdiv(kbs, per), per)
+    cfg = DecodeConfig(block_m, block_n, warps, stages,
+                       *_split(profile, _cdiv(N, block_n), _cdiv(K, block_k), rule["waves"], rule["min_kb_per_split"]))
     limit = getattr(profile, "smem_per_block", 0) or 0
     while limit and cfg.num_stages > 1 and cfg.smem_bytes(block_k, mma) > limit:
         cfg = replace(cfg, num_stages=cfg.num_stages - 1)
     return cfg
 
 
-def unsplit(cfg: DecodeConfig) -> DecodeConfig:
-    """The same launch with K unsplit (no workspace needed)."""
-    return replace(cfg, split_k=1, kb_per_split=cfg.split_k * cfg.kb_per_split)
+def unsplit(cfg):
+    """The same launch (a DecodeConfig or a GemmConfig) with K unsplit (no workspace needed)."""
+    return replace(cfg, split_k=1, kb_per_split=0 if isinstance(cfg, GemmConfig) else cfg.split_k * cfg.kb_per_split)
+
+
+def split_as(cfg: DecodeConfig, gemm: GemmConfig | None) -> DecodeConfig:
+    """The decode launch `cfg` with K split as the tiled GEMM `gemm` splits it (None: K whole): the same
+    K blocks per split, summed in the same order, so that the two give the same bits."""
+    if gemm is None or gemm.split_k == 1:
+        return unsplit(cfg)
+    return replace(cfg, split_k=gemm.split_k, kb_per_split=gemm.kb_per_split)
 
 
 _tuned: dict[tuple, GemmConfig] = {}

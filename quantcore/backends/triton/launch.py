@@ -275,23 +275,28 @@ def fused_linear(x, w, w_scale, composed, *, block_n, block_k, bias, activation,
     `configs.fused` says so, bit for bit the two, else those. Each program quantizes its rows' K range,
     or the programs quantize it once per launch between them; that one takes more GPU time than the two
     launches and saves a launch's host time, ~20 µs a call on the H100's host (docs/bench/round10), so
-    it is taken outside graph captures only. Past the decode GEMM's rows the launch runs K unsplit:
-    the tiled and Gluon GEMMs sum each output's K blocks in one program, in order, and so does the
-    decode kernel unsplit, bit for bit (docs/bench/round12/decode128_ab.txt). `unsplit_only`: only
-    there (the Gluon variant, whose GEMM never splits K).
+    it is taken outside graph captures only. Past the decode GEMM's rows the launch splits K as the
+    tiled GEMM does there (`configs.split_as`): each split sums its K blocks in one program, in order,
+    the splits meet in split order, and the decode kernel split alike gives the same bits
+    (docs/bench/round12/decode128_ab.txt for K unsplit). `unsplit_only`: only there, with K unsplit
+    (the Gluon variant, whose GEMM never splits K).
     """
     M, K = x.shape
-    mode = configs.fused(profile, M, w.shape[0], K)
+    N = w.shape[0]
+    mode = configs.fused(profile, M, N, K)
     beyond = M > configs.decode_m_max(profile, mma)
     # Past the decode rows the decode kernel's tiles (64 columns) and the tiled and Gluon GEMMs' (at most
     # 128 there) must each scale all their columns by one weight scale, so that all form the same products:
     # with narrower scale blocks some multiply by the two scales in turn (GPU-checked: Bn = 64 differed).
     if (beyond and (mode != "once" or block_n % _TILE_N_MAX)) or (unsplit_only and not beyond):
         return composed()
-    out = mode and torch.empty((M, w.shape[0]), dtype=out_dtype, device=x.device)  # the kernel's view of the result
+    # The tiled GEMM's tile choice never changes its split (configs.gemm_candidates): its first candidate's is it.
+    like = None if unsplit_only or not beyond else configs.gemm_candidates(profile, M, N, K, mma=mma, block_k=block_k,
+                                                                           min_block_n=1)[0]
+    out = mode and torch.empty((M, N), dtype=out_dtype, device=x.device)  # the kernel's view of the result
     gemm = mode and _gemm(x, None, w, w_scale, bias, out, None, block_n=block_n, block_k=block_k, activation=activation,
                           out_group=block_k, ue8m0_out=False, eps=eps, profile=profile, mma=mma, a_ue8m0=ue8m0,
-                          once=mode == "once")
+                          once=mode == "once", like=like)
     if not gemm:
         return composed()
     new_out = allocator((*((M,) if lead is None else lead), w.shape[0]), out_dtype, x.device)
@@ -306,10 +311,10 @@ def fused_linear(x, w, w_scale, composed, *, block_n, block_k, bias, activation,
 
 
 def _gemm(a, a_scale, b, b_scale, bias, out, out_scale, *, block_n, block_k, activation, out_group, ue8m0_out, eps,
-          profile, mma, a_ue8m0=False, once=False):
+          profile, mma, a_ue8m0=False, once=False, like=None):
     """A function (a, a_scale, b, b_scale, bias, out, out_scale) running the GEMM for operands laid out as
-    these: the decode kernel for M <= the profile's decode bound (and, K unsplit, for an activation quantized
-    `once` beyond it), else the tiled one. `a` is quantized
+    these: the decode kernel for M <= the profile's decode bound (and, with K split as the GemmConfig
+    `like` splits it, None: K whole, for an activation quantized `once` beyond it), else the tiled one. `a` is quantized
     (with a_scale), or a float activation that the decode kernel quantizes itself (a_scale None; a_ue8m0
     and eps are then act_quant's): each program its rows' K range, or `once` for all of them through a
     workspace. None where that workspace cannot be had (it would grow while a graph is captured)."""
@@ -334,9 +339,9 @@ def _gemm(a, a_scale, b, b_scale, bias, out, out_scale, *, block_n, block_k, act
         cfg = configs.decode_config(profile, M, N, K, mma=mma, block_k=block_k,
                                     min_block_n=out_group if quantized_out else 1)
         if M > decode_rows:
-            # A quantized linear in one launch where scaled_mm runs the tiled kernel: unsplit, each output's K
-            # blocks are summed as that kernel sums them.
-            cfg = configs.unsplit(cfg)
+            # A quantized linear in one launch where scaled_mm runs the tiled or Gluon kernel: K split as that
+            # kernel splits it, so that each output's K blocks are summed as it sums them.
+            cfg = configs.split_as(cfg, like)
         quantized = a_scale is not None
         rows = cfg.block_m if quantized else min(cfg.block_m, triton.next_power_of_2(M))
         work = _workspace(a.device, cfg, N, (M, K, block_k, b.dtype) if once else None)
@@ -363,25 +368,31 @@ def _gemm(a, a_scale, b, b_scale, bias, out, out_scale, *, block_n, block_k, act
     predecoded = mma == "fp16" and configs.predecode(profile, M, N, K)
     mma = "fp16_predecoded" if predecoded else mma
     rows = (K, K) if predecoded else (a.stride(0), b.stride(0))
-    scalars = (M, N, K, *rows, a_scale.stride(0), a_scale.stride(1), b_scale.stride(0), b_scale.stride(1),
+    scalars = (*rows, a_scale.stride(0), a_scale.stride(1), b_scale.stride(0), b_scale.stride(1),
                bias_stride, out.stride(0), out_scale_stride, eps)
     decode_a, decode_b = (_fp8_decoder(t, profile) for t in (a, b)) if predecoded else (None, None)
 
     def tiled(cfg: configs.GemmConfig):
         tma = cfg.tma and _tma_ready(a, b, profile)
+        tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
+        pair = cfg.split_k > 1 and splitk.buffers(a.device, cfg.split_k * tiles * cfg.block_m * cfg.block_n, tiles)
+        if not pair:  # unsplit, or the buffers cannot grow now (a stream being captured): this plan runs unsplit
+            cfg, pair = configs.unsplit(cfg), (None, None)
         # With TMA the launcher makes (or keeps) the descriptors of a and b, given again in their places.
         descriptors = {2: functools.partial(TensorDescriptor.from_tensor, block_shape=[cfg.block_m, block_k]),
                        3: functools.partial(TensorDescriptor.from_tensor, block_shape=[cfg.block_n, block_k])}
-        launch = Launcher(block_scaled_mm_kernel, (triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n),), dict(
+        launch = Launcher(block_scaled_mm_kernel, (tiles, cfg.split_k), dict(
             constants, TMA=tma, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, K_STEP=cfg.k_step,
-            BLOCK_KS=cfg.step_k(block_k, tma), num_warps=cfg.num_warps, num_stages=cfg.num_stages), a.device,
-            descriptors if tma else None)
+            BLOCK_KS=cfg.step_k(block_k, tma), SPLIT=cfg.split_k > 1, num_warps=cfg.num_warps,
+            num_stages=cfg.num_stages), a.device, descriptors if tma else None)
+        sizes = (M, N, K, cfg.kb_per_split)
 
         def run(a, a_scale, b, b_scale, bias, out, out_scale):
             if predecoded:
                 a, b = decode_a(a), decode_b(b)
             launch(a, b, a if tma else None, b if tma else None, a_scale, b_scale,
-                   out if bias is None else _kernel_bias(bias), out, out if out_scale is None else out_scale, *scalars)
+                   out if bias is None else _kernel_bias(bias), out, out if out_scale is None else out_scale, *pair,
+                   *sizes, *scalars)
         # Descriptors read the operands' shapes and strides.
         return by_address(run) if not tma and _native_bias(bias) else run
 

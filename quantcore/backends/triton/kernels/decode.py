@@ -8,10 +8,10 @@ axis: program (n tile, k split) streams BLOCK_N × (its K blocks) of the weight.
 contract is unchanged: the dot accumulated in fp32 (FP8) or exactly in int32 (INT8), scaled by
 a_s[m, kb] · b_s[n // SCALE_BN, kb] into an fp32 accumulator.
 
-With SPLIT_K > 1 the splits meet in the same launch: each writes its fp32 partial tile to a
-workspace and counts itself in on the tile's counter; the last to arrive sums the partials in split
-order 0, 1, … (a fixed order, so results are bit-for-bit the same run to run), resets the counter
-for the next launch and runs the epilogue. A sets where the activation comes from: quantized codes
+With SPLIT_K > 1 the splits meet in the same launch (`gemm.splits_summed`): each writes its fp32
+partial tile to a workspace and counts itself in on the tile's counter; the last to arrive sums the
+partials in split order 0, 1, … (a fixed order, so results are bit-for-bit the same run to run, and
+those of the tiled GEMM split alike), resets the counter for the next launch and runs the epilogue. A sets where the activation comes from: quantized codes
 with their scales ("fp8"/"int8"), or a float tensor ("bf16"/"fp16"/"fp32") quantized per 1×BLOCK_K
 group in the prologue with act_quant's own formulas — so that a fused quantized linear is bit for bit
 act_quant followed by this GEMM: by each program for the rows it reads (a few rows), or ONCE for all
@@ -23,7 +23,7 @@ import triton.language as tl
 
 from .cast import to_f32
 from .fp8 import nan_absmax
-from .gemm import block_dot, finish_tile, tile_pointers
+from .gemm import block_dot, finish_tile, splits_summed, tile_pointers
 from .quant import block_scale, quantize
 from .quantize_once import quantize_once, release_once
 
@@ -111,19 +111,8 @@ def decode_mm_kernel(
                     out_scale_ptr, stride_osm, eps, BIAS, ACTIVATION, OUT, OUT_GROUP, UE8M0_OUT, HW_FP8, BLOCK_M,
                     BLOCK_N)
     else:
-        num_n = tl.cdiv(N, BLOCK_N)
-        tile = tl.arange(0, BLOCK_N)[:, None] * BLOCK_M + tl.arange(0, BLOCK_M)[None, :]
-        tl.store(ws_ptr + (pid_k * num_n + pid_n) * (BLOCK_N * BLOCK_M) + tile, acc)
-        # Every thread's partial is written before the tile counts this split in (release), and the
-        # last split reads the others' partials only after seeing all of them counted (acquire).
-        tl.debug_barrier()
-        arrived = tl.atomic_add(counter_ptr + pid_n, 1, sem="acq_rel")
-        if arrived == SPLIT_K - 1:
-            total = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-            for s in tl.static_range(SPLIT_K):
-                # .cg: read from L2, where the other SMs' partials are, never a stale L1 line.
-                total += tl.load(ws_ptr + (s * num_n + pid_n) * (BLOCK_N * BLOCK_M) + tile, cache_modifier=".cg")
-            tl.store(counter_ptr + pid_n, 0)
+        last, total = splits_summed(acc, ws_ptr, counter_ptr, pid_n, tl.cdiv(N, BLOCK_N), pid_k, SPLIT_K)
+        if last:
             finish_tile(tl.trans(total), offs_m, offs_n, pid_n, M, N, bias_ptr, stride_bias, out_ptr, stride_om,
                         out_scale_ptr, stride_osm, eps, BIAS, ACTIVATION, OUT, OUT_GROUP, UE8M0_OUT, HW_FP8,
                         BLOCK_M, BLOCK_N)

@@ -3,6 +3,10 @@
 out[m, n] = Σ_kb dot_kb(a, b)[m, n] · a_s[m, kb] · b_s[n // SCALE_BN, kb], then bias, activation and
 either a cast or a 1×OUT_GROUP re-quantization, all in one kernel. BLOCK_K equals the scale block
 along K, so each tl.dot is exactly one scale block: FP8 with an fp32 result, INT8 exact in int32.
+
+Where the output tiles alone leave SMs idle, K is split over a second grid axis and the splits meet
+in the same launch (`splits_summed`, shared with the decode kernel): the partial sums of split s are
+those of its K blocks in order, and the last split to arrive adds the partials in split order 0, 1, …
 """
 
 import triton
@@ -112,14 +116,41 @@ def finish_tile(acc, offs_m, offs_n, pid_n, M, N, bias_ptr, stride_bias, out_ptr
 
 
 @triton.jit
+def splits_summed(acc, ws_ptr, counter_ptr, tile, num_tiles, pid_k, split_k):
+    """Split pid_k's partial tile `acc` [R, C] fp32 of output tile `tile` (of num_tiles) into the
+    workspace, counted in on the tile's counter: (True, the split_k partials summed in split order
+    0, 1, … from zero) for the last split to arrive, which sets the counter back to 0 for the next
+    launch; (False, zeros) for the others. ws_ptr holds split_k × num_tiles tiles of R × C fp32,
+    counter_ptr one int32 per tile, zero between launches. The fixed order makes a split launch
+    bit-for-bit the same run to run, and the same as any kernel that splits K alike."""
+    R: tl.constexpr = acc.shape[0]
+    C: tl.constexpr = acc.shape[1]
+    offs = tl.arange(0, R)[:, None] * C + tl.arange(0, C)[None, :]
+    tl.store(ws_ptr + (pid_k * num_tiles + tile) * (R * C) + offs, acc)
+    # Every thread's partial is written before the tile counts this split in (release), and the last
+    # split reads the others' partials only after seeing all of them counted (acquire).
+    tl.debug_barrier()
+    arrived = tl.atomic_add(counter_ptr + tile, 1, sem="acq_rel")
+    total = tl.zeros((R, C), dtype=tl.float32)
+    last = arrived == split_k - 1
+    if last:
+        for s in range(split_k):
+            # .cg: read from L2, where the other SMs' partials are, never a stale L1 line.
+            total += tl.load(ws_ptr + (s * num_tiles + tile) * (R * C) + offs, cache_modifier=".cg")
+        tl.store(counter_ptr + tile, 0)
+    return last, total
+
+
+@triton.jit
 def block_scaled_mm_kernel(
-        a_ptr, b_ptr, a_desc, b_desc, a_scale_ptr, b_scale_ptr, bias_ptr, out_ptr, out_scale_ptr, M, N, K,
-        stride_am, stride_bn, stride_asm, stride_ask, stride_bsn, stride_bsk, stride_bias,
-        stride_om, stride_osm, eps,
+        a_ptr, b_ptr, a_desc, b_desc, a_scale_ptr, b_scale_ptr, bias_ptr, out_ptr, out_scale_ptr, ws_ptr,
+        counter_ptr, M, N, K, kb_per_split, stride_am, stride_bn, stride_asm, stride_ask, stride_bsn, stride_bsk,
+        stride_bias, stride_om, stride_osm, eps,
         QFMT: tl.constexpr, USE_FP8_MMA: tl.constexpr, TMA: tl.constexpr, SCALE_BN: tl.constexpr,
         BIAS: tl.constexpr, ACTIVATION: tl.constexpr, OUT: tl.constexpr, OUT_GROUP: tl.constexpr,
         UE8M0_OUT: tl.constexpr, HW_FP8: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-        BLOCK_K: tl.constexpr, K_STEP: tl.constexpr, BLOCK_KS: tl.constexpr, GROUP_M: tl.constexpr):
+        BLOCK_K: tl.constexpr, K_STEP: tl.constexpr, BLOCK_KS: tl.constexpr, GROUP_M: tl.constexpr,
+        SPLIT: tl.constexpr):
     """a [M, K] @ b [N, K]^T with block scales, fused epilogue.
 
     QFMT "fp8" or "int8". USE_FP8_MMA multiplies FP8 on FP8 tensor cores (sm_89+); without it FP8
@@ -134,7 +165,11 @@ def block_scaled_mm_kernel(
     same shared memory. BIAS is the bias kind or "none"; OUT is
     "fp32"/"fp16"/"bf16" for a cast, or "fp8"/"int8" to re-quantize per 1×OUT_GROUP (OUT_GROUP must
     divide BLOCK_N) into out and out_scale [M, ceil(N/OUT_GROUP)], encoding FP8 with the conversion
-    instructions when HW_FP8 (sm_89+).
+    instructions when HW_FP8 (sm_89+). SPLIT: program (tile, pid_k) of a (tiles, splits) grid
+    multiplies K blocks pid_k·kb_per_split… (at most kb_per_split of them) and `splits_summed` meets
+    the splits in ws_ptr / counter_ptr (splits × tiles fp32 tiles of BLOCK_M × BLOCK_N, one int32 per
+    tile); otherwise kb_per_split is unused and K is walked whole. (The split count is the grid's, not a
+    compile-time constant: one compiled kernel serves every split of a tile.)
     """
     # Grouped ordering: GROUP_M row-tiles share each column strip of b while it is in L2.
     pid = tl.program_id(0)
@@ -154,20 +189,23 @@ def block_scaled_mm_kernel(
         stride_asm, stride_bsn, SCALE_BN, BLOCK_N)
     UNIFORM_BS: tl.constexpr = SCALE_BN % BLOCK_N == 0
 
-    num_kb = tl.cdiv(K, BLOCK_K)
+    kb_start, kb_end = 0, tl.cdiv(K, BLOCK_K)
+    if SPLIT:
+        kb_start = tl.program_id(1) * kb_per_split
+        kb_end = tl.minimum(kb_start + kb_per_split, kb_end)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     if BLOCK_KS < BLOCK_K:
         tl.static_assert(K_STEP == 1 and not TMA and BLOCK_K % BLOCK_KS == 0)
         STEPS: tl.constexpr = BLOCK_K // BLOCK_KS
         part = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32 if QFMT == "int8" else tl.float32)
-        for i in range(0, num_kb * STEPS):
+        for i in range(kb_start * STEPS, kb_end * STEPS):
             a, b = _load_k_block(a_ptrs, b_ptrs, a_desc, b_desc, 0, 0, offs_k, i, K, False, BLOCK_KS)
             part = block_dot(a, b, part, QFMT, USE_FP8_MMA, False)
             if i % STEPS == STEPS - 1:
                 acc += _scaled(part, a_s_ptrs, b_s_ptrs, i // STEPS, stride_ask, stride_bsk, True, UNIFORM_BS)
                 part = tl.zeros((BLOCK_M, BLOCK_N), dtype=part.dtype)
     else:
-        for kb in range(0, num_kb, K_STEP):
+        for kb in range(kb_start, kb_end, K_STEP):
             a0, b0 = _load_k_block(a_ptrs, b_ptrs, a_desc, b_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, offs_k, kb, K,
                                    TMA, BLOCK_K)
             if K_STEP == 2:
@@ -178,9 +216,16 @@ def block_scaled_mm_kernel(
                 part1 = block_dot(a1, b1, None, QFMT, USE_FP8_MMA, TMA)
             acc += _scaled(part0, a_s_ptrs, b_s_ptrs, kb, stride_ask, stride_bsk, True, UNIFORM_BS)
             if K_STEP == 2:
-                acc += _scaled(part1, a_s_ptrs, b_s_ptrs, tl.minimum(kb + 1, num_kb - 1), stride_ask, stride_bsk,
-                               kb + 1 < num_kb, UNIFORM_BS)
+                acc += _scaled(part1, a_s_ptrs, b_s_ptrs, tl.minimum(kb + 1, kb_end - 1), stride_ask, stride_bsk,
+                               kb + 1 < kb_end, UNIFORM_BS)
 
-    finish_tile(acc, offs_m, offs_n, pid_n, M, N, bias_ptr, stride_bias, out_ptr, stride_om, out_scale_ptr,
-                stride_osm, eps, BIAS, ACTIVATION, OUT, OUT_GROUP, UE8M0_OUT, HW_FP8, BLOCK_M, BLOCK_N)
+    if not SPLIT:
+        finish_tile(acc, offs_m, offs_n, pid_n, M, N, bias_ptr, stride_bias, out_ptr, stride_om, out_scale_ptr,
+                    stride_osm, eps, BIAS, ACTIVATION, OUT, OUT_GROUP, UE8M0_OUT, HW_FP8, BLOCK_M, BLOCK_N)
+    else:
+        last, total = splits_summed(acc, ws_ptr, counter_ptr, pid, num_m * num_n, tl.program_id(1),
+                                    tl.num_programs(1))
+        if last:
+            finish_tile(total, offs_m, offs_n, pid_n, M, N, bias_ptr, stride_bias, out_ptr, stride_om, out_scale_ptr,
+                        stride_osm, eps, BIAS, ACTIVATION, OUT, OUT_GROUP, UE8M0_OUT, HW_FP8, BLOCK_M, BLOCK_N)
 
