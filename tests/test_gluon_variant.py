@@ -69,7 +69,7 @@ def test_a_gpu_with_the_shipped_tables_selects_it_exactly_where_they_rank_it_fir
                 fused = [name for name in own if name != "torch[cublas]"][:1] == [GLUON]
                 selected = registry.select(gemm_query(gpu, fmt, op, m, fused=True)).label
                 assert (selected == GLUON) == fused, (table.device, op, fmt, m, "epilogue")
-    assert any(ranked_first)  # the H100's table (round 4) ranks it first for FP8 at 128-512 rows, INT8 from 512
+    assert any(ranked_first)  # the H100's table ranks it first for FP8 at 512 rows, INT8 from 512
 
 
 def test_a_measured_table_that_lists_it_selects_it(installed, monkeypatch):
