@@ -3,7 +3,8 @@
 At 128 rows a plain tiling of N = 2112-7168 gives 17-56 output tiles of 128 columns for 132 SMs, and
 the GEMMs ran at 0.2-0.4 of the memory floor (round 12's decode128_probe.txt: FP8 4096x4096 19.2 µs on
 the Gluon GEMM, floor 5.6). Here the tiled kernel's configuration is forced (`configs.gemm_config`
-patched) to each of TILES, with K unsplit (waves 0) or split for about 1 or 2 programs per SM, each
+patched) to each of a set of TILES (`tiles`: five shapes; `stages`: the 64x128 tile's stages and warps,
+and 64x256), with K unsplit (waves 0) or split for about 1 or 2 programs per SM, each
 split at least 4 K blocks (`configs._split`). Per format, M and shape (the six DeepSeek-V3 ones and the
 decode model's three): GPU time (`timing.gpu_time_us`, bias, bf16 out) of each variant, of the shipped
 selection, of the Gluon GEMM, of cuBLAS block-wise (FP8) and of torch's bf16 GEMM; each variant's output
@@ -11,7 +12,7 @@ against the reference (bf16 tolerance), bit for bit on a second call, and quant_
 the table quantizes once, its K split alike) bit for bit act_quant + that GEMM. Last, per format and M, the
 geometric mean of each variant's time over the shipped selection's.
 
-Run from the repository root: PYTHONPATH=$PWD python3 docs/bench/round13/split_probe.py [out.json|-] [M,M,...]
+Run from the repository root: PYTHONPATH=$PWD python3 docs/bench/round13/split_probe.py [out.json|-] [M,M,...] [tiles|stages]
 """
 import json
 import statistics
@@ -29,9 +30,15 @@ from quantcore.specs.tolerances import rel_error
 dev = torch.device("cuda")
 SHAPES = [(2112, 7168), (7168, 2048), (24576, 1536), (4096, 7168), (7168, 16384), (32768, 512),
           (4096, 4096), (16384, 4096), (4096, 16384)]
-TILES = {"64x64": configs.GemmConfig(64, 64, 4, 6), "64x128t": configs.GemmConfig(64, 128, 4, 4, tma=True),
-         "128x64": configs.GemmConfig(128, 64, 4, 4), "128x128t": configs.GemmConfig(128, 128, 8, 4, tma=True),
-         "128x128t2": configs.GemmConfig(128, 128, 8, 3, 2, tma=True)}
+TILE_SETS = {
+    "tiles": {"64x64": configs.GemmConfig(64, 64, 4, 6), "64x128t": configs.GemmConfig(64, 128, 4, 4, tma=True),
+              "128x64": configs.GemmConfig(128, 64, 4, 4), "128x128t": configs.GemmConfig(128, 128, 8, 4, tma=True),
+              "128x128t2": configs.GemmConfig(128, 128, 8, 3, 2, tma=True)},
+    # The chosen tile's stages and warps, and wider tiles.
+    "stages": {f"64x{n}t_{w}w{s}s": configs.GemmConfig(64, n, w, s, tma=True)
+               for n, w, s in ((128, 4, 4), (128, 4, 3), (128, 4, 6), (128, 8, 4), (128, 8, 6), (256, 4, 3), (256, 8, 4))},
+}
+TILES = TILE_SETS[sys.argv[3] if len(sys.argv) > 3 else "tiles"]
 WAVES = (0, 1, 2)
 MS = [int(m) for m in sys.argv[2].split(",")] if len(sys.argv) > 2 else [80, 128, 256, 512]
 shipped = configs.gemm_config, configs.gemm_candidates

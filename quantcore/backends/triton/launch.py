@@ -29,6 +29,7 @@ from .. import splitk
 from ..base import allocator, by_address, eagerly, prepared, prepared_quant_linear
 from . import configs
 from .direct import Launcher
+from .gluon import TILE_N as GLUON_TILE_N
 from .kernels.decode import decode_mm_kernel
 from .kernels.epilogue import dequant_bias_kernel
 from .kernels.gemm import block_scaled_mm_kernel
@@ -39,7 +40,6 @@ _KIND = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", t
          torch.float8_e4m3fn: "fp8", torch.int8: "int8"}
 _GROUP_M = 8  # row tiles per L2 group in the GEMM's program order
 _MMA_KINDS = {"int8": ("int8",), "fp8": ("fp8", "fp16")}  # the GEMM variants' `mma` per operand kind
-_TILE_N_MAX = 128  # the widest column tile of the tiled and Gluon GEMMs up to 128 rows (configs/sm_90.json, gluon.py)
 
 
 _NATIVE_BIAS = (torch.float32, torch.float16, torch.bfloat16)
@@ -285,14 +285,16 @@ def fused_linear(x, w, w_scale, composed, *, block_n, block_k, bias, activation,
     N = w.shape[0]
     mode = configs.fused(profile, M, N, K)
     beyond = M > configs.decode_m_max(profile, mma)
-    # Past the decode rows the decode kernel's tiles (64 columns) and the tiled and Gluon GEMMs' (at most
-    # 128 there) must each scale all their columns by one weight scale, so that all form the same products:
-    # with narrower scale blocks some multiply by the two scales in turn (GPU-checked: Bn = 64 differed).
-    if (beyond and (mode != "once" or block_n % _TILE_N_MAX)) or (unsplit_only and not beyond):
+    if (beyond and mode != "once") or (unsplit_only and not beyond):
         return composed()
     # The tiled GEMM's tile choice never changes its split (configs.gemm_candidates): its first candidate's is it.
     like = None if unsplit_only or not beyond else configs.gemm_candidates(profile, M, N, K, mma=mma, block_k=block_k,
                                                                            min_block_n=1)[0]
+    # Past the decode rows the decode kernel's tiles (64 columns) and the tiled or Gluon GEMM's must each
+    # scale all their columns by one weight scale, so that all form the same products: with narrower scale
+    # blocks some multiply by the two scales in turn (GPU-checked: Bn = 64 differed, and 256-wide tiles).
+    if beyond and block_n % (GLUON_TILE_N if like is None else like.block_n):
+        return composed()
     out = mode and torch.empty((M, N), dtype=out_dtype, device=x.device)  # the kernel's view of the result
     gemm = mode and _gemm(x, None, w, w_scale, bias, out, None, block_n=block_n, block_k=block_k, activation=activation,
                           out_group=block_k, ue8m0_out=False, eps=eps, profile=profile, mma=mma, a_ue8m0=ue8m0,
