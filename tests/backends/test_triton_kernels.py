@@ -591,14 +591,16 @@ def test_tiled_split_k_sums_as_the_decode_kernel_split_alike(gen, monkeypatch, q
     """The tiled GEMM with K (5 blocks, a 16-wide tail) split over its second grid axis: within the
     contract, the same bits again on a second call (the counters back at zero), and the bits of the decode
     kernel split alike (the same K blocks per split, the partials met in split order)."""
-    # FP8: the two kernels' dots in the interpreter (one_binade).
-    aq, a_s, bq, b_s = _gemm_inputs(gen, 5, 200, 528, qdtype, 128, 128, **({"values": one_binade} if qdtype == FP8 else {}))
+    values = one_binade if qdtype == FP8 else (lambda t: t)  # the two kernels' FP8 dots in the interpreter
+    aq, a_s, bq, b_s = _gemm_inputs(gen, 5, 200, 528, qdtype, 128, 128, values=values)
     per = -(-5 // split) + (k_step == 2 and -(-5 // split) % 2)  # even splits for two blocks a step
     cfg = configs.GemmConfig(16, 64, 4, 2, k_step=k_step, tma=tma, split_k=-(-5 // per), kb_per_split=per)
     monkeypatch.setattr(configs, "gemm_config", lambda *args, **kwargs: cfg)
     kw, on = _gemm_kw(bias=randn((200,), gen=gen), activation="gelu"), _on("sm90", qdtype)
     _tiled_only(monkeypatch)
+    seen = spy_triton_gemms(monkeypatch)
     tiled = launch.scaled_mm(aq, a_s, bq, b_s, **on, **kw)
+    assert [c["SPLIT"] for c in seen] == [True]
     assert rel_err(tiled, ref.scaled_mm(aq, a_s, bq, b_s, **kw)) <= TOL[qdtype]
     assert torch.equal(launch.scaled_mm(aq, a_s, bq, b_s, **on, **kw), tiled)
     assert not any(c.any() for c in splitk.counters())

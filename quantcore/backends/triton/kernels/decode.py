@@ -11,11 +11,12 @@ a_s[m, kb] · b_s[n // SCALE_BN, kb] into an fp32 accumulator.
 With SPLIT_K > 1 the splits meet in the same launch (`gemm.splits_summed`): each writes its fp32
 partial tile to a workspace and counts itself in on the tile's counter; the last to arrive sums the
 partials in split order 0, 1, … (a fixed order, so results are bit-for-bit the same run to run, and
-those of the tiled GEMM split alike), resets the counter for the next launch and runs the epilogue. A sets where the activation comes from: quantized codes
-with their scales ("fp8"/"int8"), or a float tensor ("bf16"/"fp16"/"fp32") quantized per 1×BLOCK_K
-group in the prologue with act_quant's own formulas — so that a fused quantized linear is bit for bit
-act_quant followed by this GEMM: by each program for the rows it reads (a few rows), or ONCE for all
-of them into a workspace (`quantize_once.py`), whose codes the loop then reads as quantized ones.
+those of the tiled GEMM split alike), resets the counter for the next launch and runs the epilogue.
+A sets where the activation comes from: quantized codes with their scales ("fp8"/"int8"), or a float
+tensor ("bf16"/"fp16"/"fp32") quantized per 1×BLOCK_K group in the prologue with act_quant's own
+formulas — so that a fused quantized linear is bit for bit act_quant followed by this GEMM: by each
+program for the rows it reads (a few rows), or ONCE for all of them into a workspace
+(`quantize_once.py`), whose codes the loop then reads as quantized ones.
 """
 
 import triton
