@@ -116,6 +116,11 @@ def test_a_config_whose_sub_tile_a_group_does_not_divide_is_refused(config):
     (dict(epi_rows=4), "epi_rows must be 0, None or a power of two from 8 dividing a consumer's 64 rows, got 4"),
     (dict(epi_rows=24), "epi_rows must be 0, None or a power of two from 8 dividing a consumer's 64 rows, got 24"),
     (dict(epi_rows=128), "dividing a consumer's 64 rows, got 128"),
+    (dict(epilogue_regs=20), "epilogue_regs must be a multiple of 8 from 24 to 128, got 20"),
+    (dict(own_rows=12), "own_rows must be None or a multiple of the epilogue's step (8 rows) from 0 to a "
+                        "consumer's 64 rows, got 12"),
+    (dict(epi_rows=16, own_rows=8), "multiple of the epilogue's step (16 rows)"),
+    (dict(own_rows=72), "from 0 to a consumer's 64 rows, got 72"),
 ])
 def test_a_config_the_kernel_cannot_take_is_refused(fields, message):
     gluon_launch = pytest.importorskip("quantcore.backends.triton.gluon_launch")
@@ -136,12 +141,17 @@ def test_a_staged_epilogue_trades_the_output_buffers_for_fp32_ones():
 
 
 def test_the_consumers_share_what_the_producer_leaves():
-    """Triton 3.6 launches the partitions at 3 × 168 registers a thread and gives the default one (consumer
-    0) what the workers leave; consumer 1 takes half of the rest, in setmaxnreg's steps of 8."""
+    """Triton 3.6 launches the partitions at 3 × 168 registers a thread (4 × 128 with the epilogue
+    partition) and gives the default one (consumer 0) what the workers leave; consumer 1 takes half of
+    the rest, in setmaxnreg's steps of 8. The producer takes 40 unless set, 24 beside the epilogue."""
     gluon_launch = pytest.importorskip("quantcore.backends.triton.gluon_launch")
-    regs = {p: gluon_launch.GluonConfig(producer_regs=p).consumer_regs for p in (24, 32, 40)}
+    regs = {p: gluon_launch.GluonConfig(producer_regs=p).consumer_regs(False) for p in (24, 32, 40)}
     assert regs == {24: 240, 32: 232, 40: 232}
     assert all(3 * 168 - p - c >= c for p, c in regs.items())
+    assert gluon_launch.DEFAULT.producer(False) == 40 and gluon_launch.DEFAULT.consumer_regs(False) == 232
+    assert gluon_launch.DEFAULT.producer(True) == 24 and gluon_launch.DEFAULT.consumer_regs(True) == 216
+    staged = gluon_launch.GluonConfig(producer_regs=40, epilogue_regs=64)
+    assert staged.consumer_regs(True) == 200 and 4 * 128 - 40 - 64 - 200 >= 200
     sub_tiled = gluon_launch.GluonConfig(block_n=192, sub_n=64)
     assert sub_tiled.sub == 64 and gluon_launch.DEFAULT.sub == 128
 
@@ -217,3 +227,21 @@ def test_gluon_missing_reads_the_version_and_the_files(monkeypatch, tmp_path, ve
     found = gluon.gluon_missing(version)
     gluon.gluon_missing.cache_clear()
     assert (found is None) if missing is None else (missing in found)
+
+
+@pytest.mark.parametrize("M, N, out_group", [(4096, 7168, None), (16384, 2112, None), (4096, 7168, 64)])
+def test_a_staged_epilogue_keeps_the_default_tile(M, N, out_group):
+    """The epilogue partition's buffer holds one column sub-tile per consumer: a staged epilogue never
+    takes a wide tile, where the consumers would wait for it sub-tile after sub-tile."""
+    gluon_launch = pytest.importorskip("quantcore.backends.triton.gluon_launch")
+    assert gluon_launch.config_for(M, N, 128, out_group) != gluon_launch.DEFAULT
+    assert gluon_launch.config_for(M, N, 128, out_group, staged=True) == gluon_launch.DEFAULT
+
+
+@pytest.mark.parametrize("tiles, num_kb, own", [(14, 16, 32), (14, 56, 0), (2, 56, 48), (62, 4, 48), (3, 12, 32),
+                                                (3, 48, 0), (3, 11, 48), (1, 128, 48)])
+def test_the_consumers_keep_a_share_of_the_epilogue_where_the_main_loop_is_short(tiles, num_kb, own):
+    """Each consumer runs the first rows of its staged sub-tiles itself where the next tile's main loop
+    is too short to hide them all behind (few K blocks), or absent (two tiles a program or fewer)."""
+    gluon_launch = pytest.importorskip("quantcore.backends.triton.gluon_launch")
+    assert gluon_launch.own_rows_for(tiles, num_kb) == own

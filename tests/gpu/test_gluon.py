@@ -181,26 +181,28 @@ def test_column_sub_tiles_compute_the_default_bit_for_bit(qdtype, config, mnk):
                          ids=lambda s: "x".join(map(str, s)))
 def test_staged_epilogue_is_the_register_epilogue_bit_for_bit(qdtype, mnk):
     """The epilogue staged through shared memory in steps of rows (`GluonConfig.epi_rows`: the default
-    for activations and re-quantized outputs) applies the same fp32 operations to the same
-    accumulators as the one from the MMA's registers: every output dtype, activation and re-quantized
-    output equal bit for bit, in the default tile and in 64-column sub-tiles, with tails in M, N and K."""
+    for activations) and run by the epilogue partition, each consumer keeping `own_rows` of its rows
+    (none, some, all, or the rule's), applies the same fp32 operations to the same accumulators as
+    the one from the MMA's registers: every output dtype, activation and re-quantized output equal bit
+    for bit, in the default tile and in 64-column sub-tiles, with tails in M, N and K."""
     a, a_s, b, b_s, _ = gemm_case(*mnk, qdtype)
     bias = rand((mnk[1],), seed=4)
     gluon(ops.scaled_mm, a, a_s, b, b_s)  # skips where the variant cannot run
     from quantcore.backends.triton import gluon_launch
 
-    def launch(epi_rows, activation, sub_n=None, **kw):
+    def launch(epi_rows, activation, sub_n=None, own_rows=None, **kw):
         options = dict(out_dtype=torch.float32, out_quant=None, out_group=128, ue8m0_out=False) | kw
+        config = gluon_launch.GluonConfig(sub_n=sub_n, epi_rows=epi_rows, own_rows=own_rows)
         return gluon_launch.scaled_mm(a, a_s, b, b_s, block_n=128, block_k=128, bias=bias, activation=activation,
-                                      eps=1e-4, profile=capability.profile_for(a.device),
-                                      config=gluon_launch.GluonConfig(sub_n=sub_n, epi_rows=epi_rows), **options)
+                                      eps=1e-4, profile=capability.profile_for(a.device), config=config, **options)
     for activation in (None, "gelu", "gelu_tanh", "silu"):
         for out in (dict(out_dtype=torch.float32), dict(out_dtype=torch.bfloat16), dict(out_dtype=torch.float16)):
             want = launch(0, activation, **out)
-            for rows, sub_n in ((8, None), (32, None), (8, 64)):
-                assert torch.equal(launch(rows, activation, sub_n, **out), want), (activation, out, rows, sub_n)
+            for rows, sub_n, own in ((8, None, None), (8, None, 0), (8, None, 64), (32, None, 32), (8, 64, 16)):
+                got = launch(rows, activation, sub_n, own, **out)
+                assert torch.equal(got, want), (activation, out, rows, sub_n, own)
         requant = dict(out_quant=qdtype, out_group=64, ue8m0_out=activation == "silu")
         q0, s0 = launch(0, activation, **requant)
-        for rows, sub_n in ((8, None), (16, 64)):
-            q, s = launch(rows, activation, sub_n, **requant)
-            assert same_q(q, q0) and same_scale(s, s0), (activation, rows, sub_n)
+        for rows, sub_n, own in ((8, None, None), (8, None, 24), (16, 64, 0)):
+            q, s = launch(rows, activation, sub_n, own, **requant)
+            assert same_q(q, q0) and same_scale(s, s0), (activation, rows, sub_n, own)

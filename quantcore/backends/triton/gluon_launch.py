@@ -23,9 +23,10 @@ from .kernels.gluon_gemm import block_scaled_mm_ws_kernel
 from .launch import _KIND, _bias_kind, _gemm_outputs, _kernel_bias, act_quant, fused_linear
 
 _WARPS = 4  # the default partition: consumer warpgroup 0 (the kernel adds a consumer warpgroup and a producer warp)
-# Triton 3.6 starts the three partitions' warpgroups at 168 registers a thread (64512 of the 65536) and
-# gives the default partition (consumer 0) what the workers' budgets leave of that.
-_PARTITION_REGS = 3 * 168
+# Triton 3.6 starts the partitions' warpgroups at an equal share of the 65536 registers (three: 168 a
+# thread; four, with the epilogue partition: 128) and gives the default partition (consumer 0) what the
+# workers' budgets leave of that.
+_PARTITION_REGS = {False: 3 * 168, True: 4 * 128}
 _GL_DTYPE = {torch.float8_e4m3fn: gl.float8e4nv, torch.int8: gl.int8, torch.uint8: gl.uint8, torch.int16: gl.int16,
              torch.float16: gl.float16, torch.float32: gl.float32}
 
@@ -40,9 +41,12 @@ class GluonConfig:
     the one before, in steps of two K blocks without sub-tiles, of one K block with them (only where
     the weight scale is one per sub-tile: a per-column one in two sets of registers spills); `group_m`
     row tiles per L2 group of the persistent walk; `producer_regs` the producer warp's registers a
-    thread (setmaxnreg: a multiple of 8 from 24), the two consumer warpgroups sharing the rest (40: 232
-    each, 24: 240 each); `epi_rows`: the epilogue staged through shared memory that many rows at a time
-    (0: from the MMA's registers; None: `EPI_ROWS` with an activation, else 0).
+    thread (setmaxnreg: a multiple of 8 from 24; None: 40, or 24 beside the epilogue partition), the
+    two consumer warpgroups sharing the rest (40: 232 each, 24: 240 each; beside the partition 24: 216);
+    `epi_rows`: the epilogue staged through shared memory, that many rows a step (0: in the consumers,
+    from the MMA's registers; None: `EPI_ROWS` with an activation, else 0), by a partition of its own
+    with `epilogue_regs` registers a thread, each consumer running the first `own_rows` rows of its
+    sub-tiles itself meanwhile (None: `own_rows_for` the call).
     `DEFAULT` is round 3's measured configuration; `config_for` picks the wide ones (`WIDE`) where
     round 4's probe measured them faster."""
 
@@ -52,8 +56,10 @@ class GluonConfig:
     pipeline: bool = True
     sub_n: int | None = None
     group_m: int = 8  # as the tiled kernel's
-    producer_regs: int = 40
+    producer_regs: int | None = None
     epi_rows: int | None = None
+    epilogue_regs: int = 56
+    own_rows: int | None = None
 
     def __post_init__(self):
         sub = self.sub_n or self.block_n
@@ -65,19 +71,30 @@ class GluonConfig:
         if rows and (rows < 8 or rows & (rows - 1) or (self.block_m // 2) % rows):
             raise InvalidInputError(f"GluonConfig: epi_rows must be 0, None or a power of two from 8 dividing a "
                                     f"consumer's {self.block_m // 2} rows, got {rows}")
-        if self.producer_regs % 8 or not 24 <= self.producer_regs <= 64:
-            raise InvalidInputError(f"GluonConfig: producer_regs must be a multiple of 8 from 24 to 64, got "
-                                    f"{self.producer_regs}")
+        if self.own_rows is not None and not (0 <= self.own_rows <= self.block_m // 2
+                                              and self.own_rows % (self.epi_rows or EPI_ROWS) == 0):
+            raise InvalidInputError(f"GluonConfig: own_rows must be None or a multiple of the epilogue's step "
+                                    f"({self.epi_rows or EPI_ROWS} rows) from 0 to a consumer's {self.block_m // 2} "
+                                    f"rows, got {self.own_rows}")
+        for name, low, high in (("producer_regs", 24, 64), ("epilogue_regs", 24, 128)):
+            regs = getattr(self, name)
+            if regs is not None and (regs % 8 or not low <= regs <= high):
+                raise InvalidInputError(f"GluonConfig: {name} must be a multiple of 8 from {low} to {high}, got {regs}")
 
     @property
     def sub(self) -> int:
         """The columns of one B box, one wgmma and its fp32 partial."""
         return self.sub_n or self.block_n
 
-    @property
-    def consumer_regs(self) -> int:
-        """Registers a thread of consumer warpgroup 1 (a multiple of 8; consumer 0 gets at least as many)."""
-        return (_PARTITION_REGS - self.producer_regs) // 2 // 8 * 8
+    def producer(self, staged: bool) -> int:
+        """The producer warp's registers a thread, beside the epilogue partition when `staged`: there 40
+        would leave the consumers 208, where their own share of the epilogue spills."""
+        return self.producer_regs or (24 if staged else 40)
+
+    def consumer_regs(self, staged: bool) -> int:
+        """Registers a thread of consumer warpgroup 1 (a multiple of 8; consumer 0 gets at least as many),
+        beside the epilogue partition when `staged`."""
+        return (_PARTITION_REGS[staged] - self.producer(staged) - staged * self.epilogue_regs) // 2 // 8 * 8
 
     def smem_bytes(self, stages: int, block_k: int, out_bytes: int, staged: bool = False) -> int:
         """Shared memory: the ring's A and B tiles (8-bit), the epilogue's buffers (staged: one fp32
@@ -107,11 +124,27 @@ _MAX_STAGES = 6
 EPI_ROWS = 8
 
 
-def config_for(M: int, N: int, block_n: int, out_group: int | None) -> GluonConfig:
+def own_rows_for(tiles_per_program: int, num_kb: int) -> int:
+    """Rows of each consumer's 64 that it runs the staged epilogue on itself (`GluonConfig.own_rows`),
+    for a program of `tiles_per_program` tiles of `num_kb` K blocks. The epilogue partition hides its
+    rows under the next tile's main loop, one warp per scheduler at ~73 instructions an element for
+    bias + GELU (ncu, docs/bench/round14/ncu_*.txt): long K blocks hide it all, short ones not, and a
+    last tile's epilogue nothing. Measured on the H100 (docs/bench/round14/split.txt: six shapes at 512
+    and 4096 rows, FP8 and INT8, 0-64 own rows), the best share per shape was 0 from 48 K blocks with
+    several tiles a program, about half from 12, and 48 below that or at two tiles a program or fewer."""
+    if tiles_per_program <= 2 or num_kb < 12:
+        return 48
+    return 0 if num_kb >= 48 else 32
+
+
+def config_for(M: int, N: int, block_n: int, out_group: int | None, staged: bool = False) -> GluonConfig:
     """The configuration for an M×N output with weight-scale blocks `block_n` wide and, when the output
     is re-quantized, groups of `out_group`: a wide tile that N fills exactly at large M, where the
-    sub-tiles lie within one weight-scale block and hold whole groups, else the default."""
-    if M >= WIDE_M_MIN and block_n % 64 == 0 and (out_group is None or 64 % out_group == 0):
+    sub-tiles lie within one weight-scale block and hold whole groups, else the default. A `staged`
+    epilogue takes the default tile: the epilogue partition's one fp32 buffer per consumer holds one
+    column sub-tile, and a wide tile's consumers would wait for it sub-tile after sub-tile (2.1x the
+    default tile's time with bias + GELU at 4096×7168×2048 FP8, docs/bench/round14/epilogue_first.txt)."""
+    if not staged and M >= WIDE_M_MIN and block_n % 64 == 0 and (out_group is None or 64 % out_group == 0):
         return next((cfg for cfg in WIDE if N % cfg.block_n == 0), DEFAULT)
     return DEFAULT
 
@@ -158,7 +191,7 @@ def scaled_mm(a, a_scale, b, b_scale, *, block_n, block_k, bias, activation, out
     """
     M, K = a.shape
     N = b.shape[0]
-    config = config or config_for(M, N, block_n, None if out_quant is None else out_group)
+    config = config or config_for(M, N, block_n, None if out_quant is None else out_group, activation is not None)
     if out_quant is not None and config.sub % out_group:
         raise InvalidInputError(f"triton[gluon] scaled_mm: out_group_size {out_group} must divide the tile's N "
                                 f"sub-tile ({config.sub}); use a GluonConfig whose sub-tile it divides, or "
@@ -175,16 +208,20 @@ def scaled_mm(a, a_scale, b, b_scale, *, block_n, block_k, bias, activation, out
     stages, pipeline = _fitted(config, block_k, out_bytes if tma_out else 0, block_n, profile, bool(epi_rows))
     bm, bn = config.block_m, config.block_n
     tiles = triton.cdiv(M, bm) * triton.cdiv(N, bn)
+    programs = min(tiles, profile.sm_count or tiles)
+    own_rows = 0 if not epi_rows else config.own_rows if config.own_rows is not None else \
+        own_rows_for(triton.cdiv(tiles, programs), triton.cdiv(K, block_k)) // epi_rows * epi_rows
     boxes = ([bm, block_k], [config.sub, block_k], [bm // 2, config.sub])
     layouts = _layout(boxes[0], a.dtype), _layout(boxes[1], b.dtype), _layout(boxes[2], out_bits)
     # The launcher makes (or keeps) the descriptors of a, b and out, given in their places.
     descriptors = {i: functools.partial(_descriptor, box=box, layout=layout, bits=bits)
                    for i, (box, layout, bits) in enumerate(zip(boxes, layouts, (a.dtype, b.dtype, out_bits)))}
-    launch = Launcher(block_scaled_mm_ws_kernel, (min(tiles, profile.sm_count or tiles),), dict(
+    launch = Launcher(block_scaled_mm_ws_kernel, (programs,), dict(
         SCALE_BN=block_n, BIAS=_bias_kind(bias), ACTIVATION=activation or "none", OUT=_KIND[kind],
         OUT_GROUP=out_group if out_quant is not None else 1, UE8M0_OUT=bool(ue8m0_out), BLOCK_N=bn,
-        STAGES=stages, GROUP_M=config.group_m, PIPELINE=pipeline, TMA_OUT=tma_out, CONSUMER_REGS=config.consumer_regs,
-        PRODUCER_REGS=config.producer_regs, EPI_ROWS=epi_rows, num_warps=_WARPS,
+        STAGES=stages, GROUP_M=config.group_m, PIPELINE=pipeline, TMA_OUT=tma_out,
+        CONSUMER_REGS=config.consumer_regs(bool(epi_rows)), PRODUCER_REGS=config.producer(bool(epi_rows)),
+        EPI_ROWS=epi_rows, EPILOGUE_REGS=config.epilogue_regs, num_warps=_WARPS,
         # The promotion is one FMA per element, as the tiled kernel's under Triton 3.6's default (which
         # later versions turn off).
         enable_fp_fusion=True), a.device, descriptors)
@@ -193,7 +230,8 @@ def scaled_mm(a, a_scale, b, b_scale, *, block_n, block_k, bias, activation, out
     width = triton.cdiv(K, 16) * 16
     copy_a, copy_b = not _aligned(a), not _aligned(b)
     scalars = (M, N, K, a_scale.stride(0), a_scale.stride(1), b_scale.stride(0), b_scale.stride(1),
-               0 if bias is None else bias.stride(0), N, triton.cdiv(N, out_group) if out_quant is not None else 0, eps)
+               0 if bias is None else bias.stride(0), N, triton.cdiv(N, out_group) if out_quant is not None else 0, eps,
+               own_rows // max(epi_rows, 1))
 
     def run(a, a_scale, b, b_scale, bias=None):
         out, out_scale = outputs()

@@ -37,10 +37,13 @@ block-wise kernel and DeepGEMM hide it by giving the work to different warps. So
   1×OUT_GROUP group of its rows (`quant.group_quantize`, the tiled kernel's own formulas: the same
   fp32 values give the same codes and scales). Without an activation, from the MMA's registers into
   shared memory and out through a TMA store that completes during the next tile's main loop (masked
-  stores where the output's rows are not 16-byte aligned). With one (EPI_ROWS), the fp32 sub-tile goes
-  to shared memory and the epilogue runs on a few rows at a time in a loop, with masked stores: unrolled
-  over a thread's whole accumulator, in each consumer's copy of the code, an activation's code outgrew
-  the instruction cache (`_staged_epilogue`). A re-quantized output's scales with masked stores.
+  stores where the output's rows are not 16-byte aligned). With one (EPI_ROWS), the consumer hands
+  its fp32 sub-tile over through shared memory to an epilogue partition of 4 warps (`_epilogue`), which
+  runs it a few rows at a time in a loop with masked stores while the consumers go on to the next
+  tile; each consumer runs the first own_steps steps itself, where the next main loop is too short
+  to hide the partition's share (`gluon_launch.own_rows_for`). Unrolled over a thread's whole
+  accumulator, in each consumer's copy of the code, an activation's code outgrew the instruction cache.
+  A re-quantized output's scales with masked stores.
 
 The activation scales are read per K block by the consumers (the contract allows any strides, so
 they cannot come through TMA); each K block's loads are issued before its mbarrier wait, so their
@@ -289,46 +292,85 @@ def _finished(acc, row0, col0, M, N, bias_ptr, stride_bias, out_scale_ptr, strid
 
 
 @gluon.jit
-def _staged_epilogue(acc, scratch, row0, col0, M, N, bias_ptr, stride_bias, out_ptr, stride_om, out_scale_ptr,
-                     stride_osm, eps, BIAS: gl.constexpr, ACTIVATION: gl.constexpr, OUT: gl.constexpr,
-                     OUT_GROUP: gl.constexpr, UE8M0_OUT: gl.constexpr, EPI_ROWS: gl.constexpr):
-    """The epilogue of one warpgroup's sub-tile `acc` [ROWS, SUB_N] through shared memory: `acc` into
-    `scratch` (fp32 [ROWS, SUB_N]), then EPI_ROWS rows at a time in a loop that stays a loop, with
-    masked stores. Applied to the MMA's registers directly, an activation's code is unrolled over every
-    element a thread holds (64 at 128 × 128, in each consumer's copy): under ncu the GELU kernel's
-    warps spent 42 % of their stall samples waiting for instructions (docs/performance.md, round 9)."""
-    ROWS: gl.constexpr = acc.shape[0]
-    SUB_N: gl.constexpr = acc.shape[1]
+def _hand_over(acc, scratch, free, ready, h):
+    """Consumer side of the staged epilogue: the h-th sub-tile `acc` [ROWS, SUB_N] fp32 into `scratch`
+    once the epilogue partition has freed it, then signalled `ready`."""
+    # A fresh mbarrier counts as having completed the phase before its first: the first hand-over
+    # does not wait.
+    mbarrier.wait(free, (h & 1) ^ 1)
+    scratch.store(acc)
+    _barrier()  # every thread's stores land before the one arrival
+    mbarrier.arrive(ready, count=1)
+
+
+@gluon.jit
+def _staged_rows(scratch, first, last, row0, col0, M, N, bias_ptr, stride_bias, out_ptr, stride_om, out_scale_ptr,
+                 stride_osm, eps, BIAS: gl.constexpr, ACTIVATION: gl.constexpr, OUT: gl.constexpr,
+                 OUT_GROUP: gl.constexpr, UE8M0_OUT: gl.constexpr, EPI_ROWS: gl.constexpr):
+    """The epilogue of steps [first, last) of a consumer's sub-tile in `scratch` (fp32 [ROWS, SUB_N],
+    output rows row0…, columns col0…), EPI_ROWS rows a step in a loop that stays a loop, with masked
+    stores, by the calling partition's 4 warps."""
+    ROWS: gl.constexpr = scratch.shape[0]
+    SUB_N: gl.constexpr = scratch.shape[1]
     STEPS: gl.constexpr = ROWS // EPI_ROWS
     # A warp per row, SUB_N / 32 consecutive columns a thread: coalesced stores, a group within a row.
     layout: gl.constexpr = gl.BlockedLayout([1, SUB_N // 32], [1, 32], [4, 1], [1, 0])
-    scratch.store(acc)
-    _barrier()
     # A shared-memory view takes a loop's index as an index, not as a slice's start. Its swizzle's
     # phase is the row mod 8: the same in the view where EPI_ROWS is a multiple of 8.
     steps = _in_steps(scratch, STEPS)
-    for i in range(STEPS):
+    for i in range(first, last):
         res, rows, cols, mask = _finished(steps.index(i).load(layout), row0 + i * EPI_ROWS, col0, M, N, bias_ptr,
                                           stride_bias, out_scale_ptr, stride_osm, eps, BIAS, ACTIVATION, OUT,
                                           OUT_GROUP, UE8M0_OUT)
         gl.store(out_ptr + rows[:, None] * stride_om + cols[None, :], res.to(out_ptr.dtype.element_ty), mask=mask)
-    _barrier()  # every row read before the next sub-tile is stored
 
 
 @gluon.jit
-def _consume(a_bufs, b_bufs, ready, empty, out_desc, c_smem, params, C: gl.constexpr, SCALE_BN: gl.constexpr,
+def _epilogue(c_smem, acc_ready, acc_free, params, BIAS: gl.constexpr, ACTIVATION: gl.constexpr, OUT: gl.constexpr,
+              OUT_GROUP: gl.constexpr, UE8M0_OUT: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr,
+              EPI_ROWS: gl.constexpr):
+    """The epilogue partition (EPI_ROWS > 0): of every sub-tile the consumers hand over through c_smem
+    (per consumer one fp32 [BLOCK_M / 2, SUB_N] buffer), in the consumers' order, the steps from
+    own_steps on (`_staged_rows`), while the consumers run their own first own_steps and then the next
+    sub-tile's or tile's main loop. Applied to the MMA's registers in the consumers, an activation's
+    code was unrolled over every element a thread holds (64 at 128 × 128, in each consumer's copy;
+    under ncu the GELU kernel's warps spent 42 % of their stall samples waiting for instructions,
+    docs/performance.md, round 9)."""
+    _a_s, _b_s, bias_ptr, out_ptr, out_scale_ptr, M, N, _K, _sam, _sak, _sbn, _sbk, stride_bias, stride_om, \
+        stride_osm, eps, own_steps = params
+    ROWS: gl.constexpr = c_smem.type.shape[1]
+    SUB_N: gl.constexpr = c_smem.type.shape[2]
+    BLOCK_M: gl.constexpr = 2 * ROWS
+    h = 0
+    for tile in range(gl.program_id(0), gl.cdiv(M, BLOCK_M) * gl.cdiv(N, BLOCK_N), gl.num_programs(0)):
+        pid_m, pid_n = _tile(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        for j in gl.static_range(BLOCK_N // SUB_N):
+            for c in gl.static_range(2):
+                mbarrier.wait(acc_ready.index(c), h & 1)
+                _staged_rows(c_smem.index(c), own_steps, ROWS // EPI_ROWS, pid_m * BLOCK_M + c * ROWS,
+                             pid_n * BLOCK_N + j * SUB_N, M, N, bias_ptr, stride_bias, out_ptr, stride_om,
+                             out_scale_ptr, stride_osm, eps, BIAS, ACTIVATION, OUT, OUT_GROUP, UE8M0_OUT, EPI_ROWS)
+                _barrier()  # every row read before the buffer is handed back
+                mbarrier.arrive(acc_free.index(c), count=1)
+            h += 1
+
+
+@gluon.jit
+def _consume(a_bufs, b_bufs, ready, empty, out_desc, c_smem, acc_ready, acc_free, params, C: gl.constexpr,
+             SCALE_BN: gl.constexpr,
              BIAS: gl.constexpr, ACTIVATION: gl.constexpr, OUT: gl.constexpr, OUT_GROUP: gl.constexpr,
              UE8M0_OUT: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr, PIPELINE: gl.constexpr,
              TMA_OUT: gl.constexpr, EPI_ROWS: gl.constexpr):
     """Consumer warpgroup C: rows [C·ROWS, (C+1)·ROWS) of every tile of this program, K block by K
     block from the slot ring, in column sub-tiles of SUB_N, then the epilogue sub-tile by sub-tile:
-    staged in shared memory EPI_ROWS rows at a time (EPI_ROWS > 0: c_smem holds this warpgroup's fp32
-    sub-tile, `_staged_epilogue`), else from the MMA's register layout, through shared memory and a TMA
+    handed over to the epilogue partition (EPI_ROWS > 0: c_smem holds this warpgroup's fp32 sub-tile,
+    guarded by its acc_ready / acc_free mbarriers, `_epilogue`), else from the MMA's register layout,
+    through shared memory and a TMA
     store (TMA_OUT: out_desc, this warpgroup's EPI buffers in c_smem, taken in turn; the stores of one
     tile run during the next tile's main loop) or with masked stores. `params`: the kernel's pointers,
     sizes, strides and eps (`block_scaled_mm_ws_kernel`)."""
     a_scale_ptr, b_scale_ptr, bias_ptr, out_ptr, out_scale_ptr, M, N, K, stride_asm, stride_ask, stride_bsn, \
-        stride_bsk, stride_bias, stride_om, stride_osm, eps = params
+        stride_bsk, stride_bias, stride_om, stride_osm, eps, own_steps = params
     BLOCK_M: gl.constexpr = a_bufs.type.shape[1]
     BLOCK_K: gl.constexpr = a_bufs.type.shape[2]
     SUB_N: gl.constexpr = b_bufs.type.shape[1]
@@ -343,6 +385,7 @@ def _consume(a_bufs, b_bufs, ready, empty, out_desc, c_smem, params, C: gl.const
 
     num_kb = gl.cdiv(K, BLOCK_K)
     it = 0
+    h = 0  # sub-tiles handed over to the epilogue partition
     # The producer's walk over this program's tiles (persistent: pid, pid + programs, ...), in step.
     for tile in range(gl.program_id(0), gl.cdiv(M, BLOCK_M) * gl.cdiv(N, BLOCK_N), gl.num_programs(0)):
         pid_m, pid_n = _tile(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
@@ -357,8 +400,13 @@ def _consume(a_bufs, b_bufs, ready, empty, out_desc, c_smem, params, C: gl.const
         for j in gl.static_range(NSUB):
             col0 = pid_n * BLOCK_N + j * SUB_N
             if EPI_ROWS:
-                _staged_epilogue(accs[j], c_smem.index(C), row0, col0, M, N, bias_ptr, stride_bias, out_ptr, stride_om,
-                                 out_scale_ptr, stride_osm, eps, BIAS, ACTIVATION, OUT, OUT_GROUP, UE8M0_OUT, EPI_ROWS)
+                _hand_over(accs[j], c_smem.index(C), acc_free.index(C), acc_ready.index(C), h)
+                h += 1
+                # This warpgroup's own share, while the epilogue partition runs the rest.
+                _staged_rows(c_smem.index(C), 0, own_steps, row0, col0, M, N, bias_ptr, stride_bias, out_ptr,
+                             stride_om, out_scale_ptr, stride_osm, eps, BIAS, ACTIVATION, OUT, OUT_GROUP, UE8M0_OUT,
+                             EPI_ROWS)
+                _barrier()  # every own row read before the next sub-tile is stored
             else:
                 res, rows, cols, mask = _finished(accs[j], row0, col0, M, N, bias_ptr, stride_bias, out_scale_ptr,
                                                   stride_osm, eps, BIAS, ACTIVATION, OUT, OUT_GROUP, UE8M0_OUT)
@@ -380,11 +428,11 @@ def _consume(a_bufs, b_bufs, ready, empty, out_desc, c_smem, params, C: gl.const
 @gluon.jit
 def block_scaled_mm_ws_kernel(
         a_desc, b_desc, out_desc, a_scale_ptr, b_scale_ptr, bias_ptr, out_ptr, out_scale_ptr, M, N, K,
-        stride_asm, stride_ask, stride_bsn, stride_bsk, stride_bias, stride_om, stride_osm, eps,
+        stride_asm, stride_ask, stride_bsn, stride_bsk, stride_bias, stride_om, stride_osm, eps, own_steps,
         SCALE_BN: gl.constexpr, BIAS: gl.constexpr, ACTIVATION: gl.constexpr, OUT: gl.constexpr,
         OUT_GROUP: gl.constexpr, UE8M0_OUT: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
         GROUP_M: gl.constexpr, PIPELINE: gl.constexpr, TMA_OUT: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-        PRODUCER_REGS: gl.constexpr, EPI_ROWS: gl.constexpr):
+        PRODUCER_REGS: gl.constexpr, EPI_ROWS: gl.constexpr, EPILOGUE_REGS: gl.constexpr):
     """a [M, K] @ b [N, K]^T with block scales and a fused epilogue, on sm_90.
 
     a_desc / b_desc: Gluon TMA descriptors over a and b (e4m3 or int8, both alike) with blocks
@@ -398,8 +446,9 @@ def block_scaled_mm_ws_kernel(
     out_desc (blocks [BLOCK_M / 2, SUB_N]) when TMA_OUT, else through out_ptr with row stride
     stride_om. Launched with num_warps=4 (the default partition, consumer 0) and a grid of at most
     one program per SM; STAGES slots in the ring; PIPELINE as in the module docstring; CONSUMER_REGS /
-    PRODUCER_REGS the registers per thread of the worker partitions; EPI_ROWS > 0 stages the epilogue
-    through shared memory that many rows at a time (`_staged_epilogue`; TMA_OUT must then be off).
+    PRODUCER_REGS / EPILOGUE_REGS the registers per thread of the worker partitions; EPI_ROWS > 0 hands
+    the epilogue to a partition of its own (4 warps), that many rows a step (`_epilogue`; TMA_OUT must
+    then be off), each consumer keeping its first own_steps steps of every sub-tile.
     """
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
     NSUB: gl.constexpr = BLOCK_N // b_desc.block_type.shape[0]
@@ -423,12 +472,31 @@ def block_scaled_mm_ws_kernel(
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=2)  # one arrival per consumer warpgroup
 
+    # Per consumer warpgroup: its fp32 sub-tile is in c_smem (acc_ready), c_smem is free again (acc_free).
+    acc_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    acc_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(2):
+        mbarrier.init(acc_ready.index(i), count=1)
+        mbarrier.init(acc_free.index(i), count=1)
+
     params = (a_scale_ptr, b_scale_ptr, bias_ptr, out_ptr, out_scale_ptr, M, N, K, stride_asm, stride_ask,
-              stride_bsn, stride_bsk, stride_bias, stride_om, stride_osm, eps)
-    gl.warp_specialize([
-        (_consume, (a_bufs, b_bufs, ready, empty, out_desc, c_smem, params, 0, SCALE_BN, BIAS, ACTIVATION, OUT,
-                    OUT_GROUP, UE8M0_OUT, BLOCK_N, GROUP_M, PIPELINE, TMA_OUT, EPI_ROWS)),
-        (_consume, (a_bufs, b_bufs, ready, empty, out_desc, c_smem, params, 1, SCALE_BN, BIAS, ACTIVATION, OUT,
-                    OUT_GROUP, UE8M0_OUT, BLOCK_N, GROUP_M, PIPELINE, TMA_OUT, EPI_ROWS)),
-        (_produce, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, BLOCK_N, GROUP_M)),
-    ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+              stride_bsn, stride_bsk, stride_bias, stride_om, stride_osm, eps, own_steps)
+    # (A tuple of the constexprs would make them tensors: each partition's arguments are spelled out.)
+    if EPI_ROWS:
+        gl.warp_specialize([
+            (_consume, (a_bufs, b_bufs, ready, empty, out_desc, c_smem, acc_ready, acc_free, params, 0, SCALE_BN,
+                        BIAS, ACTIVATION, OUT, OUT_GROUP, UE8M0_OUT, BLOCK_N, GROUP_M, PIPELINE, TMA_OUT, EPI_ROWS)),
+            (_consume, (a_bufs, b_bufs, ready, empty, out_desc, c_smem, acc_ready, acc_free, params, 1, SCALE_BN,
+                        BIAS, ACTIVATION, OUT, OUT_GROUP, UE8M0_OUT, BLOCK_N, GROUP_M, PIPELINE, TMA_OUT, EPI_ROWS)),
+            (_produce, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, BLOCK_N, GROUP_M)),
+            (_epilogue, (c_smem, acc_ready, acc_free, params, BIAS, ACTIVATION, OUT, OUT_GROUP, UE8M0_OUT, BLOCK_N,
+                         GROUP_M, EPI_ROWS)),
+        ], [4, 1, 4], [CONSUMER_REGS, PRODUCER_REGS, EPILOGUE_REGS])
+    else:
+        gl.warp_specialize([
+            (_consume, (a_bufs, b_bufs, ready, empty, out_desc, c_smem, acc_ready, acc_free, params, 0, SCALE_BN,
+                        BIAS, ACTIVATION, OUT, OUT_GROUP, UE8M0_OUT, BLOCK_N, GROUP_M, PIPELINE, TMA_OUT, EPI_ROWS)),
+            (_consume, (a_bufs, b_bufs, ready, empty, out_desc, c_smem, acc_ready, acc_free, params, 1, SCALE_BN,
+                        BIAS, ACTIVATION, OUT, OUT_GROUP, UE8M0_OUT, BLOCK_N, GROUP_M, PIPELINE, TMA_OUT, EPI_ROWS)),
+            (_produce, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, BLOCK_N, GROUP_M)),
+        ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
