@@ -7,20 +7,40 @@ ACTIVATION set: one pass, no separate kernel to keep in step with act_quant.
 import triton
 import triton.language as tl
 
+from ....capability import triton_interpreter
 from .cast import load_f32, store_f32_as
+
+# Whether the activations take their reciprocal as one PTX instruction: compiled kernels do; the
+# interpreter runs no inline assembly and keeps Triton's division. Fixed at import, as
+# `fp8.PACKED_DECODE` is.
+PTX_MATH = tl.constexpr(not triton_interpreter())
+
+
+@triton.jit
+def rcp_approx(d):
+    """1/d within 1 ulp for fp32 d in [1, 256]: `rcp.approx.ftz` compiled. Triton's `1.0 / d` is
+    `div.full`, whose range checks for huge and tiny d cost ~4 instructions an element besides the
+    reciprocal (ncu of the Gluon GEMM's GELU epilogue: 73 instructions an element,
+    docs/bench/round14/ncu_gelu_partition.txt)."""
+    if PTX_MATH:
+        return tl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=r,r", [d], dtype=tl.float32, is_pure=True,
+                                         pack=1)
+    else:
+        return 1.0 / d
 
 
 @triton.jit
 def div_rn_normal(n, d):
     """n / d for `activate`'s operands (d in [1, 256], |n| zero or from 2^-90): an approximate reciprocal, one
     Newton step, and the quotient's last bit corrected by its remainder, which an FMA computes exactly in
-    that range (Markstein's final step). `tl.div_rn` lowers to such steps plus a check of the operands and a
+    that range (Markstein's final step), from an approximate reciprocal (`rcp_approx`, within 1 ulp).
+    `tl.div_rn` lowers to such steps plus a check of the operands and a
     branch to a slow path for the rest of the range; in an epilogue of many elements per thread that branch
     keeps the compiler from interleaving them (the tiled GEMM with SiLU took 1.30 times the plain GEMM with
     `tl.div_rn`, 1.21 with this: docs/bench/round8/div_ab.txt). That this is `tl.div_rn` bit for bit where
     `activate` divides is checked on all 2^32 fp32 inputs of `activate` on the GPU
     (tests/gpu/test_activation_division.py), not proven for the whole range."""
-    r = 1.0 / d  # div.full: within 2 ulp
+    r = rcp_approx(d)
     r = tl.fma(tl.fma(-d, r, 1.0), r, r)
     q = n * r
     return tl.fma(tl.fma(-d, q, n), r, q)
