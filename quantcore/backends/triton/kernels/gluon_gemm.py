@@ -357,18 +357,17 @@ def _epilogue(c_smem, acc_ready, acc_free, params, BIAS: gl.constexpr, ACTIVATIO
 
 @gluon.jit
 def _consume(a_bufs, b_bufs, ready, empty, out_desc, c_smem, acc_ready, acc_free, params, C: gl.constexpr,
-             SCALE_BN: gl.constexpr,
-             BIAS: gl.constexpr, ACTIVATION: gl.constexpr, OUT: gl.constexpr, OUT_GROUP: gl.constexpr,
-             UE8M0_OUT: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr, PIPELINE: gl.constexpr,
-             TMA_OUT: gl.constexpr, EPI_ROWS: gl.constexpr):
+             SCALE_BN: gl.constexpr, BIAS: gl.constexpr, ACTIVATION: gl.constexpr, OUT: gl.constexpr,
+             OUT_GROUP: gl.constexpr, UE8M0_OUT: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr,
+             PIPELINE: gl.constexpr, TMA_OUT: gl.constexpr, EPI_ROWS: gl.constexpr):
     """Consumer warpgroup C: rows [C·ROWS, (C+1)·ROWS) of every tile of this program, K block by K
     block from the slot ring, in column sub-tiles of SUB_N, then the epilogue sub-tile by sub-tile:
     handed over to the epilogue partition (EPI_ROWS > 0: c_smem holds this warpgroup's fp32 sub-tile,
-    guarded by its acc_ready / acc_free mbarriers, `_epilogue`), else from the MMA's register layout,
-    through shared memory and a TMA
-    store (TMA_OUT: out_desc, this warpgroup's EPI buffers in c_smem, taken in turn; the stores of one
-    tile run during the next tile's main loop) or with masked stores. `params`: the kernel's pointers,
-    sizes, strides and eps (`block_scaled_mm_ws_kernel`)."""
+    guarded by its acc_ready / acc_free mbarriers, `_epilogue`), this warpgroup running its first
+    own_steps steps itself; else from the MMA's register layout, through shared memory and a TMA store
+    (TMA_OUT: out_desc, this warpgroup's EPI buffers in c_smem, taken in turn; the stores of one tile
+    run during the next tile's main loop) or with masked stores. `params`: the kernel's pointers,
+    sizes, strides, eps and own_steps (`block_scaled_mm_ws_kernel`)."""
     a_scale_ptr, b_scale_ptr, bias_ptr, out_ptr, out_scale_ptr, M, N, K, stride_asm, stride_ask, stride_bsn, \
         stride_bsk, stride_bias, stride_om, stride_osm, eps, own_steps = params
     BLOCK_M: gl.constexpr = a_bufs.type.shape[1]
