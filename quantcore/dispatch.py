@@ -8,7 +8,8 @@ options) and on the simulation and priority in force. Their outcome is therefore
 signature: a repeated call puts its tensors into the kept plan (each kernel argument is one of the
 inputs or a view of one, re-made with the same view metadata) and launches, skipping the spec's
 checks and the registry. The signature holds each option's type beside its value (validation tells
-`128` from `128.0` and `True`, so the plan key must too) and each tensor's address modulo 16
+`128` from `128.0` and `True`, so the plan key must too), the element types of a sequence option
+(`block_size`: `(128.0, 128)` equals `(128, 128)`) and each tensor's address modulo 16
 (kernels are specialised on the alignment of their pointers).
 
 A launch function that carries a `prepare` attribute (`prepare(**kwargs) -> run(**tensors)`) is
@@ -34,6 +35,8 @@ from .specs.base import keep
 
 _MAX_PLANS = 4096
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
+_SEQUENCES = (tuple, list)
+_SEQUENCE_OPTIONS = opdef.SEQUENCE_OPTIONS
 
 
 class _Uncacheable(Exception):
@@ -65,7 +68,7 @@ def _plan(op: str, args: tuple, options: dict[str, Any], backend: BackendChoice)
     try:
         key = _key(op, args, options, backend)
         plan = _plans.get(key)
-    except (_Uncacheable, TypeError):  # TypeError: an unhashable option (a list, say)
+    except (_Uncacheable, TypeError, IndexError):  # an unhashable option (a list, say); fewer options than defined
         key, plan = None, None
     if plan is None:
         plan = _prepare(op, args, options, backend)
@@ -137,6 +140,9 @@ def _key(op: str, args: tuple, options: dict[str, Any], backend: BackendChoice) 
     types = tuple(map(type, values))
     if list in types:  # block_size=[128, 128] (the custom ops' schema passes lists): hashable as a tuple
         values = tuple(tuple(v) if type(v) is list else v for v in values)
+    for i in _SEQUENCE_OPTIONS.get(op, ()):  # its elements' types too: validation refuses (128.0, 128)
+        if types[i] in _SEQUENCES:
+            types = (*types, *map(type, values[i]))
     # The tensors' signatures inline (not a helper per tensor): this runs on every call, and a
     # Python call per argument is a tenth of the whole dispatch at decode sizes.
     signatures = []

@@ -122,6 +122,25 @@ def test_rejected_options_stay_rejected_after_a_warm_up(gen, option, value):
             ops.act_quant(x, **{option: value})
 
 
+@pytest.mark.parametrize("block", [(128.0, 128), (128, True), [128, 128.0], "np.int64"])
+def test_rejected_block_sizes_stay_rejected_after_a_warm_up(gen, block):
+    """The elements of a sequence option count too: (128.0, 128) equals (128, 128) but is refused."""
+    import numpy as np
+
+    block = (np.int64(128), 128) if block == "np.int64" else block
+    warm = tuple(1 if b is True else 128 for b in block)  # the accepted block the refused one equals
+    w = randn((256, 256), gen=gen)
+    q, s = ops.weight_quant(w, block_size=warm)
+    for _ in range(2):
+        with pytest.raises(quantcore.InvalidInputError, match="block_size"):
+            ops.weight_quant(w, block_size=block)
+        with pytest.raises(quantcore.InvalidInputError, match="block_size"):
+            ops.weight_dequant(q, s, block_size=block)
+    ops.weight_dequant(q, s, block_size=warm)
+    with pytest.raises(quantcore.InvalidInputError, match="block_size"):
+        ops.weight_dequant(q, s, block_size=block)
+
+
 def test_a_prepared_launch_is_prepared_once_per_plan(gen):
     """A launch function with a `prepare` stage keeps its per-call part with the plan."""
     from quantcore.backends.base import prepared
