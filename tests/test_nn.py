@@ -151,6 +151,21 @@ def test_constructor_errors(kwargs, match):
 def test_forward_error_names_the_layer(gen):
     with pytest.raises(InvalidInputError, match="QuantLinear: input has 65 features.*in_features=64"):
         QuantLinear(64, 32)(randn((2, 65), gen=gen))
+    with pytest.raises(InvalidInputError, match=r"QuantLinear: input has no features.*shape \(\)"):
+        QuantLinear(64, 32)(torch.tensor(1.0))
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(skip=5), "skip must be module-name patterns"),
+    (dict(skip=["lm_head", 1]), "skip must be module-name patterns"),
+    (dict(skip=None), "skip must be module-name patterns"),
+    (dict(scale_fmt="e8m0"), "scale_fmt"),
+    (dict(out_dtype=torch.int8), "out_dtype"),
+])
+def test_quantize_model_checks_its_options_even_without_linears(kwargs, match):
+    """Refused up front, not only by the layers it makes: a model without linears would take them silently."""
+    with pytest.raises(InvalidInputError, match=f"quantize_model: {match}"):
+        quantize_model(nn.Sequential(nn.ReLU()), **kwargs)
 
 
 class Net(nn.Module):

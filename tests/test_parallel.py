@@ -121,6 +121,8 @@ def check_layers(rank, world, device="cpu"):
             with pytest.raises(InvalidInputError, match=r"RowParallelQuantLinear 'row': input has 384 features.*"
                                                         rf"this rank expects {K // world}"):
                 row(x)
+            with pytest.raises(InvalidInputError, match=r"RowParallelQuantLinear 'row': input has no features"):
+                row(torch.tensor(1.0, device=device))
 
 
 def check_models(rank, world, device="cpu"):

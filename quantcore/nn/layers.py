@@ -105,9 +105,10 @@ class QuantLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [..., K] bf16/fp16/fp32 -> [..., N] in out_dtype, or in x's dtype when out_dtype is None."""
-        if x.shape[-1] != self.in_features:
-            raise InvalidInputError(f"{_LAYER}: input has {x.shape[-1]} features in its last dim (shape "
-                                    f"{tuple(x.shape)}); this layer expects in_features={self.in_features}")
+        shape = x.shape
+        if not shape or shape[-1] != self.in_features:  # a 0-d input has no last dim
+            raise InvalidInputError(f"{_LAYER}: input has {shape[-1] if shape else 'no'} features in its last dim "
+                                    f"(shape {tuple(shape)}); this layer expects in_features={self.in_features}")
         # Parameters straight from `_parameters`: `self.bias` goes through nn.Module.__getattr__, a
         # Python-level fallback far slower than a dict lookup, on every decode step.
         return self._gemm(x, self._parameters["bias"], self.out_dtype or x.dtype)  # None alone falls through
@@ -236,8 +237,16 @@ def quantize_model(model: nn.Module, *, dtype: Any = "auto", skip: Iterable[str]
         raise InvalidInputError(f"quantize_model: expected an nn.Module, got {type(model).__name__}")
     if isinstance(skip, str):  # a lone pattern would otherwise be split into characters
         skip = (skip,)
-    skip = tuple(skip)
+    patterns = tuple(skip) if isinstance(skip, Iterable) else None
+    if patterns is None or not all(isinstance(p, str) for p in patterns):
+        raise InvalidInputError(f"quantize_model: skip must be module-name patterns (a str or an iterable of "
+                                f"str), got {skip!r}")
+    skip = patterns
     block = checks.block_pair("quantize_model", block_size)
+    # Checked here too, not only per layer: a model without linears would accept them silently.
+    checks.scale_fmt("quantize_model", scale_fmt)
+    if out_dtype is not None:
+        checks.out_float("quantize_model", "out_dtype", out_dtype)
     return replace_linears(model, lambda name: not _skipped(name, skip),
                            lambda name, linear: QuantLinear.from_linear(linear, dtype=dtype, block_size=block,
                                                                         out_dtype=out_dtype, scale_fmt=scale_fmt))

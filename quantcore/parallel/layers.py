@@ -147,9 +147,10 @@ class _Parallel(nn.Module):
         return parallel
 
     def _check_input(self, x: torch.Tensor, features: int, what: str) -> None:
-        if x.shape[-1] != features:
-            raise InvalidInputError(f"{self.layer_name}: input has {x.shape[-1]} features in its last dim (shape "
-                                    f"{tuple(x.shape)}); this rank expects {features} ({what})")
+        shape = x.shape
+        if not shape or shape[-1] != features:  # a 0-d input has no last dim
+            raise InvalidInputError(f"{self.layer_name}: input has {shape[-1] if shape else 'no'} features in its "
+                                    f"last dim (shape {tuple(shape)}); this rank expects {features} ({what})")
 
     def extra_repr(self) -> str:
         return (f"{super().extra_repr()}, full=({self.full_out_features}, {self.full_in_features}), "
