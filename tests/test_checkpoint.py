@@ -19,8 +19,8 @@ from torch import nn
 from helpers import randn
 from quantcore import InvalidInputError, ops
 from quantcore.nn import (CompressedTensorsScheme, Fp8Scheme, LayerFormat, QuantLinear, SafetensorsFiles,
-                          load_checkpoint, quantize_from_config, quantize_model, save_checkpoint, scale_to_fp32,
-                          scheme_from_config)
+                          load_checkpoint, load_fp8_checkpoint, quantize_from_config, quantize_model, save_checkpoint,
+                          scale_to_fp32, scheme_from_config)
 from quantcore.nn.schemes import compressed_tensors_matches, transformers_skips
 
 FP8, E8M0 = torch.float8_e4m3fn, torch.float8_e8m0fnu
@@ -359,6 +359,36 @@ def test_save_errors(tmp_path, make, kwargs, match):
     with pytest.raises(InvalidInputError, match=f"save_checkpoint: .*{match}"):
         save_checkpoint(make(), tmp_path / "out", **kwargs)
     assert not (tmp_path / "out").exists()
+
+
+def test_save_refuses_a_config_that_is_no_mapping_and_a_file_for_a_folder(tmp_path):
+    model = quantize_model(float_model(), dtype=FP8)
+    with pytest.raises(InvalidInputError, match="save_checkpoint: config must be a mapping"):
+        save_checkpoint(model, tmp_path / "out", config=5)
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(InvalidInputError, match="save_checkpoint: .*file' is a file"):
+        save_checkpoint(model, tmp_path / "file")
+    assert not (tmp_path / "out").exists() and (tmp_path / "file").read_text() == "x"
+
+
+@pytest.mark.parametrize("damage,match", [
+    (lambda folder: (folder / "config.json").write_text("{not json"), r"config\.json is not valid JSON"),
+    (lambda folder: (folder / "config.json").write_text("[1, 2]"), r"config\.json holds a JSON list"),
+    (lambda folder: (folder / "model.safetensors.index.json").write_text("{not json"),
+     r"model\.safetensors\.index\.json is not valid JSON"),
+    (lambda folder: (folder / "model.safetensors").write_bytes((folder / "model.safetensors").read_bytes()[:100]),
+     r"cannot read .*model\.safetensors as safetensors"),
+])
+def test_damaged_files_are_named(tmp_path, damage, match):
+    folder = save_checkpoint(quantize_model(float_model(), dtype=FP8), tmp_path / "out")
+    damage(folder)
+    with pytest.raises(InvalidInputError, match=match):
+        load_checkpoint(meta_model(), folder)
+
+
+def test_load_fp8_checkpoint_refuses_what_is_no_path_or_state_dict():
+    with pytest.raises(InvalidInputError, match="load_fp8_checkpoint: checkpoint must be a path .* got int"):
+        load_fp8_checkpoint(quantize_model(float_model(), dtype=FP8), 5)
 
 
 def test_save_refuses_a_skip_list_that_would_catch_a_quantized_layer(tmp_path):

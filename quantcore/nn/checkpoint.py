@@ -363,8 +363,13 @@ def save_checkpoint(model: nn.Module, folder: str | os.PathLike, *, format: str 
     if config is None:
         own = getattr(model, "config", None)
         config = own.to_dict() if hasattr(own, "to_dict") else {}
+    if not isinstance(config, Mapping):
+        raise InvalidInputError(f"save_checkpoint: config must be a mapping (config.json's entries) or None, got "
+                                f"{type(config).__name__}")
     config = dict(config) | {"quantization_config": scheme.to_config()}
     folder = Path(folder)
+    if folder.exists() and not folder.is_dir():
+        raise InvalidInputError(f"save_checkpoint: {str(folder)!r} is a file; a checkpoint is written into a folder")
     if folder.is_dir() and (any(folder.glob("*.safetensors")) or (folder / INDEX_FILE).exists()):
         raise InvalidInputError(f"save_checkpoint: {str(folder)!r} already holds a checkpoint; write to a new or empty "
                                 "folder (its old shards would be read with the new ones)")
@@ -408,6 +413,9 @@ def load_fp8_checkpoint(model: nn.Module, checkpoint: str | os.PathLike | Mappin
     """
     if isinstance(checkpoint, Mapping):
         state = dict(checkpoint)
+    elif not isinstance(checkpoint, (str, os.PathLike)):
+        raise InvalidInputError(f"load_fp8_checkpoint: checkpoint must be a path (a .safetensors file or a folder) "
+                                f"or a state dict, got {type(checkpoint).__name__}")
     else:
         with SafetensorsFiles(checkpoint, op="load_fp8_checkpoint") as files:
             state = {name: files.get(name) for name in files.names()}

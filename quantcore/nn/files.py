@@ -22,6 +22,18 @@ from ..errors import InvalidInputError
 INDEX_FILE = "model.safetensors.index.json"
 
 
+def read_json(path: Path, op: str) -> dict:
+    """The JSON object in `path` (a checkpoint's config or index); `InvalidInputError` naming the file
+    when it is not valid JSON or not an object."""
+    try:
+        value = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise InvalidInputError(f"{op}: {path} is not valid JSON ({err}); repair or replace the file") from None
+    if not isinstance(value, dict):
+        raise InvalidInputError(f"{op}: {path} holds a JSON {type(value).__name__}, expected an object {{...}}")
+    return value
+
+
 class SafetensorsFiles:
     """The tensors of `path` by name: a `.safetensors` file, or a folder holding
     `model.safetensors.index.json` (its `weight_map` names each tensor's shard) or else `*.safetensors`
@@ -37,7 +49,7 @@ class SafetensorsFiles:
         self._shard: dict[str, Path] = {}
         index = self.path / INDEX_FILE
         if self.path.is_dir() and index.is_file():
-            weight_map = json.loads(index.read_text()).get("weight_map")
+            weight_map = read_json(index, self.op).get("weight_map")
             if not isinstance(weight_map, dict) or not weight_map:
                 raise InvalidInputError(f"{self.op}: {index} has no weight_map {{tensor name: shard file}}; rewrite the "
                                         "index or remove it to read every *.safetensors file of the folder")
@@ -107,7 +119,11 @@ class SafetensorsFiles:
 
     def _handle(self, f: Path) -> Any:
         if self._open is None or self._open[0] != f:
-            from safetensors import safe_open  # optional dependency: the `hf` extra
+            from safetensors import SafetensorError, safe_open  # optional dependency: the `hf` extra
 
-            self._open = (f, safe_open(str(f), framework="pt", device=self.device))
+            try:
+                self._open = (f, safe_open(str(f), framework="pt", device=self.device))
+            except SafetensorError as err:  # a truncated or corrupt file
+                raise InvalidInputError(f"{self.op}: cannot read {f} as safetensors ({err}); the file is damaged or "
+                                        "not a safetensors file") from None
         return self._open[1]

@@ -16,7 +16,6 @@ the config keeps it in floating point. `to_config()` writes the dict back; `sche
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ from typing import Any, ClassVar, Mapping
 
 from ..errors import InvalidInputError
 from ..formats import SCALE_FORMATS
+from .files import read_json
 
 CONFIG_FILE = "config.json"
 # transformers' default when modules_to_not_convert is absent: the output embedding stays in float.
@@ -273,7 +273,7 @@ def read_scheme(folder: str | os.PathLike) -> Scheme:
     if not path.is_file():
         raise _fail(f"no {CONFIG_FILE} in {str(folder)!r}; a Hugging Face checkpoint folder has one with a "
                     "quantization_config (for bare safetensors files use quantcore.nn.load_fp8_checkpoint)")
-    config = json.loads(path.read_text())
+    config = read_json(path, _OP)
     if "quantization_config" not in config:
         raise _fail(f"{path} has no quantization_config: the checkpoint is not quantized; load it into the "
                     "float model and call quantize_model")
