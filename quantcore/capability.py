@@ -171,11 +171,17 @@ def _with_simulation(real: DeviceProfile) -> DeviceProfile:
 
 def profile_for(device: torch.device | str | int) -> DeviceProfile:
     """The effective profile of `device` (simulation applied to CUDA devices)."""
-    device = torch.device(device)
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError) as err:
+        raise InvalidInputError(f"profile_for: {device!r} is not a device ({err})") from None
     if device.type == "cpu":
         return cpu_profile()
     if device.type != "cuda":
         return DeviceProfile(kind=device.type, name=device.type)
+    if not cuda_available() or (device.index or 0) >= torch.cuda.device_count():
+        raise InvalidInputError(f"profile_for: no CUDA device {device} here ({torch.cuda.device_count()} visible); "
+                                "pass one that exists, or use quantcore.simulate(...) to describe another GPU")
     index = device.index if device.index is not None else torch.cuda.current_device()
     return _with_simulation(_real_cuda_profile(index))
 

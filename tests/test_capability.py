@@ -40,6 +40,12 @@ def test_cpu_tensors_are_never_simulated():
         assert capability.profile_for(torch.device("cpu")).kind == "cpu"
 
 
+@pytest.mark.parametrize("device,match", [("nope", "'nope' is not a device"), ("cuda:64", "no CUDA device cuda:64 here")])
+def test_profile_for_a_device_that_is_not_here_is_refused(device, match):
+    with pytest.raises(quantcore.InvalidInputError, match=f"profile_for: {match}"):
+        capability.profile_for(device)
+
+
 def test_unknown_profile_is_refused():
     with pytest.raises(quantcore.InvalidInputError, match="unknown profile 'sm99'"):
         capability.simulated_profile("sm99")

@@ -175,6 +175,12 @@ def test_every_kernel_of_a_label_keeps_its_reason():
     assert explained["triton"] == ["format fp8_e4m3 not implemented (has int8)"]
 
 
+def test_unregistering_what_was_never_registered_is_refused():
+    impl = registry.impls("act_quant")[0]  # a built-in: never added with register()
+    with pytest.raises(quantcore.InvalidInputError, match="unregister: .* is not an implementation added with register"):
+        registry.unregister(impl)
+
+
 def test_selection_racing_an_unregister_is_not_kept():
     """Thread A selects an implementation while the main thread unregisters it: A's result, computed
     from the old registry, must not be what later selections get."""

@@ -81,6 +81,9 @@ def register(impl: Impl) -> None:
 
 def unregister(impl: Impl) -> None:
     """Remove an implementation added with `register`."""
+    if impl not in _registered:
+        raise InvalidInputError(f"unregister: {impl!r} is not an implementation added with register(); the "
+                                f"registered ones are {[i.label for i in _registered]}")
     _registered.remove(impl)
     invalidate()
 
