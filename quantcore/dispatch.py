@@ -68,7 +68,7 @@ def _plan(op: str, args: tuple, options: dict[str, Any], backend: BackendChoice)
     try:
         key = _key(op, args, options, backend)
         plan = _plans.get(key)
-    except (_Uncacheable, TypeError, IndexError):  # an unhashable option (a list, say); fewer options than defined
+    except (_Uncacheable, TypeError):  # TypeError: an unhashable option (a list, say)
         key, plan = None, None
     if plan is None:
         plan = _prepare(op, args, options, backend)

@@ -85,15 +85,11 @@ class OpDef:
     example: Callable[..., tuple[tuple, dict[str, Any]]] | None = None
     function: Callable[..., Any] = field(init=False, repr=False, compare=False)
     defaults: dict[str, Any] = field(init=False, repr=False, compare=False)  # every option's default, in order
-    # The positions among the options of those whose default is a sequence (block_size).
-    sequences: tuple[int, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         params = inspect.signature(self.stub).parameters
         object.__setattr__(self, "defaults", {n: p.default for n, p in params.items()
                                               if n not in self.tensors and n != BACKEND_ARG})
-        object.__setattr__(self, "sequences", tuple(i for i, d in enumerate(self.defaults.values())
-                                                    if isinstance(d, (tuple, list))))
         object.__setattr__(self, "function", _generate(self))
 
     @property
@@ -164,7 +160,9 @@ def _generate(op: OpDef) -> Callable[..., Any]:
 
 
 _ops: dict[str, OpDef] = {}
-SEQUENCE_OPTIONS: dict[str, tuple[int, ...]] = {}  # each defined op's `sequences`, for the dispatcher's key
+# Per defined op, the positions among its options of those whose default is a sequence (block_size):
+# the dispatcher's plan key adds their elements' types.
+SEQUENCE_OPTIONS: dict[str, tuple[int, ...]] = {}
 
 
 def register_op(op: OpDef) -> OpDef:
@@ -175,7 +173,7 @@ def register_op(op: OpDef) -> OpDef:
     if op.name in _ops:
         raise InvalidInputError(f"register_op: an op named {op.name!r} is already defined")
     _ops[op.name] = op
-    SEQUENCE_OPTIONS[op.name] = op.sequences
+    SEQUENCE_OPTIONS[op.name] = tuple(i for i, d in enumerate(op.defaults.values()) if isinstance(d, (tuple, list)))
     return op
 
 

@@ -235,19 +235,17 @@ def quantize_model(model: nn.Module, *, dtype: Any = "auto", skip: Iterable[str]
     """
     if not isinstance(model, nn.Module):
         raise InvalidInputError(f"quantize_model: expected an nn.Module, got {type(model).__name__}")
-    if isinstance(skip, str):  # a lone pattern would otherwise be split into characters
-        skip = (skip,)
-    patterns = tuple(skip) if isinstance(skip, Iterable) else None
+    # A lone pattern as one (iterated, it would be split into characters).
+    patterns = (skip,) if isinstance(skip, str) else tuple(skip) if isinstance(skip, Iterable) else None
     if patterns is None or not all(isinstance(p, str) for p in patterns):
         raise InvalidInputError(f"quantize_model: skip must be module-name patterns (a str or an iterable of "
                                 f"str), got {skip!r}")
-    skip = patterns
     block = checks.block_pair("quantize_model", block_size)
     # Checked here too, not only per layer: a model without linears would accept them silently.
     checks.scale_fmt("quantize_model", scale_fmt)
     if out_dtype is not None:
         checks.out_float("quantize_model", "out_dtype", out_dtype)
-    return replace_linears(model, lambda name: not _skipped(name, skip),
+    return replace_linears(model, lambda name: not _skipped(name, patterns),
                            lambda name, linear: QuantLinear.from_linear(linear, dtype=dtype, block_size=block,
                                                                         out_dtype=out_dtype, scale_fmt=scale_fmt))
 
