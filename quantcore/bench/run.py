@@ -93,18 +93,41 @@ def error_note(err: BaseException, limit: int = 160) -> str:
     return f"{type(err).__name__}: {(str(err).splitlines() or [''])[0][:limit]}"
 
 
-def _timed(rec: dict, fn: Callable[[], object] | None, work: float, unit: str, ceiling: float | None) -> Record:
-    """Time `fn` (work in bytes or FLOPs) into a Record, GPU time and eager time; errors and refusals
-    become its note."""
-    if fn is None:
-        return Record(**rec, unit=unit)
+def _times(fns: list[Callable[[], object] | None]) -> list[tuple[float, float] | Exception | None]:
+    """(GPU time, eager time) per call of each fn, timed interleaved (`timing.gpu_times_us`,
+    `timing.eager_times_us`: implementations compared in one record set are timed alike); None where
+    the fn is None, the error where one raises (the others are then timed one by one)."""
+    live = [i for i, fn in enumerate(fns) if fn is not None]
+    errors = (UnsupportedError, RuntimeError, ValueError)
     try:
-        us = timing.gpu_time_us(fn)
-        eager_us = timing.eager_time_us(fn)
-    except (UnsupportedError, RuntimeError, ValueError) as err:
-        return Record(**rec, unit=unit, note=error_note(err))
+        timed = dict(zip(live, zip(timing.gpu_times_us([fns[i] for i in live]),
+                                   timing.eager_times_us([fns[i] for i in live]))))
+    except errors:
+        timed = {}
+        for i in live:
+            try:
+                timed[i] = timing.gpu_time_us(fns[i]), timing.eager_time_us(fns[i])
+            except errors as err:
+                timed[i] = err
+    return [timed.get(i) for i in range(len(fns))]
+
+
+def _record(rec: dict, timed: tuple[float, float] | Exception | None, work: float, unit: str,
+            ceiling: float | None) -> Record:
+    """A Record of one `_times` entry (work in bytes or FLOPs); errors and refusals become its note."""
+    if timed is None:
+        return Record(**rec, unit=unit)
+    if isinstance(timed, Exception):
+        return Record(**rec, unit=unit, note=error_note(timed))
+    us, eager_us = timed
     rate = work / us / (1e3 if unit == "GB/s" else 1e6)
     return Record(**rec, us=us, eager_us=eager_us, rate=rate, unit=unit, fraction=rate / ceiling if ceiling else None)
+
+
+def _timed(entries: list[tuple[dict, Callable[[], object] | None]], work: float, unit: str,
+           ceiling: float | None) -> list[Record]:
+    """Records of (record fields, fn) entries doing the same work, timed interleaved with each other."""
+    return [_record(rec, t, work, unit, ceiling) for (rec, _), t in zip(entries, _times([fn for _, fn in entries]))]
 
 
 def _try(make: Callable[[], Callable[[], object]]) -> tuple[Callable[[], object] | None, str]:
@@ -170,49 +193,52 @@ def _simulated_records(args: tuple, rec: dict, flops: float, ceiling: float | No
     records = []
     for profile in simulate:
         with capability.simulate(profile):
-            for name, (fn, note) in _contenders("scaled_mm", args, {}, False).items():
-                ran = "" if fn is None else f"ran {ops.explain('scaled_mm', *args, backend=name).selected}"
-                records.append(_timed({**rec, "impl": f"{name}@{profile}", "note": note or ran}, fn, flops, "TFLOP/s",
-                                      ceiling))
+            entries = [({**rec, "impl": f"{name}@{profile}",
+                         "note": note or f"ran {ops.explain('scaled_mm', *args, backend=name).selected}"}, fn)
+                       for name, (fn, note) in _contenders("scaled_mm", args, {}, False).items()]
+            records += _timed(entries, flops, "TFLOP/s", ceiling)
     return records
 
 
 def _gemm_records(fmt: str, qdtype, m: int, n: int, k: int, with_baselines: bool,
                   simulate: tuple[str, ...] = ()) -> list[Record]:
+    """Every quantcore implementation of one scaled_mm shape (and with the baselines, the vendor
+    kernels and the reference), all timed interleaved; `vs_vendor` is the vendor's time over each."""
     a, a_s = ops.act_quant(_rand(m, k), dtype=qdtype)
     b, b_s = ops.weight_quant(_rand(n, k), dtype=qdtype)
     flops = baselines.gemm_flops(m, n, k)
     rec = dict(op="scaled_mm", fmt=fmt, shape=[m, n, k])
+    ours = [({**rec, "impl": name, "note": note}, fn)
+            for name, (fn, note) in _contenders("scaled_mm", (a, a_s, b, b_s), {}, with_baselines).items()]
     if not with_baselines:
-        return [_timed({**rec, "impl": name, "note": note}, fn, flops, "TFLOP/s", None)
-                for name, (fn, note) in _contenders("scaled_mm", (a, a_s, b, b_s), {}, False).items()
-                ] + _simulated_records((a, a_s, b, b_s), rec, flops, None, simulate)
+        return _timed(ours, flops, "TFLOP/s", None) + _simulated_records((a, a_s, b, b_s), rec, flops, None, simulate)
     if fmt == "fp8_e4m3":
         vendor, vendor_note = _try(lambda: baselines.cublas_blockwise_fp8(a, a_s, b, b_s))
         dense, _ = _try(lambda: baselines.cublas_tensorwise_fp8(a, b))
         vendor_name, dense_name = "cublas-blockwise", "cublas-fp8-tensorwise"
     else:
         vendor, vendor_note = _try(lambda: baselines.int_mm(a, b))
-        dense, vendor_name, dense_name = vendor, "torch._int_mm", None
-    dense_us = timing.gpu_time_us(dense) if dense else None
-    ceiling = flops / dense_us / 1e6 if dense_us else None
-    records = [_timed({**rec, "impl": vendor_name, "note": vendor_note}, vendor, flops, "TFLOP/s", ceiling)]
-    if dense_name and dense_us:
-        records.append(Record(**rec, impl=dense_name, us=dense_us, rate=ceiling, unit="TFLOP/s", fraction=1.0))
+        dense, vendor_name, dense_name = None, "torch._int_mm", None  # the vendor kernel is the dense one
+    entries = [({**rec, "impl": vendor_name, "note": vendor_note}, vendor)]
+    if dense_name:
+        entries.append(({**rec, "impl": dense_name}, dense))
     if fmt == "int8" and vendor is not None:
         sa, sb = a_s[:, 0].contiguous(), b_s[:, 0].repeat_interleave(128)[:n].contiguous()
-        records.append(_timed({**rec, "impl": "torch._int_mm+dequant_bias"},
-                              lambda: ops.dequant_bias(vendor()[:m], sa, sb), flops, "TFLOP/s", ceiling))
-    records.append(_timed({**rec, "impl": "cublas-bf16"}, baselines.bf16_mm(m, n, k), flops, "TFLOP/s", ceiling))
+        entries.append(({**rec, "impl": "torch._int_mm+dequant_bias"}, lambda: ops.dequant_bias(vendor()[:m], sa, sb)))
+    entries.append(({**rec, "impl": "cublas-bf16"}, baselines.bf16_mm(m, n, k)))
+    for r, fn in ours:
+        if r["impl"] == registry.REFERENCE and flops > REFERENCE_GEMM_FLOPS:
+            r["note"], fn = f"skipped: the reference computes in float64 ({flops:.1e} FLOP)", None
+        entries.append((r, fn))
+    times = _times([fn for _, fn in entries])
+    dense_us = times[1 if dense_name else 0]  # the FP8 tensor-wise kernel, or INT8's _int_mm itself
+    ceiling = flops / dense_us[0] / 1e6 if isinstance(dense_us, tuple) else None
+    records = [_record(r, t, flops, "TFLOP/s", ceiling) for (r, _), t in zip(entries, times)]
     if m <= DECODE_M:
         nbytes = baselines.gemm_floor_bytes(m, n, k)
         read_us = baselines.read_ceiling_us(nbytes)
         records.append(Record(**rec, impl=READ_CEILING, us=read_us, rate=nbytes / read_us / 1e3, unit="GB/s",
                               note="one kernel reading the GEMM's least bytes"))
-    for name, (fn, note) in _contenders("scaled_mm", (a, a_s, b, b_s), {}, True).items():
-        if name == "torch" and flops > REFERENCE_GEMM_FLOPS:
-            fn, note = None, f"skipped: the reference computes in float64 ({flops:.1e} FLOP)"
-        records.append(_timed({**rec, "impl": name, "note": note}, fn, flops, "TFLOP/s", ceiling))
     records += _simulated_records((a, a_s, b, b_s), rec, flops, ceiling, simulate)
     vendor_us = records[0].us
     for r in records:
@@ -280,9 +306,9 @@ def run(*, quick: bool = False, only: tuple[str, ...] = (), progress: bool = Tru
                              records=[])
     for op, fmt, shape, make in mem:
         args, kwargs, nbytes = make()
-        for name, (fn, note) in _contenders(op, args, kwargs, with_baselines).items():
-            result.records.append(_timed(dict(op=op, fmt=fmt, shape=shape, impl=name, note=note), fn, nbytes, "GB/s",
-                                         result.copy_gbps))
+        entries = [(dict(op=op, fmt=fmt, shape=shape, impl=name, note=note), fn)
+                   for name, (fn, note) in _contenders(op, args, kwargs, with_baselines).items()]
+        result.records += _timed(entries, nbytes, "GB/s", result.copy_gbps)
         bar.step(f"{op} {fmt} {shape}")
         if checkpoint:
             checkpoint(result)

@@ -10,13 +10,19 @@ event, so that Python has dispatched the whole timed call before the GPU reaches
 measure the kernels, not the host (without it, a 10 µs decode GEMM measured its ~100 µs of Python).
 Host cost is measured on its own: `eager_time_us` (back-to-back calls, host and GPU together) and
 `host_overhead_us` (quantcore's dispatch against a direct call).
+
+Implementations compared with each other are timed interleaved (`gpu_times_us`, `eager_times_us`):
+each repetition times every one of them once, starting from a different one each time. Timed one
+after the other, a call's time depended on when it ran: the same cuBLAS kernel measured 0.84-1.03× of
+itself on the large GEMMs (docs/bench/round13), timed first as the vendor baseline and again late,
+after the other implementations' loops, through quantcore's `torch[cublas]` variant.
 """
 
 from __future__ import annotations
 
 import statistics
 import time
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 
@@ -26,21 +32,35 @@ _HEADSTART_CYCLES = 2_000_000  # ~1 ms at Hopper's clocks: more than any op's ho
 
 def gpu_time_us(fn: Callable[[], object], *, reps: int = 15, warmup: int = 3) -> float:
     """Median GPU time of `fn()` in microseconds (CUDA events, L2 flushed before each rep)."""
+    return gpu_times_us([fn], reps=reps, warmup=warmup)[0]
+
+
+def gpu_times_us(fns: Sequence[Callable[[], object]], *, reps: int = 15, warmup: int = 3) -> list[float]:
+    """Median GPU time in microseconds of each of `fns`, timed interleaved: each of the `reps`
+    repetitions times every fn once (L2 flushed and the GPU given its head start before each), the
+    first of them rotating from one repetition to the next, so that no fn always follows the same one."""
     flush = torch.zeros(_FLUSH_BYTES // 4, dtype=torch.float32, device="cuda")
     for _ in range(warmup):
-        fn()
+        for fn in fns:
+            fn()
     torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        flush.sum()
-        torch.cuda._sleep(_HEADSTART_CYCLES)
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) * 1e3)
-    return statistics.median(times)
+    times: list[list[float]] = [[] for _ in fns]
+    for rep in range(reps):
+        for i in _rotated(len(fns), rep):
+            flush.sum()
+            torch.cuda._sleep(_HEADSTART_CYCLES)
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fns[i]()
+            end.record()
+            torch.cuda.synchronize()
+            times[i].append(start.elapsed_time(end) * 1e3)
+    return [statistics.median(t) for t in times]
+
+
+def _rotated(n: int, shift: int) -> list[int]:
+    """0 … n-1 starting from `shift` mod n."""
+    return [(shift + i) % n for i in range(n)]
 
 
 def copy_bandwidth_gbps(nbytes: int = 2**30) -> float:
@@ -77,6 +97,16 @@ def eager_time_us(fn: Callable[[], object], *, n: int = 200, warmup: int = 20, b
     reps = max(1, min(n, int(budget_s * 1e6 / max(one, 1e-3))))
     loop_us(fn, min(warmup, reps))
     return loop_us(fn, reps)
+
+
+def eager_times_us(fns: Sequence[Callable[[], object]], *, rounds: int = 3, budget_s: float = 0.1) -> list[float]:
+    """`eager_time_us` of each of `fns`, interleaved: `rounds` rounds, each timing every fn once in an
+    order rotating from round to round (each loop within `budget_s / rounds`); the median round per fn."""
+    times: list[list[float]] = [[] for _ in fns]
+    for r in range(rounds):
+        for i in _rotated(len(fns), r):
+            times[i].append(eager_time_us(fns[i], budget_s=budget_s / rounds))
+    return [statistics.median(t) for t in times]
 
 
 def host_overhead_us(call: Callable[[], object], bare: Callable[[], object], *, n: int = 2000,
