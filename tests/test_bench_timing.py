@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import time
 
-from quantcore.bench import timing
+import torch
+
+from quantcore import opdef
+from quantcore.backends import torch as reference
+from quantcore.bench import baselines, timing
 
 
 def test_eager_time_is_the_time_per_call_of_a_back_to_back_loop():
@@ -70,3 +74,24 @@ def test_bench_times_the_others_when_one_implementation_fails(monkeypatch):
                                1e6, "GB/s", 1000.0)
     assert records[0].us is not None and records[0].fraction == records[0].rate / 1000.0
     assert records[1].us is None and records[1].note == "RuntimeError: CUDA error: out of memory"
+
+
+def test_compiled_references_keep_their_graphs_apart():
+    """Each op's compiled reference keeps its own graphs: compiled through the shared `torch.no_grad`
+    wrapper, the ops' graphs filled one cache of eight and later calls ran the reference eagerly."""
+    torch._dynamo.reset()
+    for qdtype in (torch.float8_e4m3fn, torch.int8):
+        for m, k in ((1, 256), (16, 256), (16, 384)):
+            x = torch.randn(m, k, dtype=torch.bfloat16)
+            codes, scales = torch.zeros(m, k, dtype=qdtype), torch.rand(m, k // 128)
+            for op, args, options in (("act_quant", (x,), {"dtype": qdtype}), ("act_dequant", (codes, scales), {}),
+                                      ("quantized_gelu", (codes, scales), {})):
+                kwargs = opdef.get(op).spec(*args, **options).kwargs
+                got = baselines.compiled_call(op, kwargs, backend="eager")()  # raises at the recompile limit
+                expected = getattr(reference, op)(**kwargs)
+                for g, e in zip(*(r if isinstance(r, tuple) else (r,) for r in (got, expected))):
+                    assert torch.equal(_bits(g), _bits(e)), (op, qdtype, m, k)
+
+
+def _bits(t):
+    return t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t

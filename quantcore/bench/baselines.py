@@ -4,6 +4,7 @@ exposes (cuBLAS block-wise FP8 through `scaled_mm`, `torch._int_mm`, bf16 `mm`).
 from __future__ import annotations
 
 import functools
+import inspect
 import math
 
 import torch
@@ -14,9 +15,29 @@ from ..backends.torch.cublas import blockwise_fp8_mm
 
 
 @functools.lru_cache(maxsize=None)
-def compiled_reference(op: str):
-    """`torch.compile` of the reference launch function for `op` (dynamic shapes: one compile per op)."""
-    return torch.compile(getattr(reference, op), dynamic=True)
+def compiled_reference(op: str, backend: str = "inductor"):
+    """`torch.compile` of the reference launch function for `op` (dynamic shapes).
+
+    The function itself is compiled, not its `torch.no_grad` wrapper: every such wrapper runs one
+    shared code object, and torch._dynamo keeps at most `recompile_limit` (8) graphs per code object,
+    so the ops' graphs crowded each other out and, past the eighth, every op's compiled reference ran
+    eagerly without a word (docs/bench/round16). The bench's inputs never require grad."""
+    return torch.compile(inspect.unwrap(getattr(reference, op)), dynamic=True, backend=backend)
+
+
+def compiled_call(op: str, kwargs: dict, backend: str = "inductor"):
+    """`compiled_reference(op)` called on `kwargs` once (compiling it for them) and returned as a call
+    of no arguments. Raises where torch._dynamo would run the reference eagerly instead (its recompile
+    limit reached), so that no eager time is ever reported as torch.compile's."""
+    compiled = compiled_reference(op, backend)
+    # Older torch has neither the switch nor the error (it falls back silently there).
+    strict = {"fail_on_recompile_limit_hit": True} if hasattr(torch._dynamo.config, "fail_on_recompile_limit_hit") else {}
+    try:
+        with torch._dynamo.config.patch(**strict):
+            compiled(**kwargs)
+    except getattr(torch._dynamo.exc, "FailOnRecompileLimitHit", ()) as err:
+        raise RuntimeError(f"torch.compile would run the {op} reference eagerly here: {err}") from err
+    return lambda: compiled(**kwargs)
 
 
 def cublas_blockwise_fp8(a, a_scale, b, b_scale, out_dtype=torch.bfloat16):

@@ -152,8 +152,7 @@ def _contenders(op: str, args: tuple, kwargs: dict, with_baselines: bool) -> dic
         out[backend] = _try(make)
     if op != "scaled_mm" and with_baselines:
         prepared = opdef.get(op).spec(*args, **kwargs)
-        compiled = baselines.compiled_reference(op)
-        out["torch.compile"] = _try(lambda: (compiled(**prepared.kwargs), lambda: compiled(**prepared.kwargs))[1])
+        out["torch.compile"] = _try(lambda: baselines.compiled_call(op, prepared.kwargs))
     return out
 
 
