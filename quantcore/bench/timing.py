@@ -15,7 +15,9 @@ Implementations compared with each other are timed interleaved (`gpu_times_us`, 
 each repetition times every one of them once, starting from a different one each time. Timed one
 after the other, a call's time depended on when it ran: the same cuBLAS kernel measured 0.84-1.03× of
 itself on the large GEMMs (docs/bench/round13), timed first as the vendor baseline and again late,
-after the other implementations' loops, through quantcore's `torch[cublas]` variant.
+after the other implementations' loops, through quantcore's `torch[cublas]` variant. Large GEMMs run
+the H100 at its 700 W power cap, where its clock moves between 1230 and 1980 MHz; interleaved, the two
+measure 0.99-1.02 of each other (docs/bench/round16).
 """
 
 from __future__ import annotations
