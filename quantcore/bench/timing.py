@@ -17,7 +17,7 @@ after the other, a call's time depended on when it ran: the same cuBLAS kernel m
 itself on the large GEMMs (docs/bench/round13), timed first as the vendor baseline and again late,
 after the other implementations' loops, through quantcore's `torch[cublas]` variant. Large GEMMs run
 the H100 at its 700 W power cap, where its clock moves between 1230 and 1980 MHz; interleaved, the two
-measure 0.99-1.02 of each other (docs/bench/round16).
+measure 0.98-1.02 of each other (docs/bench/round16).
 """
 
 from __future__ import annotations
