@@ -221,6 +221,7 @@ def _gemm_records(fmt: str, qdtype, m: int, n: int, k: int, with_baselines: bool
     entries = [({**rec, "impl": vendor_name, "note": vendor_note}, vendor)]
     if dense_name:
         entries.append(({**rec, "impl": dense_name}, dense))
+    dense_at = len(entries) - 1  # the rate ceiling's entry: FP8's tensor-wise kernel, or INT8's _int_mm itself
     if fmt == "int8" and vendor is not None:
         sa, sb = a_s[:, 0].contiguous(), b_s[:, 0].repeat_interleave(128)[:n].contiguous()
         entries.append(({**rec, "impl": "torch._int_mm+dequant_bias"}, lambda: ops.dequant_bias(vendor()[:m], sa, sb)))
@@ -230,8 +231,7 @@ def _gemm_records(fmt: str, qdtype, m: int, n: int, k: int, with_baselines: bool
             r["note"], fn = f"skipped: the reference computes in float64 ({flops:.1e} FLOP)", None
         entries.append((r, fn))
     times = _times([fn for _, fn in entries])
-    dense_us = times[1 if dense_name else 0]  # the FP8 tensor-wise kernel, or INT8's _int_mm itself
-    ceiling = flops / dense_us[0] / 1e6 if isinstance(dense_us, tuple) else None
+    ceiling = flops / times[dense_at][0] / 1e6 if isinstance(times[dense_at], tuple) else None
     records = [_record(r, t, flops, "TFLOP/s", ceiling) for (r, _), t in zip(entries, times)]
     if m <= DECODE_M:
         nbytes = baselines.gemm_floor_bytes(m, n, k)
