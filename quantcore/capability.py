@@ -107,13 +107,15 @@ def environment(name: str) -> str | None:
     return None if value is None else os.fsdecode(value)
 
 
+
 # A context variable, not a thread-local: each thread and each asyncio task sees its own `simulate` blocks.
-_simulating: contextvars.ContextVar[str | None] = contextvars.ContextVar("quantcore_simulate", default=None)
+# Set only by `simulate`; read by `simulation_state` and, for its plan key, by `quantcore.dispatch`.
+simulation_context: contextvars.ContextVar[str | None] = contextvars.ContextVar("quantcore_simulate", default=None)
 
 
 def simulation_state() -> tuple:
     """The raw inputs of `active_simulation` (context, environment), cheap enough for a cache key."""
-    return _simulating.get(), environment(SIMULATE_ENV)
+    return simulation_context.get(), environment(SIMULATE_ENV)
 
 
 def active_simulation() -> str | None:
@@ -129,11 +131,11 @@ def active_simulation() -> str | None:
 def simulate(name: str) -> Iterator[DeviceProfile]:
     """Within the block, CUDA devices behave as the profile `name` for selection and kernel paths."""
     key = _normalize_name(name)
-    token = _simulating.set(key)
+    token = simulation_context.set(key)
     try:
         yield simulated_profile(key)
     finally:
-        _simulating.reset(token)
+        simulation_context.reset(token)
 
 
 def triton_interpreter() -> bool:

@@ -10,7 +10,9 @@ inputs or a view of one, re-made with the same view metadata) and launches, skip
 checks and the registry. The signature holds each option's type beside its value (validation tells
 `128` from `128.0` and `True`, so the plan key must too), the element types of a sequence option
 (`block_size`: `(128.0, 128)` equals `(128, 128)`) and each tensor's address modulo 16
-(kernels are specialised on the alignment of their pointers).
+(kernels are specialised on the alignment of their pointers). Each op's public function computes that
+key inline and launches the kept plan itself (`entry`, generated per op); only a call without one
+comes here.
 
 A launch function that carries a `prepare` attribute (`prepare(**kwargs) -> run(**tensors)`) is
 prepared once per plan: everything that depends only on the signature (grids, tile choice, the
@@ -24,6 +26,7 @@ are copies rather than views, and calls whose inputs share memory are never kept
 from __future__ import annotations
 
 import inspect
+import os
 from typing import Any, Callable, NamedTuple
 
 import torch
@@ -36,11 +39,15 @@ from .specs.base import keep
 _MAX_PLANS = 4096
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 _SEQUENCES = (tuple, list)
-_SEQUENCE_OPTIONS = opdef.SEQUENCE_OPTIONS
 
 
 class _Uncacheable(Exception):
     pass
+
+
+# A call whose plan is not kept: _Uncacheable, TypeError (an unhashable option, or a sequence option that is
+# none), RuntimeError (sparse and other layouts have no strides).
+_UNKEPT = (_Uncacheable, TypeError, RuntimeError)
 
 
 class _Plan(NamedTuple):
@@ -48,7 +55,7 @@ class _Plan(NamedTuple):
     static: dict[str, Any]  # kernel arguments other than the bound tensors ({} for prepared launches)
     # (argument, input index, view or None: the input itself); None: a plan for this call only
     bindings: tuple[tuple[str, int, tuple | None], ...] | None
-    finish: Callable[[Any], Any]
+    finish: Callable[[Any], Any] | None  # None: the launch's results are the call's as they are
     # k when the launch takes the call's first k inputs themselves as its first k parameters and
     # nothing else (`_positional`): the common case, replayed as `launch(*args[:k])`
     direct: int | None = None
@@ -60,7 +67,11 @@ on_reset(_plans.clear)  # registry.reset(): kept plans are stale after it (the e
 
 def call(op: str, args: tuple, options: dict[str, Any], backend: BackendChoice) -> Any:
     """Run `op` (a defined op's name, `quantcore.opdef`) on positional `args` and keyword `options`."""
-    return _run(_plan(op, args, options, backend), args)
+    plan = _plan(op, args, options, backend)
+    if plan.direct is not None:  # `_run`'s first lines, inline: every call of a kept plan pays one frame less
+        out = plan.launch(*args[:plan.direct])
+        return out if plan.finish is None else plan.finish(out)
+    return _run(plan, args)
 
 
 def _plan(op: str, args: tuple, options: dict[str, Any], backend: BackendChoice) -> _Plan:
@@ -68,11 +79,11 @@ def _plan(op: str, args: tuple, options: dict[str, Any], backend: BackendChoice)
     try:
         key = _key(op, args, options, backend)
         plan = _plans.get(key)
-    except (_Uncacheable, TypeError):  # TypeError: an unhashable option (a list, say)
-        key, plan = None, None
+    except _UNKEPT:
+        return _prepare(op, args, options, backend)
     if plan is None:
         plan = _prepare(op, args, options, backend)
-        if key is not None and plan.bindings is not None:
+        if plan.bindings is not None:
             if len(_plans) >= _MAX_PLANS:
                 _plans.clear()
             _plans[key] = plan
@@ -80,9 +91,8 @@ def _plan(op: str, args: tuple, options: dict[str, Any], backend: BackendChoice)
 
 
 def _run(plan: _Plan, args: tuple) -> Any:
-    """Launch `plan` on this call's `args`."""
-    if plan.direct is not None:
-        return plan.finish(plan.launch(*args[:plan.direct]))
+    """Launch `plan`, one whose arguments are not the call's first inputs as they are (`direct`), on
+    this call's `args`."""
     kwargs = dict(plan.static)
     for name, index, view in plan.bindings or ():
         t = args[index]
@@ -92,12 +102,22 @@ def _run(plan: _Plan, args: tuple) -> Any:
             kwargs[name] = t.as_strided(view[0], view[1], t.storage_offset() + view[2])
         else:  # at the argument's own offset, which as_strided takes by default (a cheaper call)
             kwargs[name] = t.as_strided(view[0], view[1])
-    return plan.finish(plan.launch(**kwargs))
+    out = plan.launch(**kwargs)
+    return out if plan.finish is None else plan.finish(out)
 
 
-def _state() -> tuple:
-    """What selection reads besides the call: the registry's epoch, the simulation and the priority in force."""
-    return registry.epoch(), capability.simulation_state(), registry.priority_state()
+# What selection reads besides the call, read on every call for the plan key: the contexts directly, and
+# the environment's variables as CPython keeps them (os.environ's `_data`, names encoded by its
+# `encodekey`): a dict lookup each, without `os.environ.get`'s encode-and-decode. Source, so that each
+# op's generated key (`entry`) reads them inline.
+_STATE = ("_epoch(), _simulation.get(), _priority.get(), _environ._data.get(_SIMULATE_ENV), "
+          "_environ._data.get(_PRIORITY_ENV)")
+_NAMESPACE: dict[str, Any] = {
+    "_epoch": registry.epoch, "_simulation": capability.simulation_context, "_priority": registry.priority_context,
+    "_environ": os.environ, "_SIMULATE_ENV": os.environ.encodekey(capability.SIMULATE_ENV),
+    "_PRIORITY_ENV": os.environ.encodekey(registry.PRIORITY_ENV)}
+exec(f"def _state():\n    return {_STATE}\n", _NAMESPACE)
+_state: Callable[[], tuple] = _NAMESPACE["_state"]  # the registry's epoch, the simulation and the priority in force
 
 
 class Site:
@@ -127,44 +147,76 @@ class Site:
         if plan is None or signature != self._signature:
             plan = _plan(self.op, args, options(), backend)
             self._signature, self._plan = (signature, plan) if plan.bindings is not None else (None, None)
-        if plan.direct is not None:  # `_run`'s first line, inline: a layer's call pays one Python frame less
-            return plan.finish(plan.launch(*args[:plan.direct]))
+        if plan.direct is not None:  # `_run`'s first lines, inline: a layer's call pays one Python frame less
+            out = plan.launch(*args[:plan.direct])
+            return out if plan.finish is None else plan.finish(out)
         return _run(plan, args)
 
 
 def _key(op: str, args: tuple, options: dict[str, Any], backend: BackendChoice) -> tuple:
-    # Each op passes the same option names in the same order, so their values alone identify them.
-    if options.get("check_finite"):
-        raise _Uncacheable
-    values = tuple(options.values())
-    types = tuple(map(type, values))
-    if list in types:  # block_size=[128, 128] (the custom ops' schema passes lists): hashable as a tuple
-        values = tuple(tuple(v) if type(v) is list else v for v in values)
-    for i in _SEQUENCE_OPTIONS.get(op, ()):  # its elements' types too: validation refuses (128.0, 128)
-        if types[i] in _SEQUENCES:
-            types = (*types, *map(type, values[i]))
-    # The tensors' signatures inline (not a helper per tensor): this runs on every call, and a
-    # Python call per argument is a tenth of the whole dispatch at decode sizes.
-    signatures = []
-    try:
-        for t in args:
-            if t is None:
-                signatures.append(None)
-            elif type(t) in _PLAIN:
-                signatures.append((t.dtype, t.shape, t.stride(), t.device, t.data_ptr() & 15))
-            else:  # subclasses (fake, functional, ...) and non-tensors: validate every call
-                raise _Uncacheable
-    except RuntimeError:  # sparse and other layouts have no strides
-        raise _Uncacheable from None
-    return (op, _choice_key(backend), *_state(), *signatures, *types, *values)
+    """The plan key of a call, as the op's public function computes it inline (`entry`)."""
+    definition = opdef.get(op)
+    return definition.key(*args, **options, backend=backend)
 
 
 def _choice_key(backend: BackendChoice) -> Any:
-    if backend is None or type(backend) is str:
-        return backend
+    """A `backend=` other than None or a name, as a plan key's part."""
     if isinstance(backend, (list, tuple)):
         return type(backend), tuple(backend)
     raise _Uncacheable  # a bad value: the full path raises the error that names it
+
+
+class Entry(NamedTuple):
+    """An op's replay of a kept plan, inline in its public function (`opdef`): `body`, statements indented
+    by four spaces that return the call's result from the kept plan of its key, if any, and `namespace`,
+    the names they use; `key(*tensors, **options, backend=...)`, that key (`_key`)."""
+
+    body: str
+    namespace: dict[str, Any]
+    key: Callable[..., tuple]
+
+
+def entry(op: str, tensors: tuple[str, ...], optional: tuple[str, ...], options: tuple[str, ...],
+          sequences: tuple[str, ...]) -> Entry:
+    """The kept-plan replay and the plan key of the op named `op`, whose public function takes the tensor
+    arguments `tensors` (those in `optional` may be None) and the `options` (those in `sequences` are
+    sequences), under these names.
+
+    The key is one flat tuple: the op, the backend choice, the selection state (`_STATE`), per tensor
+    its dtype, shape, strides, device and address mod 16 (None for an absent optional one), each
+    option's type (validation tells `128` from `128.0` and `True`, so the key must too) and a sequence
+    option's element types (`(128.0, 128)` equals `(128, 128)`), then the options' values (a sequence
+    as a tuple: the custom ops' schema passes lists). It is generated per op as one tuple display:
+    built in a loop over the arguments and options, with a helper per tensor, the key took as long
+    as the rest of a kept plan's dispatch (docs/performance.md, round 17). Calls of tensor subclasses
+    (fake, functional, ...) and with `check_finite` set are never kept."""
+    signature = "{0}.dtype, {0}.shape, {0}.stride(), {0}.device, {0}.data_ptr() & 15"
+    parts = [repr(op), "backend if backend is None or type(backend) is str else _choice_key(backend)", _STATE]
+    parts += [f"*((None,) if {t} is None else ({signature.format(t)},))" if t in optional else signature.format(t)
+              for t in tensors]
+    parts += [f"type({o}), *map(type, {o})" if o in sequences else f"type({o})" for o in options]
+    parts += [f"tuple({o})" if o in sequences else o for o in options]
+    key = f"({', '.join(parts)})"
+    kept = [f"({t} is None or type({t}) in _PLAIN)" if t in optional else f"type({t}) in _PLAIN" for t in tensors]
+    kept += ["not check_finite"] if "check_finite" in options else []
+    condition = " and ".join(kept)
+    args = f"({''.join(f'{t}, ' for t in tensors)})"
+    body = (f"    if {condition}:\n"
+            f"        try:\n"
+            f"            plan = _plans[{key}]\n"
+            f"        except _UNKEPT_OR_NEW:\n"
+            f"            pass\n"
+            f"        else:\n"
+            f"            if plan.direct is None:\n"
+            f"                return _run(plan, {args})\n"
+            f"            out = plan.launch(*{args}[:plan.direct])\n"
+            f"            return out if plan.finish is None else plan.finish(out)\n")
+    namespace = {**_NAMESPACE, "_PLAIN": _PLAIN, "_plans": _plans, "_run": _run, "_choice_key": _choice_key,
+                 "_Uncacheable": _Uncacheable, "_UNKEPT_OR_NEW": (*_UNKEPT, KeyError)}
+    scope = dict(namespace)
+    exec(f"def key({', '.join((*tensors, *options))}, backend):\n    if not ({condition}):\n"
+         f"        raise _Uncacheable\n    return {key}\n", scope)
+    return Entry(body, namespace, scope["key"])
 
 
 def _prepare(op: str, args: tuple, options: dict[str, Any], backend: BackendChoice) -> _Plan:
@@ -187,6 +239,8 @@ def _prepare(op: str, args: tuple, options: dict[str, Any], backend: BackendChoi
         else:
             launch = launch.prepare(**static, **tensors)
         static = {}
+    if finish is keep:
+        finish = None
     if prepared.empty or None in sources.values() or len(set(storages)) < len(storages):
         return _Plan(launch, static | tensors, None, finish)
     if getattr(launch, "by_address", False):  # a view at its input's own address is, to it, the input

@@ -4,8 +4,9 @@ An op is its public function's signature and docstring (a stub whose body is nev
 that validates a call and normalises it to the backend contract, the keyword arguments its launch
 functions take (the contract), its `torch.library` custom ops (schema, fake kernel and, where it
 has one, gradient: one custom op per return type) and the formats the report shows. The stub
-becomes the public function, generated so that a call costs what a hand-written
-`dispatch.call(...)` line costs (plus one `torch.is_grad_enabled()` for a differentiable op).
+becomes the public function, generated so that no argument binding happens at call time and a call
+with a kept plan replays it inline (`dispatch.entry`), before any other Python call (but one
+`torch.is_grad_enabled()` for a differentiable op).
 """
 
 from __future__ import annotations
@@ -84,13 +85,16 @@ class OpDef:
     custom_ops: tuple[CustomOp, ...] = ()
     example: Callable[..., tuple[tuple, dict[str, Any]]] | None = None
     function: Callable[..., Any] = field(init=False, repr=False, compare=False)
+    key: Callable[..., tuple] = field(init=False, repr=False, compare=False)  # a call's plan key (`dispatch.entry`)
     defaults: dict[str, Any] = field(init=False, repr=False, compare=False)  # every option's default, in order
 
     def __post_init__(self) -> None:
         params = inspect.signature(self.stub).parameters
         object.__setattr__(self, "defaults", {n: p.default for n, p in params.items()
                                               if n not in self.tensors and n != BACKEND_ARG})
-        object.__setattr__(self, "function", _generate(self))
+        function, key = _generate(self)
+        object.__setattr__(self, "function", function)
+        object.__setattr__(self, "key", key)
 
     @property
     def name(self) -> str:
@@ -124,13 +128,14 @@ def _with_gradient(*args: Any) -> Any:
     return call_with_gradient(*args)
 
 
-def _generate(op: OpDef) -> Callable[..., Any]:
-    """The public function of `op`: the stub's signature, defaults, annotations and docstring, with
-    the body `return call(name, (tensors...), {options...}, backend)` compiled from source so that no
-    argument binding happens at call time. A differentiable op first asks `torch.is_grad_enabled()`
-    (the inference path's only extra cost) and, when an input requires grad, runs through its custom
-    op so that autograd records the call."""
-    from .dispatch import call  # dispatch looks ops up here: imported when the first op is defined
+def _generate(op: OpDef) -> tuple[Callable[..., Any], Callable[..., tuple]]:
+    """The public function of `op` and its plan key (`dispatch.entry`). The function has the stub's
+    signature, defaults, annotations and docstring, and a body compiled from source so that no argument
+    binding happens at call time: a differentiable op first asks `torch.is_grad_enabled()` and, when an
+    input requires grad, runs through its custom op so that autograd records the call; then the kept
+    plan of the call's key, if any, is launched inline; else `call(name, (tensors...), {options...},
+    backend)` validates, selects and keeps the plan."""
+    from .dispatch import call, entry  # dispatch looks ops up here: imported when the first op is defined
 
     params = inspect.signature(op.stub).parameters
     unknown = [t for t in (*op.tensors, BACKEND_ARG) if t not in params]
@@ -144,25 +149,26 @@ def _generate(op: OpDef) -> Callable[..., Any]:
         elif p.kind not in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY):
             raise InvalidInputError(f"define: {op.name}'s argument {p.name} must be a plain or keyword-only one")
         source.append(p.name if p.default is p.empty else f"{p.name}=_defaults[{p.name!r}]")
+    optional = tuple(t for t in op.tensors if params[t].default is None)
+    sequences = tuple(n for n, d in op.defaults.items() if isinstance(d, (tuple, list)))
+    replay = entry(op.name, op.tensors, optional, tuple(op.defaults), sequences)
     options = ", ".join(f"{n!r}: {n}" for n in op.defaults)  # the order `OpDef.options` gives too
     tensors = "".join(f"{t}, " for t in op.tensors)
     # The stub's module globals too, so that `typing.get_type_hints` resolves the copied annotations.
-    namespace = {**op.stub.__globals__, "_call": call, "_defaults": {n: p.default for n, p in params.items()},
-                 "_grad_enabled": torch.is_grad_enabled, "_requires_grad": requires_grad, "_with_gradient": _with_gradient}
+    namespace = {**op.stub.__globals__, **replay.namespace, "_call": call,
+                 "_defaults": {n: p.default for n, p in params.items()}, "_grad_enabled": torch.is_grad_enabled,
+                 "_requires_grad": requires_grad, "_with_gradient": _with_gradient}
     arguments = f"{op.name!r}, ({tensors}), {{{options}}}, {BACKEND_ARG}"
     grad = (f"    if _grad_enabled() and _requires_grad({tensors}):\n        return _with_gradient({arguments})\n"
             if op.differentiable else "")
-    exec(f"def {op.name}({', '.join(source)}):\n{grad}    return _call({arguments})\n", namespace)
+    exec(f"def {op.name}({', '.join(source)}):\n{grad}{replay.body}    return _call({arguments})\n", namespace)
     fn = namespace[op.name]
     fn.__doc__, fn.__annotations__ = op.stub.__doc__, dict(op.stub.__annotations__)
     fn.__module__, fn.__qualname__ = "quantcore.ops", op.name
-    return fn
+    return fn, replay.key
 
 
 _ops: dict[str, OpDef] = {}
-# Per defined op, the positions among its options of those whose default is a sequence (block_size):
-# the dispatcher's plan key adds their elements' types.
-SEQUENCE_OPTIONS: dict[str, tuple[int, ...]] = {}
 
 
 def register_op(op: OpDef) -> OpDef:
@@ -173,7 +179,6 @@ def register_op(op: OpDef) -> OpDef:
     if op.name in _ops:
         raise InvalidInputError(f"register_op: an op named {op.name!r} is already defined")
     _ops[op.name] = op
-    SEQUENCE_OPTIONS[op.name] = tuple(i for i, d in enumerate(op.defaults.values()) if isinstance(d, (tuple, list)))
     return op
 
 
@@ -182,7 +187,6 @@ def unregister_op(op: OpDef) -> None:
     if _ops.get(op.name) is not op:
         raise InvalidInputError(f"unregister_op: {op.name!r} is not this registered op")
     del _ops[op.name]
-    del SEQUENCE_OPTIONS[op.name]
 
 
 def get(name: str) -> OpDef:

@@ -319,3 +319,66 @@ def test_a_composed_quant_linear_passes_the_leading_dims_on_only_when_given(gen)
     assert with_lead(x, w, w_s).shape == (2, 3, 40) and with_lead.by_address
     viewed = prepared_quant_linear(quantizer(True), scaled_mm, x, w, w_s, lead=(2, 3), **kw)
     assert viewed(x.view(2, 3, 256), w, w_s).shape == (2, 3, 40) and viewed.by_address
+
+
+def _counting(monkeypatch):
+    """Calls of the dispatcher's full path (`dispatch._plan`), counted: 0 for a call its op's public
+    function replayed from a kept plan inline."""
+    calls = []
+    real = dispatch._plan
+
+    def counted(*args):
+        calls.append(args[0])
+        return real(*args)
+    monkeypatch.setattr(dispatch, "_plan", counted)
+    return calls
+
+
+@pytest.mark.parametrize("call", ["act_quant", "scaled_mm bias", "weight_dequant list", "quant_linear"])
+def test_a_repeated_call_is_replayed_inline(gen, monkeypatch, call):
+    """The key an op's public function computes inline (`dispatch.entry`) is the one its plan was kept
+    under: a second call of the same signature never reaches the full path, and computes what a fresh
+    one does. A list block_size (the custom ops' schema passes lists) is kept too."""
+    w, w_s = ops.weight_quant(randn((40, 256), gen=gen))
+    bias = randn((40,), gen=gen)
+
+    def run(x):
+        if call == "act_quant":
+            return ops.act_quant(x)
+        if call == "scaled_mm bias":
+            return ops.scaled_mm(*ops.act_quant(x), w, w_s, bias=bias)
+        if call == "weight_dequant list":
+            return ops.weight_dequant(w, w_s, block_size=[128, 128])
+        return ops.quant_linear(x, w, w_s)
+
+    calls = _counting(monkeypatch)
+    run(randn((3, 256), gen=gen))
+    assert calls  # the first call takes the full path
+    calls.clear()
+    x = randn((3, 256), gen=gen)
+    got = run(x)
+    assert calls == []
+    assert same(got, fresh(run, x))
+
+
+@pytest.mark.parametrize("case", ["check_finite", "subclass", "backend list", "other dtype"])
+def test_what_is_not_kept_or_differs_takes_the_full_path(gen, monkeypatch, case):
+    """Calls that must be validated again reach the full path on every call: check_finite, tensor
+    subclasses, a signature of its own; a priority list as `backend` is kept under its own key."""
+    x = randn((2, 256), gen=gen)
+    ops.act_quant(x)
+
+    class Sub(torch.Tensor):
+        pass
+
+    calls = _counting(monkeypatch)
+    for _ in range(2):
+        if case == "check_finite":
+            ops.act_quant(x, check_finite=True)
+        elif case == "subclass":
+            ops.act_quant(x.as_subclass(Sub))
+        elif case == "backend list":
+            ops.act_quant(x, backend=["torch"])
+        else:
+            ops.act_quant(x.half())
+    assert len(calls) == (1 if case in ("backend list", "other dtype") else 2)

@@ -24,18 +24,19 @@ DEFAULT_PRIORITY: dict[str, tuple[str, ...]] = {
 }
 
 # A context variable, not a thread-local: each thread and each asyncio task sees its own `priority` blocks.
-_priority: contextvars.ContextVar[tuple[str, ...] | None] = contextvars.ContextVar("quantcore_priority", default=None)
+# Set only by `priority`; read by `priority_state` and, for its plan key, by `quantcore.dispatch`.
+priority_context: contextvars.ContextVar[tuple[str, ...] | None] = contextvars.ContextVar("quantcore_priority", default=None)
 
 
 @contextlib.contextmanager
 def priority(*backends: str) -> Iterator[None]:
     """Within the block, automatic selection tries `backends` in this order (reference last)."""
     check_names(backends, "priority")
-    token = _priority.set(tuple(backends))
+    token = priority_context.set(tuple(backends))
     try:
         yield
     finally:
-        _priority.reset(token)
+        priority_context.reset(token)
 
 
 def check_names(names: Sequence, argument: str = "backend") -> None:
@@ -53,7 +54,7 @@ def check_names(names: Sequence, argument: str = "backend") -> None:
 def priority_state() -> tuple:
     """What `current_priority` reads besides the query (context and environment): part of the key
     under which `quantcore.dispatch` keeps validated plans."""
-    return _priority.get(), capability.environment(PRIORITY_ENV)
+    return priority_context.get(), capability.environment(PRIORITY_ENV)
 
 
 def current_priority(query: Query) -> tuple[str, ...]:
