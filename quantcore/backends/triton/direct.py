@@ -78,6 +78,10 @@ def enabled() -> bool:
             and _installed_supported())
 
 
+_data_ptr = torch.Tensor.data_ptr
+# Looked up once, not per launch (absent from CPU builds, where nothing launches directly).
+_current_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
 _KERNEL_VIEW = {torch.bfloat16: torch.int16, torch.float8_e4m3fn: torch.uint8}
 
 
@@ -109,13 +113,12 @@ class Launcher:
     def __call__(self, *args: Any) -> None:
         if self._raw is not None:
             n = self._tensors
-            leading = map(torch.Tensor.data_ptr, args[:n]) if self._encoded is None else self._addresses(args[:n])
-            self._raw(*self.grid, torch._C._cuda_getCurrentRawStream(self.device), *self._head, *leading,
-                      *args[n:], *self._tail)
+            leading = map(_data_ptr, args[:n]) if self._encoded is None else self._addresses(args[:n])
+            self._raw(*self.grid, _current_stream(self.device), *self._head, *leading, *args[n:], *self._tail)
             return
         described = self._described(args) if self.descriptors else args
         if self._run is not None:
-            self._run(*self.grid, torch._C._cuda_getCurrentRawStream(self.device), self._function, self._packed,
+            self._run(*self.grid, _current_stream(self.device), self._function, self._packed,
                       None, None, None, *described, *self._tail)
             return
         compiled = self.fn[self.grid](*map(_kernel_view, described), **self.constants)

@@ -13,6 +13,7 @@ kernel), and returns the per-call part: allocate the outputs, launch.
 from __future__ import annotations
 
 import functools
+from typing import Callable
 
 import torch
 import triton
@@ -68,14 +69,15 @@ def _nothing(*_tensors) -> None:
     """The launch of an empty tensor."""
 
 
-def _blocks_quantizer(src, src_scale, outputs, *, block, ue8m0, eps, activation, profile):
-    """A function (src, src_scale) -> outputs() (fresh q and scale) holding src quantized per
-    block[0]×block[1] (dequantized first with src_scale when src is itself quantized, src_scale None
-    otherwise), `activation` applied in between, for tensors laid out as these."""
-    q, scale = outputs()
+def _blocks_quantizer(src, src_scale, new_q, new_scale, *, block, ue8m0, eps, activation, profile):
+    """A function (src, src_scale=None) -> (new_q(), new_scale()), fresh q and scale holding src quantized
+    per block[0]×block[1] (dequantized first with src_scale when src is itself quantized, src_scale None
+    otherwise), `activation` applied in between, for tensors laid out as these. Its arguments' names are
+    not the contract's: each op's run passes them on."""
+    q, scale = new_q(), new_scale()
     R, C = src.shape
     if src.numel() == 0:
-        return by_address(lambda src, src_scale: outputs())
+        return by_address(lambda src, src_scale=None: (new_q(), new_scale()))
     t = configs.block_tiling(R, C, block[0], block[1], profile)
     ss = src if src_scale is None else src_scale
     launch = Launcher(block_quant_kernel, t.grid, dict(
@@ -84,11 +86,17 @@ def _blocks_quantizer(src, src_scale, outputs, *, block, ue8m0, eps, activation,
         num_warps=t.num_warps), src.device)
     scalars = (R, C, src.stride(0), ss.stride(0), ss.stride(-1), q.stride(0), scale.stride(0), scale.stride(1), eps)
 
-    def run(src, src_scale):
-        q, scale = outputs()
+    # The allocators called here, not through a function returning both: a replay runs this alone.
+    def run(src, src_scale=None):
+        q, scale = new_q(), new_scale()
         launch(src, src if src_scale is None else src_scale, q, scale, *scalars)
         return q, scale
     return by_address(run)
+
+
+def _transposed(new: Callable[[], torch.Tensor]) -> torch.Tensor:
+    """The transpose of a fresh tensor from the allocator `new` (an M-major scale's buffer)."""
+    return new().t()
 
 
 def _blocks_dequantizer(q, scale, *, block, out_dtype, profile):
@@ -122,13 +130,11 @@ def act_quant(x, *, qdtype, group_size, ue8m0, eps, scale_m_major, profile):
 
     new_q, new_scale = allocator((M, K), qdtype, device), allocator((kb, M) if scale_m_major else (M, kb),
                                                                      torch.float32, device)
-
-    def outputs():
-        return new_q(), new_scale().t() if scale_m_major else new_scale()
-
-    quantize = _blocks_quantizer(x, None, outputs, block=(1, group_size), ue8m0=ue8m0, eps=eps,
+    if scale_m_major:
+        new_scale = functools.partial(_transposed, new_scale)
+    quantize = _blocks_quantizer(x, None, new_q, new_scale, block=(1, group_size), ue8m0=ue8m0, eps=eps,
                                  activation="none", profile=profile)
-    return by_address(lambda x: quantize(x, None))
+    return by_address(lambda x: quantize(x))  # the contract's name for the argument
 
 
 @prepared
@@ -151,13 +157,9 @@ def weight_quant(w, *, qdtype, block_n, block_k, ue8m0, eps, profile):
 
     new_q = allocator((N, K), qdtype, device)
     new_scale = allocator((triton.cdiv(N, block_n), triton.cdiv(K, block_k)), torch.float32, device)
-
-    def outputs():
-        return new_q(), new_scale()
-
-    quantize = _blocks_quantizer(w, None, outputs, block=(block_n, block_k), ue8m0=ue8m0, eps=eps,
+    quantize = _blocks_quantizer(w, None, new_q, new_scale, block=(block_n, block_k), ue8m0=ue8m0, eps=eps,
                                  activation="none", profile=profile)
-    return by_address(lambda w: quantize(w, None))
+    return by_address(lambda w: quantize(w))
 
 
 @prepared
@@ -180,11 +182,7 @@ def quantized_gelu(q, scale, *, group_size, approximate, out_qdtype, ue8m0, eps,
 
     new_q, new_scale = allocator((M, K), out_qdtype, device), allocator((M, triton.cdiv(K, group_size)),
                                                                          torch.float32, device)
-
-    def outputs():
-        return new_q(), new_scale()
-
-    quantize = _blocks_quantizer(q, scale, outputs, block=(1, group_size), ue8m0=ue8m0, eps=eps,
+    quantize = _blocks_quantizer(q, scale, new_q, new_scale, block=(1, group_size), ue8m0=ue8m0, eps=eps,
                                  activation="gelu_tanh" if approximate == "tanh" else "gelu", profile=profile)
     return by_address(lambda q, scale: quantize(q, scale))
 
