@@ -105,10 +105,10 @@ def spy_triton_gemms(monkeypatch) -> list[dict]:
 
     seen, real = [], launch.Launcher
 
-    def recording(kernel, grid, constants, device, descriptors=None):
+    def recording(kernel, grid, constants, device, descriptors=None, fixed=()):
         if kernel in (launch.block_scaled_mm_kernel, launch.decode_mm_kernel):
             seen.append(constants)
-        return real(kernel, grid, constants, device, descriptors)
+        return real(kernel, grid, constants, device, descriptors, fixed)
     monkeypatch.setattr(launch, "Launcher", recording)
     return seen
 

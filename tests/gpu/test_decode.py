@@ -9,13 +9,13 @@ Run on a GPU machine: `python3 -m pytest -m gpu tests/gpu`.
 from __future__ import annotations
 
 import contextlib
+import itertools
 
 import pytest
 import torch
 
 import quantcore
 from quantcore import ops, registry
-from quantcore.specs.base import keep
 from quantcore.specs.tolerances import gemm_tolerance, rel_error
 
 from test_parity import FMTS, rand, run
@@ -120,8 +120,8 @@ def test_a_captured_quant_linear_runs_act_quant_then_the_gemm(monkeypatch, m, ge
     x = rand((m, 3072), seed=8)
     calls, real = [], launch.Launcher
 
-    def recording(kernel, grid, constants, device, descriptors=None):
-        inner = real(kernel, grid, constants, device, descriptors)
+    def recording(kernel, grid, constants, device, descriptors=None, fixed=()):
+        inner = real(kernel, grid, constants, device, descriptors, fixed)
 
         def call(*args):
             calls.append((kernel.fn.__name__, constants.get("ONCE", False)))
@@ -176,7 +176,7 @@ def test_layer_eagerly_and_in_a_cuda_graph_is_the_op(qdtype, k, n, batches):
             assert torch.equal(out, op())
             # The replay takes x [B, 1, K] itself (no flattening view) and returns [B, 1, N] (no reshape).
             plan = layer._site._plan
-            assert plan.direct == 4 and plan.finish is keep
+            assert plan.direct == 4 and plan.finish is None  # the results as the launch returns them
 
 
 def test_direct_and_jit_launches_compute_the_same(monkeypatch):
@@ -214,13 +214,14 @@ def test_launcher_goes_direct_after_its_first_call(monkeypatch):
         tl.store(y_ptr + offs, tl.load(x_ptr + offs, mask=offs < n) * scale + 1, mask=offs < n)
 
     x = torch.arange(1000, device="cuda", dtype=torch.float32)
-    for mode, goes_direct in (("1", True), ("0", False)):
+    for (mode, goes_direct), fixed in itertools.product((("1", True), ("0", False)), ((), (1000, 2.5))):
         monkeypatch.setenv(direct.DIRECT_ENV, mode)
-        launcher = direct.Launcher(add_one, (8,), dict(BLOCK=128, num_warps=4), x.device)
+        # The trailing scalars given on every call, or fixed once (`fixed`).
+        launcher = direct.Launcher(add_one, (8,), dict(BLOCK=128, num_warps=4), x.device, fixed=fixed)
         for stream in (torch.cuda.current_stream(), torch.cuda.Stream(), torch.cuda.current_stream()):
             with torch.cuda.stream(stream):  # each launch on the stream current then
                 y = torch.full_like(x, -1.0)
-                launcher(x, y, 1000, 2.5)
+                launcher(x, y, *(() if fixed else (1000, 2.5)))
                 assert torch.equal(y, x * 2.5 + 1)
         assert launcher.direct is goes_direct
         # Straight to the C launcher where the Triton version's is known (no scratch, no descriptors here).

@@ -98,14 +98,18 @@ class Launcher:
     options (num_warps, ...). The compiled kernel already knows the tensors' element types, so direct
     launches pass tensors as they are; JIT launches see bf16/FP8 tensors as their integer bits.
     `descriptors`: argument position -> a function making the TMA descriptor of the tensor (or None,
-    passed on as None) the caller gives at that position (see the module docstring)."""
+    passed on as None) the caller gives at that position (see the module docstring). `fixed`: the
+    trailing non-constexpr arguments that the plan fixes (sizes, strides, eps, and tensors it keeps:
+    workspaces), given after the caller's on every launch: a direct launch passes them on with the
+    constexprs' values in one tuple, tensors as their addresses, where a caller's
+    `launch(*tensors, *scalars)` built and split a longer one each time."""
 
-    __slots__ = ("fn", "grid", "constants", "device", "descriptors", "_run", "_function", "_packed", "_tail", "_raw",
-                 "_head", "_tensors", "_encoded")
+    __slots__ = ("fn", "grid", "constants", "device", "descriptors", "fixed", "_run", "_function", "_packed",
+                 "_tail", "_raw", "_head", "_tensors", "_encoded", "_rest")
 
     def __init__(self, fn, grid: tuple[int, ...], constants: dict[str, Any], device: torch.device,
-                 descriptors: dict[int, Any] | None = None):
-        self.fn, self.constants, self.descriptors = fn, constants, descriptors or {}
+                 descriptors: dict[int, Any] | None = None, fixed: tuple = ()):
+        self.fn, self.constants, self.descriptors, self.fixed = fn, constants, descriptors or {}, tuple(fixed)
         self.grid = (tuple(grid) + (1, 1))[:3]
         self.device = device.index if device.index is not None else 0
         self._run = self._raw = self._encoded = None
@@ -114,8 +118,9 @@ class Launcher:
         if self._raw is not None:
             n = self._tensors
             leading = map(_data_ptr, args[:n]) if self._encoded is None else self._addresses(args[:n])
-            self._raw(*self.grid, _current_stream(self.device), *self._head, *leading, *args[n:], *self._tail)
+            self._raw(*self.grid, _current_stream(self.device), *self._head, *leading, *args[n:], *self._rest)
             return
+        args += self.fixed
         described = self._described(args) if self.descriptors else args
         if self._run is not None:
             self._run(*self.grid, _current_stream(self.device), self._function, self._packed,
@@ -169,6 +174,7 @@ class Launcher:
             self._raw = raw
             self._head = (self._function, self._run.launch_cooperative_grid, self._run.launch_pdl, None, None,
                           self._packed, None, None, None)
+            self._rest = tuple(_data_ptr(a) if isinstance(a, torch.Tensor) else a for a in self.fixed) + self._tail
             # The leading tensor arguments (described ones included), passed as addresses or encoded
             # descriptors (a plan fixes which arguments are tensors).
             self._tensors = next((i for i, a in enumerate(args) if not isinstance(a, torch.Tensor)), nargs)

@@ -236,21 +236,21 @@ def scaled_mm(a, a_scale, b, b_scale, *, block_n, block_k, bias, activation, out
         EPI_ROWS=epi_rows, EPILOGUE_REGS=config.epilogue_regs, num_warps=_WARPS,
         # The promotion is one FMA per element, as the tiled kernel's under Triton 3.6's default (which
         # later versions turn off).
-        enable_fp_fusion=True), a.device, descriptors)
+        enable_fp_fusion=True), a.device, descriptors,
+        fixed=(M, N, K, a_scale.stride(0), a_scale.stride(1), b_scale.stride(0), b_scale.stride(1),
+               0 if bias is None else bias.stride(0), N, triton.cdiv(N, out_group) if out_quant is not None else 0, eps,
+               own_rows // max(epi_rows, 1)))
     # Operands whose base or row stride TMA cannot take (K not a multiple of 16 included) are copied
     # into fresh buffers with rows padded to a multiple of 16 bytes.
     width = triton.cdiv(K, 16) * 16
     copy_a, copy_b = not _aligned(a), not _aligned(b)
-    scalars = (M, N, K, a_scale.stride(0), a_scale.stride(1), b_scale.stride(0), b_scale.stride(1),
-               0 if bias is None else bias.stride(0), N, triton.cdiv(N, out_group) if out_quant is not None else 0, eps,
-               own_rows // max(epi_rows, 1))
 
     def run(a, a_scale, b, b_scale, bias=None):
         out, out_scale = outputs()
         a = _staged(a, width) if copy_a else a
         b = _staged(b, width) if copy_b else b
         launch(a, b, out if tma_out else None, a_scale, b_scale,
-               out if bias is None else _kernel_bias(bias), out, out if out_scale is None else out_scale, *scalars)
+               out if bias is None else _kernel_bias(bias), out, out if out_scale is None else out_scale)
         return _returned(out, out_scale)
     return run
 

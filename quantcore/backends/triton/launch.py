@@ -83,13 +83,13 @@ def _blocks_quantizer(src, src_scale, new_q, new_scale, *, block, ue8m0, eps, ac
     launch = Launcher(block_quant_kernel, t.grid, dict(
         BR=block[0], BC=block[1], RB=t.rb, CB=t.cb, BR_PAD=t.br_pad, BC_PAD=t.bc_pad, SRC=_KIND[src.dtype],
         QFMT=_KIND[q.dtype], UE8M0=bool(ue8m0), ACTIVATION=activation, HW_FP8=_hw_fp8(profile), EVEN=t.even,
-        num_warps=t.num_warps), src.device)
-    scalars = (R, C, src.stride(0), ss.stride(0), ss.stride(-1), q.stride(0), scale.stride(0), scale.stride(1), eps)
+        num_warps=t.num_warps), src.device,
+        fixed=(R, C, src.stride(0), ss.stride(0), ss.stride(-1), q.stride(0), scale.stride(0), scale.stride(1), eps))
 
     # The allocators called here, not through a function returning both: a replay runs this alone.
     def run(src, src_scale=None):
         q, scale = new_q(), new_scale()
-        launch(src, src if src_scale is None else src_scale, q, scale, *scalars)
+        launch(src, src if src_scale is None else src_scale, q, scale)
         return q, scale
     return by_address(run)
 
@@ -107,13 +107,13 @@ def _blocks_dequantizer(q, scale, *, block, out_dtype, profile):
     t = configs.block_tiling(R, C, block[0], block[1], profile)
     launch = Launcher(block_dequant_kernel, t.grid, dict(
         BR=block[0], BC=block[1], RB=t.rb, CB=t.cb, BR_PAD=t.br_pad, BC_PAD=t.bc_pad, QFMT=_KIND[q.dtype],
-        OUT=_KIND[out_dtype], HW_FP8=_hw_fp8(profile), EVEN=t.even, num_warps=t.num_warps), device)
-    scalars = (R, C, q.stride(0), scale.stride(0), scale.stride(1), C)
+        OUT=_KIND[out_dtype], HW_FP8=_hw_fp8(profile), EVEN=t.even, num_warps=t.num_warps), device,
+        fixed=(R, C, q.stride(0), scale.stride(0), scale.stride(1), C))
     new_out = allocator((R, C), out_dtype, device)
 
     def run(q, scale):
         out = new_out()
-        launch(q, scale, out, *scalars)
+        launch(q, scale, out)
         return out
     return by_address(run)
 
@@ -200,13 +200,13 @@ def dequant_bias(g, scale_a, scale_b, bias, *, out_dtype, profile):
     block_m, block_n, warps = configs.tile_2d(M, N, profile)
     launch = Launcher(dequant_bias_kernel, (triton.cdiv(M, block_m), triton.cdiv(N, block_n)), dict(
         G=_KIND[g.dtype], BIAS=_bias_kind(bias), OUT=_KIND[out_dtype],
-        BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps, enable_fp_fusion=False), device)
-    scalars = (M, N, g.stride(0), scale_a.stride(0), scale_b.stride(0), 0 if bias is None else bias.stride(0), N)
+        BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps, enable_fp_fusion=False), device,
+        fixed=(M, N, g.stride(0), scale_a.stride(0), scale_b.stride(0), 0 if bias is None else bias.stride(0), N))
     new_out = allocator((M, N), out_dtype, device)
 
     def run(g, scale_a, scale_b, bias=None):
         out = new_out()
-        launch(g, scale_a, scale_b, g if bias is None else _kernel_bias(bias), out, *scalars)
+        launch(g, scale_a, scale_b, g if bias is None else _kernel_bias(bias), out)
         return out
     return by_address(run) if _native_bias(bias) else run
 
@@ -349,18 +349,18 @@ def _gemm(a, a_scale, b, b_scale, bias, out, out_scale, *, block_n, block_k, act
             return None
         ws, counters, codes, cfg = work
         codes = codes or (out,) * 3
+        a_strides = (a_scale.stride(0), a_scale.stride(1)) if quantized else (0, 0)
         launch = Launcher(decode_mm_kernel, (triton.cdiv(N, cfg.block_n), cfg.split_k), dict(
             constants, A=_KIND[a.dtype], UE8M0_A=bool(a_ue8m0), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
             SPLIT_K=cfg.split_k, STAGES=cfg.num_stages, QROWS=rows, ONCE=once,
             KB_VEC=max(2, triton.next_power_of_2(cfg.kb_per_split)), num_warps=cfg.num_warps,
-            num_stages=cfg.num_stages), a.device)
-        a_strides = (a_scale.stride(0), a_scale.stride(1)) if quantized else (0, 0)
-        scalars = (M, N, K, cfg.kb_per_split, a.stride(0), *a_strides, b.stride(0), b_scale.stride(0),
-                   b_scale.stride(1), bias_stride, out.stride(0), out_scale_stride, eps, eps)
+            num_stages=cfg.num_stages), a.device,
+            fixed=(ws, counters, *codes, M, N, K, cfg.kb_per_split, a.stride(0), *a_strides, b.stride(0),
+                   b_scale.stride(0), b_scale.stride(1), bias_stride, out.stride(0), out_scale_stride, eps, eps))
 
         def decode(a, a_scale, b, b_scale, bias, out, out_scale):
             launch(a, a if a_scale is None else a_scale, b, b_scale, out if bias is None else _kernel_bias(bias), out,
-                   out if out_scale is None else out_scale, ws, counters, *codes, *scalars)
+                   out if out_scale is None else out_scale)
         return by_address(decode) if _native_bias(bias) else decode
 
     constants.update(GROUP_M=_GROUP_M)
@@ -384,15 +384,14 @@ def _gemm(a, a_scale, b, b_scale, bias, out, out_scale, *, block_n, block_k, act
         launch = Launcher(block_scaled_mm_kernel, (tiles, cfg.split_k), dict(
             constants, TMA=tma, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, K_STEP=cfg.k_step,
             BLOCK_KS=cfg.step_k(block_k, tma), SPLIT=cfg.split_k > 1, num_warps=cfg.num_warps,
-            num_stages=cfg.num_stages), a.device, descriptors if tma else None)
-        sizes = (M, N, K, cfg.kb_per_split)
+            num_stages=cfg.num_stages), a.device, descriptors if tma else None,
+            fixed=(M, N, K, cfg.kb_per_split, *scalars))
 
         def run(a, a_scale, b, b_scale, bias, out, out_scale):
             if predecoded:
                 a, b = decode_a(a), decode_b(b)
             launch(a, b, a if tma else None, b if tma else None, a_scale, b_scale,
-                   out if bias is None else _kernel_bias(bias), out, out if out_scale is None else out_scale, *pair,
-                   *sizes, *scalars)
+                   out if bias is None else _kernel_bias(bias), out, out if out_scale is None else out_scale, *pair)
         # Descriptors read the operands' shapes and strides.
         return by_address(run) if not tma and _native_bias(bias) else run
 
@@ -410,13 +409,12 @@ def _fp8_decoder(t, profile):
     (R, C), device = t.shape, t.device
     block_r, block_c, warps = configs.tile_2d(R, C, profile)
     launch = Launcher(fp8_decode_kernel, (triton.cdiv(R, block_r), triton.cdiv(C, block_c)),
-                      dict(BLOCK_R=block_r, BLOCK_C=block_c, num_warps=warps), device)
+                      dict(BLOCK_R=block_r, BLOCK_C=block_c, num_warps=warps), device, fixed=(R, C, t.stride(0)))
     new_out = allocator((R, C), torch.float16, device)
-    scalars = (R, C, t.stride(0))
 
     def decode(t):
         out = new_out()
-        launch(t, out, *scalars)
+        launch(t, out)
         return out
     return decode
 
