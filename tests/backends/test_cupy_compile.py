@@ -33,9 +33,9 @@ QUANT = (
 EPILOGUE = (
     "qc::quantized_gelu_kernel<qc::Fp8E4M3, qc::Int8, false, 16, 8, 1>",
     "qc::quantized_gelu_kernel<qc::Int8, qc::Fp8E4M3, true, 1, 32, 8>",
-    "qc::dequant_bias_kernel<int, __nv_bfloat16, 4>",
-    "qc::dequant_bias_kernel<__nv_bfloat16, float, 8>",
-    "qc::dequant_bias_kernel<float, __half, 1>",
+    "qc::dequant_bias_kernel<int, __nv_bfloat16, float, 4>",
+    "qc::dequant_bias_kernel<__nv_bfloat16, float, __nv_bfloat16, 8>",
+    "qc::dequant_bias_kernel<float, __half, __half, 1>",
 )
 
 MMA_E4M3 = "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32"

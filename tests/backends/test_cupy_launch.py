@@ -45,6 +45,10 @@ def _signature(filename: str, kernel: str) -> list[tuple[str, str]]:
     return out
 
 
+_CTYPES = {"float": torch.float32, "__nv_bfloat16": torch.bfloat16, "__half": torch.float16}
+_BIAS_KINDS = [torch.float32, torch.bfloat16, torch.float16]  # gemm.cu's BiasKind
+
+
 def _decode(kind: str, raw: int):
     if kind == "i32":
         return struct.unpack("<i", struct.pack("<I", raw & 0xFFFFFFFF))[0]
@@ -82,8 +86,12 @@ def launches(monkeypatch):
         addresses = (ctypes.c_uint64 * len(sig)).from_address(kernel_params)
         params = {name: _decode(kind, ctypes.c_uint64.from_address(a).value) for (name, kind), a in zip(sig, addresses)}
         bias = None
-        if params.get("bias"):  # the fp32 bias the kernel would read, while the caller keeps it alive
-            bias = torch.tensor(list((ctypes.c_float * params["N"]).from_address(params["bias"])))
+        if params.get("bias"):  # the bias the kernel would read (as fp32), while the caller keeps it alive
+            dtype = (_BIAS_KINDS[params["bias_kind"]] if "bias_kind" in params
+                     else _CTYPES[re.findall(r"[\w:]+", expr.split("<", 1)[1])[2]])  # dequant_bias's BiasT
+            n, step = params["N"], params["bias_s"]
+            raw = (ctypes.c_uint8 * (((n - 1) * step + 1) * dtype.itemsize)).from_address(params["bias"])
+            bias = torch.frombuffer(bytearray(raw), dtype=dtype)[::step].float()
         seen.append(SimpleNamespace(file=filename, kernel=kernel, expr=expr, grid=(gx, gy, gz), block=(bx, by, bz),
                                     smem=smem, stream=stream, params=params, bias=bias))
         assert extra == 0
@@ -210,10 +218,11 @@ def _addresses(run) -> list[int]:
 
 
 @pytest.mark.parametrize("bias_of", [
-    lambda n, s: _randn(n, seed=s),  # fp32, contiguous: read as it is
-    lambda n, s: _randn(n, dtype=BF16, seed=s),  # converted per call
-    lambda n, s: _randn(2 * n, seed=s)[::2],  # fp32 with a stride: converted per call
-], ids=["fp32", "bf16", "strided"])
+    lambda n, s: _randn(n, seed=s),  # fp32: read as it is
+    lambda n, s: _randn(n, dtype=BF16, seed=s),  # bf16: read as it is
+    lambda n, s: _randn(2 * n, dtype=torch.float16, seed=s)[::2],  # fp16 with a stride: read as it is
+    lambda n, s: _randn(n, dtype=torch.float64, seed=s),  # converted per call
+], ids=["fp32", "bf16", "strided fp16", "fp64"])
 @pytest.mark.parametrize("op", ["scaled_mm", "dequant_bias"])
 def test_bias_is_converted_per_call_only_when_needed(launches, op, bias_of):
     N = 300
@@ -226,7 +235,7 @@ def test_bias_is_converted_per_call_only_when_needed(launches, op, bias_of):
     for seed in (1, 2):
         bias = bias_of(N, seed)
         run(**tensors, bias=bias)
-        as_is = bias.dtype == torch.float32 and bias.is_contiguous()
+        as_is = bias.dtype != torch.float64
         assert (launches[-1].params["bias"] == bias.data_ptr()) == as_is
         assert torch.equal(launches[-1].bias, bias.float())  # this call's bias, never a kept copy
 

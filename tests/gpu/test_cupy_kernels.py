@@ -212,8 +212,10 @@ def test_weight_dequant(prof, nk, out_dtype, qdtype):
 @pytest.mark.parametrize("mn", ((1, 2112), (64, 7168), (4096, 2048), (33, 1001)))
 @pytest.mark.parametrize("gdtype", (torch.bfloat16, torch.float16, torch.float32, torch.int32))
 @pytest.mark.parametrize("out_dtype", (torch.bfloat16, torch.float32))
-@pytest.mark.parametrize("bias_dtype", (None, torch.bfloat16, torch.float32))
+@pytest.mark.parametrize("bias_dtype", (None, torch.bfloat16, torch.float32, torch.float16, torch.float64, "strided"))
 def test_dequant_bias(prof, mn, gdtype, out_dtype, bias_dtype):
+    """Biases of every float dtype the kernel reads as it is (bf16, fp32, fp16; "strided": bf16 at stride 2),
+    and one it converts per call (fp64)."""
     M, N = mn
     if gdtype == torch.int32:
         g = torch.randint(-2**20, 2**20, mn, device="cuda", dtype=torch.int32)
@@ -221,7 +223,10 @@ def test_dequant_bias(prof, mn, gdtype, out_dtype, bias_dtype):
         g = _randn(mn, gdtype, seed=N)
     sa = _randn((M, 1), seed=1)[:, 0].abs()
     sb = _randn((1, 2 * N), seed=2)[0, ::2].abs()  # strided per-channel scales
-    bias = None if bias_dtype is None else _randn((1, N), bias_dtype, seed=3)[0]
+    if bias_dtype == "strided":
+        bias = _randn((1, 2 * N), torch.bfloat16, seed=3)[0, ::2]
+    else:
+        bias = None if bias_dtype is None else _randn((1, N), bias_dtype, seed=3)[0]
     for gin in (g, _misaligned(g)):
         out = launch.dequant_bias(gin, sa, sb, bias, out_dtype=out_dtype, profile=_profile(prof))
         assert_same(out, ref.dequant_bias(gin, sa, sb, bias, out_dtype=out_dtype))
@@ -327,7 +332,7 @@ def test_scaled_mm_decode_tails(prof, M, case, qdtype):
 
 EPILOGUES = (
     dict(bias=torch.bfloat16, activation="gelu", out_dtype=torch.bfloat16),
-    dict(bias=torch.float32, activation="gelu_tanh", out_dtype=torch.float16),
+    dict(bias=torch.float16, activation="gelu_tanh", out_dtype=torch.float16),  # at stride 2
     dict(bias=None, activation="silu", out_quant=FP8, out_group=128, ue8m0_out=True),
     dict(bias=torch.float32, activation=None, out_quant=I8, out_group=4),
 )
@@ -348,7 +353,8 @@ def test_scaled_mm_epilogues(prof, mnk, qdtype, epi):
     a, a_s, b, b_s = _gemm_inputs(M, N, K, qdtype, block, seed=M)
     spec = dict(EPILOGUES[epi])
     if spec["bias"] is not None:
-        spec["bias"] = _randn((1, N), spec["bias"], seed=5)[0]
+        stride = 2 if spec["bias"] == torch.float16 else 1
+        spec["bias"] = _randn((1, stride * N), spec["bias"], seed=5)[0, ::stride]
     out = _mm(a, a_s, b, b_s, _cupy_mm(prof), block, **spec)
     expect = _mm(a, a_s, b, b_s, ref.scaled_mm, block, **spec)
     if spec.get("out_quant") is None:

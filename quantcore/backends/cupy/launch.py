@@ -45,6 +45,7 @@ _CTYPE = {torch.float32: "float", torch.bfloat16: "__nv_bfloat16", torch.float16
 _QTYPE = {torch.float8_e4m3fn: "qc::Fp8E4M3", torch.int8: "qc::Int8"}
 _ACTIVATION = {None: 0, "gelu": 1, "gelu_tanh": 2, "silu": 3}
 _OUT_KIND = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2, torch.float8_e4m3fn: 3, torch.int8: 4}
+_BIAS_KIND = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}  # gemm.cu's BiasKind: read as they are
 MMA_KIND = {"fp8": 0, "int8": 1, "fp16": 2}  # gemm.cu's MmaKind: e4m3, s8, e4m3 expanded to fp16
 _MMA_READS = {"fp8": torch.float8_e4m3fn, "int8": torch.int8, "fp16": torch.float8_e4m3fn}
 _A_TYPE = {torch.float32: "float", torch.bfloat16: "__nv_bfloat16", torch.float16: "__half"}
@@ -102,10 +103,23 @@ def _address(t: torch.Tensor | None) -> int:
     return 0 if t is None else t.data_ptr()
 
 
-def _fp32_bias(bias: torch.Tensor | None) -> bool:
-    """Whether the kernels can read `bias` as it is (absent, or fp32 with unit stride); otherwise each
-    call converts it (`bias.to(torch.float32).contiguous()`): it is an input of every call, never kept."""
-    return bias is None or (bias.dtype == torch.float32 and (bias.shape[0] <= 1 or bias.stride(0) == 1))
+def _native_bias(bias: torch.Tensor | None) -> bool:
+    """Whether the kernels read `bias` as it is (absent, or fp32/bf16/fp16 at any stride); otherwise each
+    call converts it (`_converted`). Converting a bf16 bias took a second launch per call, as long as
+    the GEMM's own at decode sizes (docs/performance.md, round 17)."""
+    return bias is None or bias.dtype in _BIAS_KIND
+
+
+def _converted(bias: torch.Tensor) -> torch.Tensor:
+    """A bias of another float dtype as the kernels read it: fp32, contiguous (`_bias_layout`)."""
+    return bias.to(torch.float32).contiguous()
+
+
+def _bias_layout(bias: torch.Tensor | None) -> tuple[torch.dtype, int]:
+    """(the dtype the kernels read `bias` as, its stride), `_converted`'s where it is not native."""
+    if bias is None:
+        return torch.float32, 0
+    return (bias.dtype, bias.stride(0)) if _native_bias(bias) else (torch.float32, 1)
 
 
 def _quantizer(kernel_file: str, expr_head: str, src_args: tuple, tail_args: tuple, shape: tuple[int, int],
@@ -272,17 +286,18 @@ def dequant_bias(g, scale_a, scale_b, bias, *, out_dtype, profile):
         ldg = _row_stride(g)
         vec = _vector_width(16 // g.element_size(), (N, ldg), (g,))
         grid, threads = _rowwise_grid(M, N // vec)
-        launch = _kernel("epilogue.cu", f"qc::dequant_bias_kernel<{_CTYPE[g.dtype]}, {_CTYPE[out_dtype]}, {vec}>",
-                         profile, device, grid, threads,
+        bias_dtype, bias_s = _bias_layout(bias)
+        launch = _kernel("epilogue.cu", f"qc::dequant_bias_kernel<{_CTYPE[g.dtype]}, {_CTYPE[out_dtype]}, "
+                         f"{_CTYPE[bias_dtype]}, {vec}>", profile, device, grid, threads,
                          (POINTER, i64(ldg), POINTER, i64(scale_a.stride(0)), POINTER, i64(scale_b.stride(0)),
-                          POINTER, POINTER, i64(N), i32(M), i32(N)))
-    as_is = _fp32_bias(bias)
+                          POINTER, i64(bias_s), POINTER, i64(N), i32(M), i32(N)))
+    as_is = _native_bias(bias)
     new_out = allocator((M, N), out_dtype, device)
 
     def run(g, scale_a, scale_b, bias=None):
         out = new_out()
         if not as_is:
-            bias = bias.to(torch.float32).contiguous()
+            bias = _converted(bias)
         launch(g.data_ptr(), scale_a.data_ptr(), scale_b.data_ptr(), _address(bias), out.data_ptr())
         return out
     # A bias converted per call is read as a tensor.
@@ -401,11 +416,11 @@ def gemm_kernel_name(mma: str, tile: GemmTile, stages: int, aligned: bool, a_typ
             f"{'true' if aligned else 'false'}, {'true' if once else 'false'}>")
 
 
-def _gemm(a, a_scale, b, b_scale, *, block_n, block_k, activation, out_kind, out_group, ue8m0_out, eps,
+def _gemm(a, a_scale, b, b_scale, bias, *, block_n, block_k, activation, out_kind, out_group, ue8m0_out, eps,
           mma, profile, a_quant: tuple[float, bool] | None = None, once: bool = False) -> Callable[..., None] | None:
-    """The gemm.cu launch for operands laid out as these and an output of dtype `out_kind` (re-quantized
-    per 1 x out_group when 8-bit): a function of the addresses of a, a_scale, b, b_scale, bias (0:
-    none), out and out's scale (0: none). With `a_quant` (act_quant's eps and ue8m0) `a` is a float
+    """The gemm.cu launch for operands (and a bias: None, or as `_bias_layout` reads it) laid out as these
+    and an output of dtype `out_kind` (re-quantized per 1 x out_group when 8-bit): a function of the
+    addresses of a, a_scale, b, b_scale, bias (0: none), out and out's scale (0: none). With `a_quant` (act_quant's eps and ue8m0) `a` is a float
     activation that the kernel quantizes (a_scale unused): in each program's prologue, None where its
     codes would not fit in shared memory beside the weight stages of the unfused kernel; or `once` per
     launch into a workspace (M <= 64, one row tile), None where that workspace cannot be had (it
@@ -442,9 +457,10 @@ def _gemm(a, a_scale, b, b_scale, *, block_n, block_k, activation, out_kind, out
                     or stages < gemm_stages(tile, profile.smem_per_block)[0]):
         return None  # the activation's codes would not fit, or would leave less weight in flight
     as_strides = (0, 0) if a_scale is None else a_scale.stride()
+    bias_dtype, bias_s = _bias_layout(bias)
     args = (POINTER, i64(lda), POINTER, i64(as_strides[0]), i64(as_strides[1]),
             POINTER, i64(ldb), POINTER, i64(b_scale.stride(0)), i64(b_scale.stride(1)),
-            POINTER, POINTER, i64(N), POINTER, i64(math.ceil(N / out_group) if requant else 0), i64(1),
+            POINTER, i64(bias_s), i32(_BIAS_KIND[bias_dtype]), POINTER, i64(N), POINTER, i64(math.ceil(N / out_group) if requant else 0), i64(1),
             i64(_address(ws)), i64(_address(counters)), *(i64(_address(t)) for t in codes or (None,) * 3),
             i32(M), i32(N), i32(K), i32(block_n), i32(block_k), i32(kb_per_split * block_k),
             i32(_ACTIVATION[activation]), i32(_OUT_KIND[out_kind]), i32(out_group or 1), i32(bool(ue8m0_out)),
@@ -473,16 +489,16 @@ def scaled_mm(a, a_scale, b, b_scale, *, block_n, block_k, bias, activation, out
     rows = (M,) if lead is None else tuple(lead)
     out_kind = out_dtype if out_quant is None else out_quant
     groups = math.ceil(N / out_group) if out_quant is not None else 0
-    launch = _gemm(a, a_scale, b, b_scale, block_n=block_n, block_k=block_k, activation=activation,
+    launch = _gemm(a, a_scale, b, b_scale, bias, block_n=block_n, block_k=block_k, activation=activation,
                    out_kind=out_kind, out_group=out_group, ue8m0_out=ue8m0_out, eps=eps, mma=mma, profile=profile)
-    as_is = _fp32_bias(bias)
+    as_is = _native_bias(bias)
     new_out, new_scale = allocator((*rows, N), out_kind, device), allocator((*rows, groups), torch.float32, device)
 
     def run(a, a_scale, b, b_scale, bias=None):
         out = new_out()
         out_scale = new_scale() if groups else None
         if not as_is:
-            bias = bias.to(torch.float32).contiguous()
+            bias = _converted(bias)
         launch(a.data_ptr(), a_scale.data_ptr(), b.data_ptr(), b_scale.data_ptr(), _address(bias), out.data_ptr(),
                _address(out_scale))
         return out if out_scale is None else (out, out_scale)
@@ -504,7 +520,7 @@ def quant_linear(x, w, w_scale, *, block_n, block_k, bias, activation, out_dtype
     (M, K), N = x.shape, w.shape[0]
     fused, once = None, 0 < M <= ONCE_M_MAX and N * K <= ONCE_NK_MAX and M > FUSED_M_MAX
     if 0 < M <= (ONCE_M_MAX if once else FUSED_M_MAX) and block_k <= 128:  # a lane keeps block_k / 8 values
-        fused = _gemm(x, None, w, w_scale, block_n=block_n, block_k=block_k, activation=activation,
+        fused = _gemm(x, None, w, w_scale, bias, block_n=block_n, block_k=block_k, activation=activation,
                       out_kind=out_dtype, out_group=None, ue8m0_out=False, eps=0.0, mma=mma, profile=profile,
                       a_quant=(eps, ue8m0), once=once)
     composed = None if fused and not once else prepared_quant_linear(
@@ -512,13 +528,13 @@ def quant_linear(x, w, w_scale, *, block_n, block_k, bias, activation, out_dtype
         out_dtype=out_dtype, ue8m0=ue8m0, eps=eps, profile=profile, mma=mma, lead=lead)
     if fused is None:
         return composed
-    as_is = _fp32_bias(bias)
+    as_is = _native_bias(bias)
     new_out = allocator((*((M,) if lead is None else lead), N), out_dtype, x.device)
 
     def run(x, w, w_scale, bias=None):
         out = new_out()
         if not as_is:
-            bias = bias.to(torch.float32).contiguous()
+            bias = _converted(bias)
         fused(x.data_ptr(), 0, w.data_ptr(), w_scale.data_ptr(), _address(bias), out.data_ptr(), 0)
         return out
     run = by_address(run) if as_is else run

@@ -38,21 +38,22 @@ quantized_gelu_kernel(const typename Q::storage* __restrict__ q, long long ldq, 
                                                                ue8m0 != 0);
 }
 
-// out[m, n] = fp32(g[m, n]) * sa[m] * sb[n] + bias[n], left to right in fp32, rounded to OutT.
-// bias is fp32 (the launcher converts it) or null. Layout as dequant_kernel: VEC consecutive columns
-// per thread, blockDim.x along a row, blockDim.y over rows.
-template <class G, class OutT, int VEC>
+// out[m, n] = fp32(g[m, n]) * sa[m] * sb[n] + fp32(bias[n]), left to right in fp32, rounded to OutT.
+// bias is fp32, fp16 or bf16 (BiasT; other float dtypes the launcher converts to fp32) at stride bias_s, or
+// null. Layout as dequant_kernel: VEC consecutive columns per thread, blockDim.x along a row, blockDim.y
+// over rows.
+template <class G, class OutT, class BiasT, int VEC>
 __global__ void dequant_bias_kernel(const G* __restrict__ g, long long ldg, const float* __restrict__ sa,
                                     long long sa_s, const float* __restrict__ sb, long long sb_s,
-                                    const float* __restrict__ bias, OutT* __restrict__ out, long long ldo,
-                                    int M, int N) {
+                                    const BiasT* __restrict__ bias, long long bias_s, OutT* __restrict__ out,
+                                    long long ldo, int M, int N) {
   const int n = (blockIdx.x * blockDim.x + threadIdx.x) * VEC;
   if (n >= N) return;
   float colscale[VEC], colbias[VEC];
 #pragma unroll
   for (int j = 0; j < VEC; ++j) {
     colscale[j] = sb[(n + j) * sb_s];
-    colbias[j] = bias ? bias[n + j] : 0.f;
+    colbias[j] = bias ? to_f32(bias[(n + j) * bias_s]) : 0.f;
   }
   for (int m = blockIdx.y * blockDim.y + threadIdx.y; m < M; m += gridDim.y * blockDim.y) {
     const float rowscale = sa[m * sa_s];

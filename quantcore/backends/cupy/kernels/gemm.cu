@@ -32,6 +32,7 @@ namespace qc {
 
 enum MmaKind { kMmaE4M3 = 0, kMmaS8 = 1, kMmaF16 = 2 };
 enum OutKind { kOutF32 = 0, kOutBF16 = 1, kOutF16 = 2, kOutFp8 = 3, kOutInt8 = 4 };
+enum BiasKind { kBiasF32 = 0, kBiasBF16 = 1, kBiasF16 = 2 };  // the float dtypes read as they are
 
 template <bool C, class A, class B> struct Select { typedef A type; };
 template <class A, class B> struct Select<false, A, B> { typedef B type; };
@@ -227,7 +228,9 @@ template <int KIND> struct Mma {
 // ---------------------------------------------------------------- epilogue
 
 struct Epilogue {
-  const float* bias;  // fp32 [N] or null
+  const void* bias;  // [N] of bias_kind at stride bias_s, or null
+  long long bias_s;
+  int bias_kind;
   void* out;
   long long ldo;
   float* out_scale;  // re-quantize only
@@ -287,12 +290,21 @@ template <class Q> __device__ __forceinline__ void requant_chunk(const Epilogue&
   if (m < e.M) store_chunk(static_cast<typename Q::storage*>(e.out) + m * e.ldo, n, e.N, vec, o);
 }
 
+__device__ __forceinline__ float bias_at(const Epilogue& e, int n) {
+  const long long i = n * e.bias_s;
+  switch (e.bias_kind) {
+    case kBiasBF16: return to_f32(static_cast<const __nv_bfloat16*>(e.bias)[i]);
+    case kBiasF16: return to_f32(static_cast<const __half*>(e.bias)[i]);
+    default: return static_cast<const float*>(e.bias)[i];
+  }
+}
+
 // Finishes columns n..n+7 of row m from their fp32 accumulators. Every lane of the warp calls it
 // (re-quantize shuffles), rows >= M and columns >= N included; they write nothing.
 __device__ __forceinline__ void finish_chunk(const Epilogue& e, int m, int n, float (&v)[8]) {
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
-    if (e.bias && n + j < e.N) v[j] = v[j] + e.bias[n + j];
+    if (e.bias && n + j < e.N) v[j] = v[j] + bias_at(e, n + j);
     v[j] = activate(v[j], e.act);
   }
   const bool vec = ((e.N | e.ldo) & 7) == 0 && (reinterpret_cast<u64>(e.out) & 15) == 0;
@@ -457,7 +469,8 @@ template <int KIND, class AT, int BM, int BN, int WM, int WN, int BK, int STAGES
 __global__ void __launch_bounds__(WM * WN * 32)
 gemm_kernel(const AT* __restrict__ a, long long lda, const float* __restrict__ as, long long as_m, long long as_k,
             const u8* __restrict__ b, long long ldb, const float* __restrict__ bs, long long bs_n, long long bs_k,
-            const float* __restrict__ bias, void* __restrict__ out, long long ldo, float* __restrict__ out_scale,
+            const void* __restrict__ bias, long long bias_s, int bias_kind, void* __restrict__ out, long long ldo,
+            float* __restrict__ out_scale,
             long long os_m, long long os_n, float* ws, int* counters, u8* once_q, float* once_s, int* once_flags,
             int M, int N, int K, int block_n, int block_k, int k_split, int act, int out_kind, int out_group,
             int ue8m0_out, float eps, float a_eps, int a_ue8m0) {
@@ -688,7 +701,8 @@ gemm_kernel(const AT* __restrict__ a, long long lda, const float* __restrict__ a
 
   // Finish the tile: from the registers (through shared memory), or, in the last split to count,
   // from the sum of the partials in split order 0, 1, ..., whichever split that is.
-  const Epilogue e{bias, out, ldo, out_scale, os_m, os_n, M, N, act, out_kind, out_group, ue8m0_out, eps};
+  const Epilogue e{bias, bias_s, bias_kind, out, ldo, out_scale, os_m, os_n, M, N, act, out_kind, out_group,
+                   ue8m0_out, eps};
   for (int pass = 0; pass < WM; ++pass) {
     if (splits == 1) {
       stage_rows(pass);
