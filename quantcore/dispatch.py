@@ -186,10 +186,10 @@ def entry(op: str, tensors: tuple[str, ...], optional: tuple[str, ...], options:
     its dtype, shape, strides, device and address mod 16 (None for an absent optional one), each
     option's type (validation tells `128` from `128.0` and `True`, so the key must too) and a sequence
     option's element types (`(128.0, 128)` equals `(128, 128)`), then the options' values (a sequence
-    as a tuple: the custom ops' schema passes lists). It is generated per op as one tuple display:
-    built in a loop over the arguments and options, with a helper per tensor, the key took as long
-    as the rest of a kept plan's dispatch (docs/performance.md, round 17). Calls of tensor subclasses
-    (fake, functional, ...) and with `check_finite` set are never kept."""
+    as a tuple: the custom ops' schema passes lists). It is generated per op as one tuple display, in
+    the op's own function: built by `call` in a loop over the arguments and options, four Python calls
+    deep, it cost a kept act_dequant call 2.6 µs of 12.5 on the H100 host (docs/performance.md, round
+    17). Calls of tensor subclasses (fake, functional, ...) and with `check_finite` set are never kept."""
     signature = "{0}.dtype, {0}.shape, {0}.stride(), {0}.device, {0}.data_ptr() & 15"
     parts = [repr(op), "backend if backend is None or type(backend) is str else _choice_key(backend)", _STATE]
     parts += [f"*((None,) if {t} is None else ({signature.format(t)},))" if t in optional else signature.format(t)
