@@ -45,12 +45,15 @@ def compile_launch(M, N, K, qdtype, out_dtype="bfloat16", bias=None, activation=
     compiled = []
 
     class OfflineLauncher:
-        def __init__(self, fn, grid, constants, device, descriptors):
+        def __init__(self, fn, grid, constants, device, descriptors, fixed=()):
             self.fn, self.grid, self.constants, self.descriptors = fn, grid, dict(constants), descriptors
+            self.fixed = tuple(fixed)
 
         def __call__(self, *args):
-            # The tensors in the descriptors' places, described as `Launcher` describes them.
-            args = [self.descriptors[i](a) if a is not None and i in self.descriptors else a for i, a in enumerate(args)]
+            # The tensors in the descriptors' places, described as `Launcher` describes them; the plan's
+            # fixed arguments after the call's, as `Launcher` appends them.
+            args = [self.descriptors[i](a) if a is not None and i in self.descriptors else a
+                    for i, a in enumerate(args + self.fixed)]
             options = {k: self.constants.pop(k) for k in ("num_warps", "enable_fp_fusion")}
             signature, constants = {}, {}
             for name, arg in zip(self.fn.arg_names, map(_kernel_view, args)):  # typed as the JIT types them
