@@ -201,16 +201,17 @@ def entry(op: str, tensors: tuple[str, ...], optional: tuple[str, ...], options:
     kept += ["not check_finite"] if "check_finite" in options else []
     condition = " and ".join(kept)
     args = f"({''.join(f'{t}, ' for t in tensors)})"
+    # Its locals are underscored: an op's own arguments never are (`opdef` refuses such names).
     body = (f"    if {condition}:\n"
             f"        try:\n"
-            f"            plan = _plans[{key}]\n"
+            f"            _kept = _plans[{key}]\n"
             f"        except _UNKEPT_OR_NEW:\n"
             f"            pass\n"
             f"        else:\n"
-            f"            if plan.direct is None:\n"
-            f"                return _run(plan, {args})\n"
-            f"            out = plan.launch(*{args}[:plan.direct])\n"
-            f"            return out if plan.finish is None else plan.finish(out)\n")
+            f"            if _kept.direct is None:\n"
+            f"                return _run(_kept, {args})\n"
+            f"            _out = _kept.launch(*{args}[:_kept.direct])\n"
+            f"            return _out if _kept.finish is None else _kept.finish(_out)\n")
     namespace = {**_NAMESPACE, "_PLAIN": _PLAIN, "_plans": _plans, "_run": _run, "_choice_key": _choice_key,
                  "_Uncacheable": _Uncacheable, "_UNKEPT_OR_NEW": (*_UNKEPT, KeyError)}
     scope = dict(namespace)

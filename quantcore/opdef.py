@@ -141,6 +141,9 @@ def _generate(op: OpDef) -> tuple[Callable[..., Any], Callable[..., tuple]]:
     unknown = [t for t in (*op.tensors, BACKEND_ARG) if t not in params]
     if unknown:
         raise InvalidInputError(f"define: {op.name} has no argument(s) {unknown}")
+    private = [n for n in params if n.startswith("_")]
+    if private:  # the generated body's own names are underscored
+        raise InvalidInputError(f"define: {op.name}'s argument names {private} start with '_'; rename them")
     source, keyword_only = [], False
     for p in params.values():
         if p.kind is p.KEYWORD_ONLY and not keyword_only:

@@ -25,3 +25,10 @@ def test_a_stub_must_name_its_tensors_and_backend():
         """x -> x."""
     with pytest.raises(InvalidInputError, match=r"toy has no argument\(s\) \['y'\]"):
         OpDef(toy, lambda x: None, ("y",), ("x",), ())
+
+
+def test_argument_names_must_not_clash_with_the_generated_body():
+    def toy(x, *, _kept=1, backend=None):
+        """x -> x."""
+    with pytest.raises(InvalidInputError, match=r"toy's argument names \['_kept'\] start with '_'"):
+        OpDef(toy, lambda x: None, ("x",), ("x",), ())
