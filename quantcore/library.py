@@ -74,10 +74,27 @@ def _refuse_undefined(op: OpDef, custom: CustomOp, tensors: tuple) -> None:
             "torch.no_grad() for inference")
 
 
-def _autograd(op: OpDef, custom: CustomOp, overload: torch._ops.OpOverload) -> Callable[..., Any]:
-    """The op's Autograd kernel. Without an input that requires grad (inference) it goes straight to
-    the kernel below autograd, one Python frame: `torch.library.custom_op`'s wrappers, which did this
-    before, cost ~14 µs more a call on the CPU machine (docs/performance.md, round 11). Otherwise it
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
+def _only_real_below(tensors: tuple) -> bool:
+    """Whether dispatching these arguments below autograd would run the real kernel and nothing else: each
+    tensor a plain one (not fake, functional or another subclass, which the Python key takes) and no
+    dispatch mode active (a mode sees every op below autograd; a TorchScript trace records the op above
+    autograd, test_library checks both)."""
+    for t in tensors:
+        if t is not None and type(t) not in _PLAIN:
+            return False
+    return not torch._C._len_torch_dispatch_stack()
+
+
+def _autograd(op: OpDef, custom: CustomOp, overload: torch._ops.OpOverload,
+              real: Callable[..., Any]) -> Callable[..., Any]:
+    """The op's Autograd kernel. Without an input that requires grad (inference) it calls the real
+    kernel `real` itself where the dispatcher below autograd would run nothing else (`_only_real_below`),
+    saving the redispatch and its second boxing of the arguments into Python, else redispatches:
+    `torch.library.custom_op`'s wrappers, which did this before, cost ~14 µs more a call on the CPU
+    machine (docs/performance.md, round 11). Otherwise it
     records a `torch.autograd.Function` whose backward is the op's `Gradient`; an op without one
     marks its outputs non-differentiable. The dispatcher passes
     a Python kernel only the arguments given: the `Gradient` gets every keyword-only one, the
@@ -114,6 +131,8 @@ def _autograd(op: OpDef, custom: CustomOp, overload: torch._ops.OpOverload) -> C
             if gradient is not None:
                 _refuse_undefined(op, custom, tensors)
             return Function.apply(options, *tensors)
+        if _only_real_below(tensors):
+            return real(*tensors, **options)
         with torch._C._AutoDispatchBelowAutograd():
             return overload(*tensors, **options)
     return kernel
@@ -127,8 +146,9 @@ def _register(op: OpDef, custom: CustomOp) -> torch._ops.OpOverload:
     above it and the fake kernel for tracing. Returns its overload."""
     _LIBRARY.define(custom.name + custom.schema)
     overload = getattr(torch.ops.quantcore, custom.name).default
-    _LIBRARY.impl(custom.name, _real(op, custom), "CompositeExplicitAutograd")
-    _LIBRARY.impl(custom.name, _autograd(op, custom, overload), "Autograd")
+    real = _real(op, custom)
+    _LIBRARY.impl(custom.name, real, "CompositeExplicitAutograd")
+    _LIBRARY.impl(custom.name, _autograd(op, custom, overload, real), "Autograd")
     torch.library.register_fake(overload, custom.fake, lib=_LIBRARY)
     return overload
 

@@ -213,6 +213,40 @@ def test_backend_argument(gen):
     assert all(torch.equal(a, b) for a, b in zip(forced, priority))
 
 
+def test_inference_calls_skip_the_redispatch_only_where_nothing_else_would_run(gen, monkeypatch):
+    """Without an input requiring grad the Autograd kernel calls the real kernel itself, not through a
+    second dispatch, for plain tensors with no dispatch mode or trace active; a dispatch mode and a
+    TorchScript trace still see the op, and its result is the same either way."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    x = randn((3, 260), gen=gen)
+    redispatched = []
+    real = torch._C._AutoDispatchBelowAutograd
+
+    def counting():
+        redispatched.append(1)
+        return real()
+    monkeypatch.setattr(torch._C, "_AutoDispatchBelowAutograd", counting)
+    expected = ops.act_quant(x)
+    assert all(torch.equal(a, b) for a, b in zip(qc.act_quant(x), expected)) and not redispatched
+
+    class Recording(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.seen = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.seen.append(func)
+            return func(*args, **(kwargs or {}))
+
+    with Recording() as mode:
+        got = qc.act_quant(x)
+    assert qc.act_quant.default in mode.seen and redispatched
+    assert all(torch.equal(a, b) for a, b in zip(got, expected))
+    traced = torch.jit.trace(lambda t: qc.act_quant(t)[1], (x,), check_trace=False)
+    assert "quantcore::act_quant" in str(traced.graph)
+
+
 # The loading process imports quantcore alone, with Triton and CuPy unimportable.
 _LOAD_EXPORTED = """
 import sys

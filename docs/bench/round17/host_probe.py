@@ -44,6 +44,10 @@ for be in ("triton", "cupy"):
         f"{be} quant_linear fp8 1x512x1024": lambda be=be: ops.quant_linear(x1k, ws_, wss, backend=be),
         f"{be} quant_linear fp8 1x512x1024 bias": lambda be=be: ops.quant_linear(x1k, ws_, wss, bias512, backend=be),
     })
+qc = torch.ops.quantcore  # the custom ops, grad mode on, no input requiring grad (the Autograd kernel runs)
+cases["custom op act_quant fp8"] = lambda: qc.act_quant(x7)
+cases["custom op scaled_mm fp8 1x512x1024"] = lambda: qc.scaled_mm(qs, ss, ws_, wss, None)
+cases["custom op quant_linear fp8 1x512x1024"] = lambda: qc.quant_linear(x1k, ws_, wss, None)
 cases["torch F.linear bf16 1x4096x4096"] = lambda wb=torch.randn(4096, 4096, device=dev, dtype=torch.bfloat16): torch.nn.functional.linear(x4, wb)
 for fn in cases.values():
     fn(); fn()
