@@ -79,11 +79,11 @@ _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 def _only_real_below(tensors: tuple) -> bool:
     """Whether dispatching these arguments below autograd would run the real kernel and nothing else: each
-    tensor a plain one (not fake, functional or another subclass, which the Python key takes) and no
-    dispatch mode active (a mode sees every op below autograd; a TorchScript trace records the op above
-    autograd, test_library checks both)."""
+    tensor a plain one (not fake, functional or another subclass, which the Python key takes) off the meta
+    device (whose kernel is the fake) and no dispatch mode active (a mode sees every op below autograd; a
+    TorchScript trace records the op above autograd, test_library checks both)."""
     for t in tensors:
-        if t is not None and type(t) not in _PLAIN:
+        if t is not None and (type(t) not in _PLAIN or t.is_meta):
             return False
     return not torch._C._len_torch_dispatch_stack()
 

@@ -245,6 +245,8 @@ def test_inference_calls_skip_the_redispatch_only_where_nothing_else_would_run(g
     assert all(torch.equal(a, b) for a, b in zip(got, expected))
     traced = torch.jit.trace(lambda t: qc.act_quant(t)[1], (x,), check_trace=False)
     assert "quantcore::act_quant" in str(traced.graph)
+    q, s = qc.act_quant(x.to("meta"))  # the meta device's kernel is the fake
+    assert q.device.type == "meta" and s.shape == expected[1].shape
 
 
 # The loading process imports quantcore alone, with Triton and CuPy unimportable.
