@@ -15,8 +15,8 @@ An explicit `backend="triton"` runs that backend or raises `UnsupportedError` wi
 
 from .explain import Candidate, Explanation, explain_query
 from .plugins import Plugin
-from .priorities import (DEFAULT_PRIORITY, PRIORITY_ENV, current_priority, explicit_priority, priority, priority_context,
-                         priority_state, with_reference)
+from .priorities import (DEFAULT_PRIORITY, PRIORITY_ENV, current_priority, explicit_priority, priority,
+                         priority_context, priority_state, with_reference)
 from .query import Query, m_bucket
 from .selection import BackendChoice, NumericsWarning, clear_caches, reset, select
 from .table import (REFERENCE, broken_plugins, compared, epoch, impls, plugin_status, reference, register,

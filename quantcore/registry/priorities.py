@@ -25,7 +25,8 @@ DEFAULT_PRIORITY: dict[str, tuple[str, ...]] = {
 
 # A context variable, not a thread-local: each thread and each asyncio task sees its own `priority` blocks.
 # Set only by `priority`; read by `priority_state` and, for its plan key, by `quantcore.dispatch`.
-priority_context: contextvars.ContextVar[tuple[str, ...] | None] = contextvars.ContextVar("quantcore_priority", default=None)
+priority_context: contextvars.ContextVar[tuple[str, ...] | None] = contextvars.ContextVar("quantcore_priority",
+                                                                                         default=None)
 
 
 @contextlib.contextmanager

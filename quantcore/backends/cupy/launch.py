@@ -420,11 +420,11 @@ def _gemm(a, a_scale, b, b_scale, bias, *, block_n, block_k, activation, out_kin
           mma, profile, a_quant: tuple[float, bool] | None = None, once: bool = False) -> Callable[..., None] | None:
     """The gemm.cu launch for operands (and a bias: None, or as `_bias_layout` reads it) laid out as these
     and an output of dtype `out_kind` (re-quantized per 1 x out_group when 8-bit): a function of the
-    addresses of a, a_scale, b, b_scale, bias (0: none), out and out's scale (0: none). With `a_quant` (act_quant's eps and ue8m0) `a` is a float
-    activation that the kernel quantizes (a_scale unused): in each program's prologue, None where its
-    codes would not fit in shared memory beside the weight stages of the unfused kernel; or `once` per
-    launch into a workspace (M <= 64, one row tile), None where that workspace cannot be had (it
-    would grow while a graph is captured)."""
+    addresses of a, a_scale, b, b_scale, bias (0: none), out and out's scale (0: none). With `a_quant`
+    (act_quant's eps and ue8m0) `a` is a float activation that the kernel quantizes (a_scale unused): in
+    each program's prologue, None where its codes would not fit in shared memory beside the weight stages
+    of the unfused kernel; or `once` per launch into a workspace (M <= 64, one row tile), None where that
+    workspace cannot be had (it would grow while a graph is captured)."""
     M, K = a.shape
     N = b.shape[0]
     if M == 0 or N == 0:
@@ -460,7 +460,8 @@ def _gemm(a, a_scale, b, b_scale, bias, *, block_n, block_k, activation, out_kin
     bias_dtype, bias_s = _bias_layout(bias)
     args = (POINTER, i64(lda), POINTER, i64(as_strides[0]), i64(as_strides[1]),
             POINTER, i64(ldb), POINTER, i64(b_scale.stride(0)), i64(b_scale.stride(1)),
-            POINTER, i64(bias_s), i32(_BIAS_KIND[bias_dtype]), POINTER, i64(N), POINTER, i64(math.ceil(N / out_group) if requant else 0), i64(1),
+            POINTER, i64(bias_s), i32(_BIAS_KIND[bias_dtype]),
+            POINTER, i64(N), POINTER, i64(math.ceil(N / out_group) if requant else 0), i64(1),
             i64(_address(ws)), i64(_address(counters)), *(i64(_address(t)) for t in codes or (None,) * 3),
             i32(M), i32(N), i32(K), i32(block_n), i32(block_k), i32(kb_per_split * block_k),
             i32(_ACTIVATION[activation]), i32(_OUT_KIND[out_kind]), i32(out_group or 1), i32(bool(ue8m0_out)),
