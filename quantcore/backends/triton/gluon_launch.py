@@ -46,10 +46,7 @@ class GluonConfig:
     `epi_rows`: the epilogue staged through shared memory, that many rows a step (0: in the consumers,
     from the MMA's registers; None: `EPI_ROWS` where `staged_by_default`, else 0), by a partition of its own
     with `epilogue_regs` registers a thread, each consumer running the first `own_rows` rows of its
-    sub-tiles itself meanwhile (None: `own_rows_for` the call). `epi_buffers`: each consumer warpgroup's
-    shared-memory buffers of one column sub-tile for the TMA store, used in turn, a divisor of the sub-tile
-    count (None: two where that count is even, else one per sub-tile); a sub-tile's store first waits for
-    the one that last used its buffer.
+    sub-tiles itself meanwhile (None: `own_rows_for` the call).
     `DEFAULT` is round 3's measured configuration; `config_for` picks the wide ones (`WIDE`) where
     round 4's probe measured them faster."""
 
@@ -63,7 +60,6 @@ class GluonConfig:
     epi_rows: int | None = None
     epilogue_regs: int = 56
     own_rows: int | None = None
-    epi_buffers: int | None = None
 
     def __post_init__(self):
         sub = self.sub_n or self.block_n
@@ -80,10 +76,6 @@ class GluonConfig:
             raise InvalidInputError(f"GluonConfig: own_rows must be None or a multiple of the epilogue's step "
                                     f"({self.epi_rows or EPI_ROWS} rows) from 0 to a consumer's {self.block_m // 2} "
                                     f"rows, got {self.own_rows}")
-        subs = self.block_n // sub
-        if self.epi_buffers is not None and not (self.epi_buffers > 0 and subs % self.epi_buffers == 0):
-            raise InvalidInputError(f"GluonConfig: epi_buffers must divide the tile's {subs} column sub-tiles, "
-                                    f"got {self.epi_buffers}")
         for name, low, high in (("producer_regs", 24, 64), ("epilogue_regs", 24, 128)):
             regs = getattr(self, name)
             if regs is not None and (regs % 8 or not low <= regs <= high):
@@ -93,12 +85,6 @@ class GluonConfig:
     def sub(self) -> int:
         """The columns of one B box, one wgmma and its fp32 partial."""
         return self.sub_n or self.block_n
-
-    @property
-    def epi(self) -> int:
-        """Each consumer warpgroup's TMA-store buffers (`epi_buffers`, or its default)."""
-        subs = self.block_n // self.sub
-        return self.epi_buffers or (2 if subs % 2 == 0 else subs)
 
     def producer(self, staged: bool) -> int:
         """The producer warp's registers a thread, beside the epilogue partition when `staged`: there 40
@@ -113,8 +99,11 @@ class GluonConfig:
     def smem_bytes(self, stages: int, block_k: int, out_bytes: int, staged: bool = False) -> int:
         """Shared memory: the ring's A and B tiles (8-bit), the epilogue's buffers (staged: one fp32
         sub-tile per consumer warpgroup; else for a TMA store, out_bytes 0 without: per consumer
-        warpgroup `epi` sub-tiles), 1 KiB of barriers and slack: at most 1 KiB above Triton 3.6's own count."""
-        buffers = self.block_m * self.sub * 4 if staged else self.block_m * self.epi * self.sub * out_bytes
+        warpgroup two sub-tiles where their count is even, else all), 1 KiB of barriers and slack: at
+        most 1 KiB above Triton 3.6's own count."""
+        subs = self.block_n // self.sub
+        epi = 2 if subs % 2 == 0 else subs
+        buffers = self.block_m * self.sub * 4 if staged else self.block_m * epi * self.sub * out_bytes
         return stages * (self.block_m + self.block_n) * block_k + buffers + 1024
 
 
@@ -244,7 +233,7 @@ def scaled_mm(a, a_scale, b, b_scale, *, block_n, block_k, bias, activation, out
         OUT_GROUP=out_group if out_quant is not None else 1, UE8M0_OUT=bool(ue8m0_out), BLOCK_N=bn,
         STAGES=stages, GROUP_M=config.group_m, PIPELINE=pipeline, TMA_OUT=tma_out,
         CONSUMER_REGS=config.consumer_regs(bool(epi_rows)), PRODUCER_REGS=config.producer(bool(epi_rows)),
-        EPI_ROWS=epi_rows, EPILOGUE_REGS=config.epilogue_regs, EPI_BUFS=config.epi, num_warps=_WARPS,
+        EPI_ROWS=epi_rows, EPILOGUE_REGS=config.epilogue_regs, num_warps=_WARPS,
         # The promotion is one FMA per element, as the tiled kernel's under Triton 3.6's default (which
         # later versions turn off).
         enable_fp_fusion=True), a.device, descriptors,

@@ -431,7 +431,7 @@ def block_scaled_mm_ws_kernel(
         SCALE_BN: gl.constexpr, BIAS: gl.constexpr, ACTIVATION: gl.constexpr, OUT: gl.constexpr,
         OUT_GROUP: gl.constexpr, UE8M0_OUT: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
         GROUP_M: gl.constexpr, PIPELINE: gl.constexpr, TMA_OUT: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-        PRODUCER_REGS: gl.constexpr, EPI_ROWS: gl.constexpr, EPILOGUE_REGS: gl.constexpr, EPI_BUFS: gl.constexpr):
+        PRODUCER_REGS: gl.constexpr, EPI_ROWS: gl.constexpr, EPILOGUE_REGS: gl.constexpr):
     """a [M, K] @ b [N, K]^T with block scales and a fused epilogue, on sm_90.
 
     a_desc / b_desc: Gluon TMA descriptors over a and b (e4m3 or int8, both alike) with blocks
@@ -447,8 +447,7 @@ def block_scaled_mm_ws_kernel(
     one program per SM; STAGES slots in the ring; PIPELINE as in the module docstring; CONSUMER_REGS /
     PRODUCER_REGS / EPILOGUE_REGS the registers per thread of the worker partitions; EPI_ROWS > 0 hands
     the epilogue to a partition of its own (4 warps), that many rows a step (`_epilogue`; TMA_OUT must
-    then be off), each consumer keeping its first own_steps steps of every sub-tile; with TMA_OUT each
-    consumer stores through EPI_BUFS buffers of one sub-tile in turn, a divisor of BLOCK_N / SUB_N.
+    then be off), each consumer keeping its first own_steps steps of every sub-tile.
     """
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
     NSUB: gl.constexpr = BLOCK_N // b_desc.block_type.shape[0]
@@ -460,10 +459,10 @@ def block_scaled_mm_ws_kernel(
         c_smem = gl.allocate_shared_memory(gl.float32, [2, a_desc.block_type.shape[0] // 2, b_desc.block_type.shape[0]],
                                            gl.SwizzledSharedLayout(8, 1, 8, [1, 0]))
     elif TMA_OUT:
-        # Per consumer warpgroup EPI_BUFS buffers of one column sub-tile, used in turn (a divisor of NSUB;
-        # `GluonConfig.epi_buffers`).
-        c_smem = gl.allocate_shared_memory(out_desc.dtype, [2 * EPI_BUFS] + out_desc.block_type.shape,
-                                           out_desc.layout)
+        # Per consumer warpgroup EPI buffers of one column sub-tile, used in turn: two where NSUB is even
+        # (halving the shared memory of a 256-wide tile's), else one per sub-tile.
+        EPI: gl.constexpr = 2 if NSUB % 2 == 0 else NSUB
+        c_smem = gl.allocate_shared_memory(out_desc.dtype, [2 * EPI] + out_desc.block_type.shape, out_desc.layout)
     else:
         c_smem = a_bufs  # unused
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
