@@ -38,7 +38,6 @@ from .specs.base import keep
 
 _MAX_PLANS = 4096
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
-_SEQUENCES = (tuple, list)
 
 
 class _Uncacheable(Exception):
@@ -66,12 +65,9 @@ on_reset(_plans.clear)  # registry.reset(): kept plans are stale after it (the e
 
 
 def call(op: str, args: tuple, options: dict[str, Any], backend: BackendChoice) -> Any:
-    """Run `op` (a defined op's name, `quantcore.opdef`) on positional `args` and keyword `options`."""
-    plan = _plan(op, args, options, backend)
-    if plan.direct is not None:  # `_run`'s first lines, inline: every call of a kept plan pays one frame less
-        out = plan.launch(*args[:plan.direct])
-        return out if plan.finish is None else plan.finish(out)
-    return _run(plan, args)
+    """Run `op` (a defined op's name, `quantcore.opdef`) on positional `args` and keyword `options`. The
+    ops' own functions replay a kept plan before calling this (`entry`)."""
+    return _run(_plan(op, args, options, backend), args)
 
 
 def _plan(op: str, args: tuple, options: dict[str, Any], backend: BackendChoice) -> _Plan:
@@ -91,8 +87,10 @@ def _plan(op: str, args: tuple, options: dict[str, Any], backend: BackendChoice)
 
 
 def _run(plan: _Plan, args: tuple) -> Any:
-    """Launch `plan`, one whose arguments are not the call's first inputs as they are (`direct`), on
-    this call's `args`."""
+    """Launch `plan` on this call's `args`."""
+    if plan.direct is not None:
+        out = plan.launch(*args[:plan.direct])
+        return out if plan.finish is None else plan.finish(out)
     kwargs = dict(plan.static)
     for name, index, view in plan.bindings or ():
         t = args[index]
