@@ -97,25 +97,15 @@ def simulated_profile(name: str) -> DeviceProfile:
     return cpu_profile() if key == "cpu" else SIMULATED[key]
 
 
-def environment(name: str) -> str | None:
-    """`os.environ.get(name)`, read on the dispatcher's hot path: CPython's POSIX environ keeps its
-    bytes in `_data`, a plain dict lookup there costs a tenth of `get`'s encode-and-decode."""
-    data = getattr(os.environ, "_data", None)
-    if data is None or os.name != "posix":
-        return os.environ.get(name)
-    value = data.get(name.encode())
-    return None if value is None else os.fsdecode(value)
-
-
-
 # A context variable, not a thread-local: each thread and each asyncio task sees its own `simulate` blocks.
 # Set only by `simulate`; read by `simulation_state` and, for its plan key, by `quantcore.dispatch`.
 simulation_context: contextvars.ContextVar[str | None] = contextvars.ContextVar("quantcore_simulate", default=None)
 
 
 def simulation_state() -> tuple:
-    """The raw inputs of `active_simulation` (context, environment), cheap enough for a cache key."""
-    return simulation_context.get(), environment(SIMULATE_ENV)
+    """The raw inputs of `active_simulation`: the `simulate` block in force and the environment's
+    `QUANTCORE_SIMULATE` (the plan key reads both directly, `quantcore.dispatch`)."""
+    return simulation_context.get(), os.environ.get(SIMULATE_ENV)
 
 
 def active_simulation() -> str | None:

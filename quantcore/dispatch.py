@@ -37,7 +37,8 @@ from .registry import BackendChoice
 from .specs.base import keep
 
 _MAX_PLANS = 4096
-_PLAIN = (torch.Tensor, torch.nn.Parameter)
+# The tensor types whose calls are kept: subclasses (fake, functional, ...) are validated on every call.
+PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
 
 
 class _Uncacheable(Exception):
@@ -210,7 +211,7 @@ def entry(op: str, tensors: tuple[str, ...], optional: tuple[str, ...], options:
             f"                return _run(_kept, {args})\n"
             f"            _out = _kept.launch(*{args}[:_kept.direct])\n"
             f"            return _out if _kept.finish is None else _kept.finish(_out)\n")
-    namespace = {**_NAMESPACE, "_PLAIN": _PLAIN, "_plans": _plans, "_run": _run, "_choice_key": _choice_key,
+    namespace = {**_NAMESPACE, "_PLAIN": PLAIN_TENSORS, "_plans": _plans, "_run": _run, "_choice_key": _choice_key,
                  "_Uncacheable": _Uncacheable, "_UNKEPT_OR_NEW": (*_UNKEPT, KeyError)}
     scope = dict(namespace)
     exec(f"def key({', '.join((*tensors, *options))}, backend):\n    if not ({condition}):\n"

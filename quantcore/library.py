@@ -36,7 +36,7 @@ from typing import Any, Callable
 import torch
 
 from . import opdef
-from .dispatch import call
+from .dispatch import PLAIN_TENSORS, call
 from .errors import InvalidInputError
 from .opdef import CustomOp, OpDef, requires_grad
 from .opdefs import BUILTIN
@@ -74,16 +74,13 @@ def _refuse_undefined(op: OpDef, custom: CustomOp, tensors: tuple) -> None:
             "torch.no_grad() for inference")
 
 
-_PLAIN = (torch.Tensor, torch.nn.Parameter)
-
-
 def _only_real_below(tensors: tuple) -> bool:
     """Whether dispatching these arguments below autograd would run the real kernel and nothing else: each
     tensor a plain one (not fake, functional or another subclass, which the Python key takes) off the meta
     device (whose kernel is the fake) and no dispatch mode active (a mode sees every op below autograd; a
     TorchScript trace records the op above autograd, test_library checks both)."""
     for t in tensors:
-        if t is not None and (type(t) not in _PLAIN or t.is_meta):
+        if t is not None and (type(t) not in PLAIN_TENSORS or t.is_meta):
             return False
     return not torch._C._len_torch_dispatch_stack()
 

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import os
 from typing import Iterator, Sequence
 
-from .. import capability, measured
+from .. import measured
 from ..errors import InvalidInputError
 from . import table
 from .query import Query
@@ -53,9 +54,9 @@ def check_names(names: Sequence, argument: str = "backend") -> None:
 
 
 def priority_state() -> tuple:
-    """What `current_priority` reads besides the query (context and environment): part of the key
-    under which `quantcore.dispatch` keeps validated plans."""
-    return priority_context.get(), capability.environment(PRIORITY_ENV)
+    """What `current_priority` reads besides the query: the `priority` block in force and the
+    environment's `QUANTCORE_PRIORITY` (the plan key reads both directly, `quantcore.dispatch`)."""
+    return priority_context.get(), os.environ.get(PRIORITY_ENV)
 
 
 def current_priority(query: Query) -> tuple[str, ...]:

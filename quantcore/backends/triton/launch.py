@@ -385,13 +385,13 @@ def _gemm(a, a_scale, b, b_scale, bias, out, out_scale, *, block_n, block_k, act
             constants, TMA=tma, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, K_STEP=cfg.k_step,
             BLOCK_KS=cfg.step_k(block_k, tma), SPLIT=cfg.split_k > 1, num_warps=cfg.num_warps,
             num_stages=cfg.num_stages), a.device, descriptors if tma else None,
-            fixed=(M, N, K, cfg.kb_per_split, *scalars))
+            fixed=(*pair, M, N, K, cfg.kb_per_split, *scalars))
 
         def run(a, a_scale, b, b_scale, bias, out, out_scale):
             if predecoded:
                 a, b = decode_a(a), decode_b(b)
             launch(a, b, a if tma else None, b if tma else None, a_scale, b_scale,
-                   out if bias is None else _kernel_bias(bias), out, out if out_scale is None else out_scale, *pair)
+                   out if bias is None else _kernel_bias(bias), out, out if out_scale is None else out_scale)
         # Descriptors read the operands' shapes and strides.
         return by_address(run) if not tma and _native_bias(bias) else run
 
