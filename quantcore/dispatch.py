@@ -165,6 +165,16 @@ def _choice_key(backend: BackendChoice) -> Any:
     raise _Uncacheable  # a bad value: the full path raises the error that names it
 
 
+_AT_DEFAULT = object()  # a plan key's part for an option that is its function's default object
+
+
+def _immutable(value: Any) -> bool:
+    """Whether `value` cannot change after the function's definition (so `is` it means its value too)."""
+    if isinstance(value, tuple):
+        return all(_immutable(v) for v in value)
+    return value is None or type(value) in (bool, int, float, str, torch.dtype)
+
+
 class Entry(NamedTuple):
     """An op's replay of a kept plan, inline in its public function (`opdef`): `body`, statements indented
     by four spaces that return the call's result from the kept plan of its key, if any, and `namespace`,
@@ -175,29 +185,35 @@ class Entry(NamedTuple):
     key: Callable[..., tuple]
 
 
-def entry(op: str, tensors: tuple[str, ...], optional: tuple[str, ...], options: tuple[str, ...],
+def entry(op: str, tensors: tuple[str, ...], optional: tuple[str, ...], defaults: dict[str, Any],
           sequences: tuple[str, ...]) -> Entry:
     """The kept-plan replay and the plan key of the op named `op`, whose public function takes the tensor
-    arguments `tensors` (those in `optional` may be None) and the `options` (those in `sequences` are
-    sequences), under these names.
+    arguments `tensors` (those in `optional` may be None) and the options named by `defaults` (name ->
+    the function's default object; those in `sequences` are sequences), under these names.
 
     The key is one flat tuple: the op, the backend choice, the selection state (`_STATE`), per tensor
-    its dtype, shape, strides, device and address mod 16 (None for an absent optional one), each
-    option's type (validation tells `128` from `128.0` and `True`, so the key must too) and a sequence
-    option's element types (`(128.0, 128)` equals `(128, 128)`), then the options' values (a sequence
-    as a tuple: the custom ops' schema passes lists). It is generated per op as one tuple display, in
-    the op's own function: built by `call` in a loop over the arguments and options, four Python calls
+    its dtype, shape, strides, device and address mod 16 (None for an absent optional one), then per
+    option `_AT_DEFAULT` when it is the function's own default object (immutable: its type and value are
+    the default's), else (its type, its value) (validation tells `128` from `128.0` and `True`, so the
+    key must too; a sequence as (type, its elements' types, a tuple of them): `(128.0, 128)` equals
+    `(128, 128)`, and the custom ops' schema passes lists). It is generated per op as one tuple display,
+    in the op's own function: built by `call` in a loop over the arguments and options, four Python calls
     deep, it cost a kept act_dequant call 2.6 µs of 12.5 on the H100 host (docs/performance.md, round
     17). Calls of tensor subclasses (fake, functional, ...) and with `check_finite` set are never kept."""
     signature = "{0}.dtype, {0}.shape, {0}.stride(), {0}.device, {0}.data_ptr() & 15"
     parts = [repr(op), "backend if backend is None or type(backend) is str else _choice_key(backend)", _STATE]
     parts += [f"*((None,) if {t} is None else ({signature.format(t)},))" if t in optional else signature.format(t)
               for t in tensors]
-    parts += [f"type({o}), *map(type, {o})" if o in sequences else f"type({o})" for o in options]
-    parts += [f"tuple({o})" if o in sequences else o for o in options]
+    shortcut = {}
+    for o, default in defaults.items():
+        piece = f"(type({o}), tuple(map(type, {o})), tuple({o}))" if o in sequences else f"(type({o}), {o})"
+        if _immutable(default):
+            shortcut[f"_default_{o}"] = default
+            piece = f"_AT_DEFAULT if {o} is _default_{o} else {piece}"
+        parts.append(piece)
     key = f"({', '.join(parts)})"
     kept = [f"({t} is None or type({t}) in _PLAIN)" if t in optional else f"type({t}) in _PLAIN" for t in tensors]
-    kept += ["not check_finite"] if "check_finite" in options else []
+    kept += ["not check_finite"] if "check_finite" in defaults else []
     condition = " and ".join(kept)
     args = f"({''.join(f'{t}, ' for t in tensors)})"
     # Its locals are underscored: an op's own arguments never are (`opdef` refuses such names).
@@ -211,10 +227,11 @@ def entry(op: str, tensors: tuple[str, ...], optional: tuple[str, ...], options:
             f"                return _run(_kept, {args})\n"
             f"            _out = _kept.launch(*{args}[:_kept.direct])\n"
             f"            return _out if _kept.finish is None else _kept.finish(_out)\n")
-    namespace = {**_NAMESPACE, "_PLAIN": PLAIN_TENSORS, "_plans": _plans, "_run": _run, "_choice_key": _choice_key,
-                 "_Uncacheable": _Uncacheable, "_UNKEPT_OR_NEW": (*_UNKEPT, KeyError)}
+    namespace = {**_NAMESPACE, **shortcut, "_AT_DEFAULT": _AT_DEFAULT, "_PLAIN": PLAIN_TENSORS, "_plans": _plans,
+                 "_run": _run, "_choice_key": _choice_key, "_Uncacheable": _Uncacheable,
+                 "_UNKEPT_OR_NEW": (*_UNKEPT, KeyError)}
     scope = dict(namespace)
-    exec(f"def key({', '.join((*tensors, *options))}, backend):\n    if not ({condition}):\n"
+    exec(f"def key({', '.join((*tensors, *defaults))}, backend):\n    if not ({condition}):\n"
          f"        raise _Uncacheable\n    return {key}\n", scope)
     return Entry(body, namespace, scope["key"])
 

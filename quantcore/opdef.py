@@ -154,7 +154,7 @@ def _generate(op: OpDef) -> tuple[Callable[..., Any], Callable[..., tuple]]:
         source.append(p.name if p.default is p.empty else f"{p.name}=_defaults[{p.name!r}]")
     optional = tuple(t for t in op.tensors if params[t].default is None)
     sequences = tuple(n for n, d in op.defaults.items() if isinstance(d, (tuple, list)))
-    replay = entry(op.name, op.tensors, optional, tuple(op.defaults), sequences)
+    replay = entry(op.name, op.tensors, optional, op.defaults, sequences)
     options = ", ".join(f"{n!r}: {n}" for n in op.defaults)  # the order `OpDef.options` gives too
     tensors = "".join(f"{t}, " for t in op.tensors)
     # The stub's module globals too, so that `typing.get_type_hints` resolves the copied annotations.
