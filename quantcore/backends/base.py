@@ -114,6 +114,21 @@ def allocator(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) 
     return functools.partial(torch.empty_like, template)
 
 
+def compose(params: str, outputs: dict[str, Callable[[], Any]], statement: str, namespace: dict[str, Any],
+            result: str) -> Callable[..., Any]:
+    """A prepared `run` compiled from source, one Python frame between the op's function and the launch:
+    `def run({params})` that binds each name of `outputs` to a call of its allocator, runs `statement`
+    (source of one or more statements, indented by four spaces, using the names in `namespace`) and
+    returns `result` (an expression of the names). `namespace` becomes the function's globals, so that
+    whoever made it can rebind a name later (`triton.direct.Launcher.statement`). Written as closures, an
+    op's run called a function that allocated its outputs, one that chose its launch's arguments and the
+    launcher: three frames, ~0.4 µs a call on the CPU machine."""
+    namespace.update({f"_new{o}": new for o, new in outputs.items()})
+    allocations = "".join(f"    {o} = _new{o}()\n" for o in outputs)
+    exec(f"def run({params}):\n{allocations}{statement}    return {result}\n", namespace)
+    return namespace.pop("run")
+
+
 def by_address(run: Callable[..., Any]) -> Callable[..., Any]:
     """Mark a prepared `run` as reading nothing of its tensor arguments but their addresses and dtypes
     (never shapes or strides, which its plan fixed): the dispatcher may then pass it an input itself

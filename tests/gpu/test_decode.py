@@ -118,16 +118,13 @@ def test_a_captured_quant_linear_runs_act_quant_then_the_gemm(monkeypatch, m, ge
 
     w, w_s = ops.weight_quant(rand((1024, 3072), seed=7))
     x = rand((m, 3072), seed=8)
-    calls, real = [], launch.Launcher
+    calls = []
 
-    def recording(kernel, grid, constants, device, descriptors=None, fixed=()):
-        inner = real(kernel, grid, constants, device, descriptors, fixed)
-
-        def call(*args):
-            calls.append((kernel.fn.__name__, constants.get("ONCE", False)))
-            return inner(*args)
-        return call
-    monkeypatch.setattr(launch, "Launcher", recording)
+    class Recording(launch.Launcher):  # each launcher's first launch goes through its __call__
+        def __call__(self, *args):
+            calls.append((self.fn.fn.__name__, self.constants.get("ONCE", False)))
+            return super().__call__(*args)
+    monkeypatch.setattr(launch, "Launcher", Recording)
     registry.reset()  # plans kept by earlier tests hold the real launchers, and these must not outlive it
     try:
         with quantcore.priority("triton"):
@@ -225,7 +222,15 @@ def test_launcher_goes_direct_after_its_first_call(monkeypatch):
                 assert torch.equal(y, x * 2.5 + 1)
         assert launcher.direct is goes_direct
         # Straight to the C launcher where the Triton version's is known (no scratch, no descriptors here).
-        assert launcher.raw is (goes_direct and direct.version_supported(triton.__version__, direct.RAW_SUPPORTED))
+        raw = goes_direct and direct.version_supported(triton.__version__, direct.RAW_SUPPORTED)
+        assert launcher.raw is raw
+        if fixed:  # a generated run calls that C launcher itself from its second launch on
+            run = direct.Launcher(add_one, (8,), dict(BLOCK=128, num_warps=4), x.device, fixed=fixed).function(
+                "x", ("x", "_y"), {"_y": lambda: torch.full_like(x, -1.0)}, "_y")
+            for stream in (torch.cuda.current_stream(), torch.cuda.Stream(), torch.cuda.current_stream()):
+                with torch.cuda.stream(stream):
+                    assert torch.equal(run(x), x * 2.5 + 1)
+            assert (run.__globals__["_raw"] is not None) is raw
 
 
 @pytest.mark.parametrize("backend, m", [("triton", 4096), ("triton[gluon]", 128), ("triton[gluon]", 300)])

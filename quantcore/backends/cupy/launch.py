@@ -31,13 +31,13 @@ of 16 bytes. Outputs are fresh allocations, which torch aligns to far more than 
 from __future__ import annotations
 
 import math
-from typing import Callable, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import torch
 
 from ...errors import UnsupportedError
 from .. import splitk
-from ..base import allocator, by_address, eagerly, prepared, prepared_quant_linear
+from ..base import allocator, by_address, compose, eagerly, prepared, prepared_quant_linear
 from . import compiler
 from .launcher import POINTER, Launcher, f32, i32, i64
 
@@ -108,6 +108,24 @@ def _native_bias(bias: torch.Tensor | None) -> bool:
     call converts it (`_converted`), one more launch: with a bf16 bias converted so, dequant_bias at 1 row
     took 24.1 µs a call on the H100 host against 13.4 without a bias (docs/performance.md, round 17)."""
     return bias is None or bias.dtype in _BIAS_KIND
+
+
+def _bias_name(bias: torch.Tensor | None) -> str | None:
+    """The argument name of a bias laid out as `bias` in a generated run (`_run`): None when absent."""
+    return None if bias is None else "bias"
+
+
+def _run(params: str, outputs: dict[str, Callable[[], torch.Tensor]], launch: Callable[..., None],
+         addresses: tuple[str | None, ...], bias: torch.Tensor | None, result: str) -> Callable[..., Any]:
+    """A prepared run compiled from source (`base.compose`): `def run({params})` allocating `outputs`,
+    converting its argument `bias` first where the kernels cannot read one laid out as `bias`
+    (`_converted`), launching with the addresses of the tensors named in `addresses` (None: 0, an absent
+    one) and returning `result`. Written as a closure it asked per call which tensors were absent and
+    whether to convert."""
+    convert = "" if _native_bias(bias) else "    bias = _converted(bias)\n"
+    given = ", ".join("0" if a is None else f"{a}.data_ptr()" for a in addresses)
+    return compose(params, outputs, f"{convert}    _launch({given})\n", {"_launch": launch, "_converted": _converted},
+                   result)
 
 
 def _converted(bias: torch.Tensor) -> torch.Tensor:
@@ -291,17 +309,10 @@ def dequant_bias(g, scale_a, scale_b, bias, *, out_dtype, profile):
                          f"{_CTYPE[bias_dtype]}, {vec}>", profile, device, grid, threads,
                          (POINTER, i64(ldg), POINTER, i64(scale_a.stride(0)), POINTER, i64(scale_b.stride(0)),
                           POINTER, i64(bias_s), POINTER, i64(N), i32(M), i32(N)))
-    as_is = _native_bias(bias)
-    new_out = allocator((M, N), out_dtype, device)
-
-    def run(g, scale_a, scale_b, bias=None):
-        out = new_out()
-        if not as_is:
-            bias = _converted(bias)
-        launch(g.data_ptr(), scale_a.data_ptr(), scale_b.data_ptr(), _address(bias), out.data_ptr())
-        return out
+    run = _run("g, scale_a, scale_b, bias=None", {"_out": allocator((M, N), out_dtype, device)}, launch,
+               ("g", "scale_a", "scale_b", _bias_name(bias), "_out"), bias, "_out")
     # A bias converted per call is read as a tensor.
-    return by_address(run) if as_is else run
+    return by_address(run) if _native_bias(bias) else run
 
 
 # ---------------------------------------------------------------- GEMM
@@ -492,18 +503,13 @@ def scaled_mm(a, a_scale, b, b_scale, *, block_n, block_k, bias, activation, out
     groups = math.ceil(N / out_group) if out_quant is not None else 0
     launch = _gemm(a, a_scale, b, b_scale, bias, block_n=block_n, block_k=block_k, activation=activation,
                    out_kind=out_kind, out_group=out_group, ue8m0_out=ue8m0_out, eps=eps, mma=mma, profile=profile)
-    as_is = _native_bias(bias)
-    new_out, new_scale = allocator((*rows, N), out_kind, device), allocator((*rows, groups), torch.float32, device)
-
-    def run(a, a_scale, b, b_scale, bias=None):
-        out = new_out()
-        out_scale = new_scale() if groups else None
-        if not as_is:
-            bias = _converted(bias)
-        launch(a.data_ptr(), a_scale.data_ptr(), b.data_ptr(), b_scale.data_ptr(), _address(bias), out.data_ptr(),
-               _address(out_scale))
-        return out if out_scale is None else (out, out_scale)
-    return by_address(run) if as_is else run
+    outputs = {"_out": allocator((*rows, N), out_kind, device)}
+    if groups:
+        outputs["_scale"] = allocator((*rows, groups), torch.float32, device)
+    run = _run("a, a_scale, b, b_scale, bias=None", outputs, launch,
+               ("a", "a_scale", "b", "b_scale", _bias_name(bias), "_out", "_scale" if groups else None), bias,
+               "_out, _scale" if groups else "_out")
+    return by_address(run) if _native_bias(bias) else run
 
 
 @prepared
@@ -529,14 +535,8 @@ def quant_linear(x, w, w_scale, *, block_n, block_k, bias, activation, out_dtype
         out_dtype=out_dtype, ue8m0=ue8m0, eps=eps, profile=profile, mma=mma, lead=lead)
     if fused is None:
         return composed
-    as_is = _native_bias(bias)
     new_out = allocator((*((M,) if lead is None else lead), N), out_dtype, x.device)
-
-    def run(x, w, w_scale, bias=None):
-        out = new_out()
-        if not as_is:
-            bias = _converted(bias)
-        fused(x.data_ptr(), 0, w.data_ptr(), w_scale.data_ptr(), _address(bias), out.data_ptr(), 0)
-        return out
-    run = by_address(run) if as_is else run
+    run = _run("x, w, w_scale, bias=None", {"_out": new_out},
+               fused, ("x", None, "w", "w_scale", _bias_name(bias), "_out", None), bias, "_out")
+    run = by_address(run) if _native_bias(bias) else run
     return eagerly(run, composed, x.device) if once else run

@@ -43,6 +43,7 @@ from typing import Any
 import torch
 
 from ... import capability
+from ..base import compose
 
 DIRECT_ENV = "QUANTCORE_TRITON_DIRECT"
 # `CompiledKernel.run(grid0, grid1, grid2, stream, function, packed_metadata, launch_metadata,
@@ -129,6 +130,34 @@ class Launcher:
         compiled = self.fn[self.grid](*map(_kernel_view, described), **self.constants)
         if enabled():
             self._bind(compiled, args)
+
+    def statement(self, leading: tuple[str | None, ...]) -> tuple[str, dict[str, Any]]:
+        """Source of a launch with the leading tensor arguments `leading` (Python expressions of tensors; None
+        for one the kernel does not read: the first expression on the JIT path, address 0 on the C launcher)
+        and the names it uses, for `base.compose`. Its first call goes through `__call__`; once that has
+        bound the C launcher (`raw`, no descriptors), later calls call it themselves: no Python frame
+        between the caller's and the launch (`__call__` was one more, with its splits and checks)."""
+        stand_in = next(e for e in leading if e is not None)
+        jit = ", ".join(e or stand_in for e in leading)
+        raw = ", ".join("0" if e is None else f"_data_ptr({e})" for e in leading)
+        grid = ", ".join(map(str, self.grid))
+        namespace: dict[str, Any] = {"_raw": None, "_head": None, "_rest": None, "_stream": _current_stream,
+                                     "_data_ptr": _data_ptr}
+
+        def first(*tensors: Any) -> None:
+            self(*tensors)
+            if self._raw is not None and self._encoded is None:
+                namespace.update(_raw=self._raw, _head=self._head, _rest=self._rest)
+        namespace["_first"] = first
+        source = (f"    if _raw is None:\n        _first({jit})\n    else:\n"
+                  f"        _raw({grid}, _stream({self.device}), *_head, {raw}, *_rest)\n")
+        return source, namespace
+
+    def function(self, params: str, leading: tuple[str | None, ...], outputs: dict[str, Any],
+                 result: str) -> Any:
+        """`base.compose` of this launch (`statement`): `def run({params})` allocating `outputs` (name ->
+        allocator), launching with `leading` and returning `result`."""
+        return compose(params, outputs, *self.statement(leading), result)
 
     def _described(self, args: tuple) -> tuple:
         """`args` with a descriptor in place of each tensor at a `descriptors` position."""

@@ -206,8 +206,9 @@ def scaled_mm(a, a_scale, b, b_scale, *, block_n, block_k, bias, activation, out
                                 f"sub-tile ({config.sub}); use a GluonConfig whose sub-tile it divides, or "
                                 f"backend='triton'")
     outputs = _gemm_outputs(M, N, a.device, out_dtype, out_quant, out_group)
+    new_out, new_scale = outputs["_out"], outputs.get("_scale")
     if M == 0 or N == 0:
-        return lambda a, a_scale, b, b_scale, bias=None: _returned(*outputs())
+        return lambda a, a_scale, b, b_scale, bias=None: _returned(new_out(), new_scale and new_scale())
     kind = out_quant or out_dtype
     out_bits = {torch.bfloat16: torch.int16, torch.float8_e4m3fn: torch.uint8}.get(kind, kind)  # bf16, FP8 as bits
     out_bytes = out_bits.itemsize
@@ -246,7 +247,7 @@ def scaled_mm(a, a_scale, b, b_scale, *, block_n, block_k, bias, activation, out
     copy_a, copy_b = not _aligned(a), not _aligned(b)
 
     def run(a, a_scale, b, b_scale, bias=None):
-        out, out_scale = outputs()
+        out, out_scale = new_out(), new_scale and new_scale()
         a = _staged(a, width) if copy_a else a
         b = _staged(b, width) if copy_b else b
         launch(a, b, out if tma_out else None, a_scale, b_scale,

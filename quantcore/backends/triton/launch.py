@@ -13,7 +13,7 @@ kernel), and returns the per-call part: allocate the outputs, launch.
 from __future__ import annotations
 
 import functools
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 import triton
@@ -27,7 +27,7 @@ except ImportError:  # older Triton: pointer loads only
 from ... import capability
 from ...errors import InvalidInputError
 from .. import splitk
-from ..base import allocator, by_address, eagerly, prepared, prepared_quant_linear
+from ..base import allocator, by_address, compose, eagerly, prepared, prepared_quant_linear
 from . import configs
 from .direct import Launcher
 from .gluon import TILE_N as GLUON_TILE_N
@@ -64,20 +64,26 @@ def _kernel_bias(bias):
     return bias if _native_bias(bias) else bias.float()
 
 
-@by_address
-def _nothing(*_tensors) -> None:
-    """The launch of an empty tensor."""
+def _bias_expression(bias, name: str = "bias") -> str | None:
+    """A generated run's expression for the kernel's bias argument (`Launcher.statement`), the argument
+    `name` laid out as `bias`: None when absent, else the bias as the kernel reads it (`_kernel_bias`). A
+    converted bias is freed once its address is read, before the launch: the caching allocator hands its
+    memory out again only to work queued after that launch on the same stream."""
+    if bias is None:
+        return None
+    return name if _native_bias(bias) else f"{name}.float()"
 
 
-def _blocks_quantizer(src, src_scale, new_q, new_scale, *, block, ue8m0, eps, activation, profile):
-    """A function (src, src_scale=None) -> (new_q(), new_scale()), fresh q and scale holding src quantized
-    per block[0]×block[1] (dequantized first with src_scale when src is itself quantized, src_scale None
-    otherwise), `activation` applied in between, for tensors laid out as these. Its arguments' names are
-    not the contract's: each op's run passes them on."""
+def _blocks_quantizer(params, src, src_scale, new_q, new_scale, *, block, ue8m0, eps, activation, profile):
+    """The run of `params` (the op's argument names: the source, then its scale when it is itself quantized)
+    -> (new_q(), new_scale()), fresh q and scale holding the source quantized per block[0]×block[1]
+    (dequantized first with its scale when given, src_scale None otherwise), `activation` applied in
+    between, for tensors laid out as `src` and `src_scale`."""
     q, scale = new_q(), new_scale()
     R, C = src.shape
+    outputs = {"_q": new_q, "_scale": new_scale}
     if src.numel() == 0:
-        return by_address(lambda src, src_scale=None: (new_q(), new_scale()))
+        return by_address(compose(", ".join(params), outputs, "", {}, "_q, _scale"))
     t = configs.block_tiling(R, C, block[0], block[1], profile)
     ss = src if src_scale is None else src_scale
     launch = Launcher(block_quant_kernel, t.grid, dict(
@@ -86,12 +92,9 @@ def _blocks_quantizer(src, src_scale, new_q, new_scale, *, block, ue8m0, eps, ac
         num_warps=t.num_warps), src.device,
         fixed=(R, C, src.stride(0), ss.stride(0), ss.stride(-1), q.stride(0), scale.stride(0), scale.stride(1), eps))
 
-    # The allocators called here, not through a function returning both: a replay runs this alone.
-    def run(src, src_scale=None):
-        q, scale = new_q(), new_scale()
-        launch(src, src if src_scale is None else src_scale, q, scale)
-        return q, scale
-    return by_address(run)
+    scale_of_src = params[1] if len(params) > 1 else None
+    return by_address(launch.function(", ".join(params), (params[0], scale_of_src, "_q", "_scale"), outputs,
+                                      "_q, _scale"))
 
 
 def _transposed(new: Callable[[], torch.Tensor]) -> torch.Tensor:
@@ -102,20 +105,15 @@ def _transposed(new: Callable[[], torch.Tensor]) -> torch.Tensor:
 def _blocks_dequantizer(q, scale, *, block, out_dtype, profile):
     """A function (q, scale) -> fp32(q) * scale per block[0]×block[1], as a new out_dtype tensor."""
     (R, C), device = q.shape, q.device
+    new_out = allocator((R, C), out_dtype, device)
     if q.numel() == 0:
-        return by_address(lambda q, scale: torch.empty((R, C), dtype=out_dtype, device=device))
+        return by_address(compose("q, scale", {"_out": new_out}, "", {}, "_out"))
     t = configs.block_tiling(R, C, block[0], block[1], profile)
     launch = Launcher(block_dequant_kernel, t.grid, dict(
         BR=block[0], BC=block[1], RB=t.rb, CB=t.cb, BR_PAD=t.br_pad, BC_PAD=t.bc_pad, QFMT=_KIND[q.dtype],
         OUT=_KIND[out_dtype], HW_FP8=_hw_fp8(profile), EVEN=t.even, num_warps=t.num_warps), device,
         fixed=(R, C, q.stride(0), scale.stride(0), scale.stride(1), C))
-    new_out = allocator((R, C), out_dtype, device)
-
-    def run(q, scale):
-        out = new_out()
-        launch(q, scale, out)
-        return out
-    return by_address(run)
+    return by_address(launch.function("q, scale", ("q", "scale", "_out"), {"_out": new_out}, "_out"))
 
 
 @prepared
@@ -132,9 +130,8 @@ def act_quant(x, *, qdtype, group_size, ue8m0, eps, scale_m_major, profile):
                                                                      torch.float32, device)
     if scale_m_major:
         new_scale = functools.partial(_transposed, new_scale)
-    quantize = _blocks_quantizer(x, None, new_q, new_scale, block=(1, group_size), ue8m0=ue8m0, eps=eps,
-                                 activation="none", profile=profile)
-    return by_address(lambda x: quantize(x))  # the contract's name for the argument
+    return _blocks_quantizer(("x",), x, None, new_q, new_scale, block=(1, group_size), ue8m0=ue8m0, eps=eps,
+                             activation="none", profile=profile)
 
 
 @prepared
@@ -157,9 +154,8 @@ def weight_quant(w, *, qdtype, block_n, block_k, ue8m0, eps, profile):
 
     new_q = allocator((N, K), qdtype, device)
     new_scale = allocator((triton.cdiv(N, block_n), triton.cdiv(K, block_k)), torch.float32, device)
-    quantize = _blocks_quantizer(w, None, new_q, new_scale, block=(block_n, block_k), ue8m0=ue8m0, eps=eps,
-                                 activation="none", profile=profile)
-    return by_address(lambda w: quantize(w))
+    return _blocks_quantizer(("w",), w, None, new_q, new_scale, block=(block_n, block_k), ue8m0=ue8m0, eps=eps,
+                             activation="none", profile=profile)
 
 
 @prepared
@@ -182,9 +178,8 @@ def quantized_gelu(q, scale, *, group_size, approximate, out_qdtype, ue8m0, eps,
 
     new_q, new_scale = allocator((M, K), out_qdtype, device), allocator((M, triton.cdiv(K, group_size)),
                                                                          torch.float32, device)
-    quantize = _blocks_quantizer(q, scale, new_q, new_scale, block=(1, group_size), ue8m0=ue8m0, eps=eps,
-                                 activation="gelu_tanh" if approximate == "tanh" else "gelu", profile=profile)
-    return by_address(lambda q, scale: quantize(q, scale))
+    return _blocks_quantizer(("q", "scale"), q, scale, new_q, new_scale, block=(1, group_size), ue8m0=ue8m0,
+                             eps=eps, activation="gelu_tanh" if approximate == "tanh" else "gelu", profile=profile)
 
 
 @prepared
@@ -195,32 +190,28 @@ def dequant_bias(g, scale_a, scale_b, bias, *, out_dtype, profile):
     -> out [M, N] out_dtype (bf16/fp16/fp32).
     """
     (M, N), device = g.shape, g.device
+    new_out = allocator((M, N), out_dtype, device)
+    params = "g, scale_a, scale_b, bias=None"
     if g.numel() == 0:
-        return by_address(lambda g, scale_a, scale_b, bias=None: torch.empty((M, N), dtype=out_dtype, device=device))
+        return by_address(compose(params, {"_out": new_out}, "", {}, "_out"))
     block_m, block_n, warps = configs.tile_2d(M, N, profile)
     launch = Launcher(dequant_bias_kernel, (triton.cdiv(M, block_m), triton.cdiv(N, block_n)), dict(
         G=_KIND[g.dtype], BIAS=_bias_kind(bias), OUT=_KIND[out_dtype],
         BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps, enable_fp_fusion=False), device,
         fixed=(M, N, g.stride(0), scale_a.stride(0), scale_b.stride(0), 0 if bias is None else bias.stride(0), N))
-    new_out = allocator((M, N), out_dtype, device)
-
-    def run(g, scale_a, scale_b, bias=None):
-        out = new_out()
-        launch(g, scale_a, scale_b, g if bias is None else _kernel_bias(bias), out)
-        return out
+    run = launch.function(params, ("g", "scale_a", "scale_b", _bias_expression(bias), "_out"), {"_out": new_out},
+                          "_out")
     return by_address(run) if _native_bias(bias) else run
 
 
-def _gemm_outputs(M, N, device, out_dtype, out_quant, out_group, lead=None):
-    """A function returning fresh (out, out_scale or None) for a GEMM's result, with leading dims
-    `lead` instead of M where given (`backends.base.prepared`)."""
+def _gemm_outputs(M, N, device, out_dtype, out_quant, out_group, lead=None) -> dict[str, Callable[[], torch.Tensor]]:
+    """The allocators of a GEMM's result as `base.compose` takes them: {"_out": ...}, and "_scale" for a
+    re-quantized one, with leading dims `lead` instead of M where given (`backends.base.prepared`)."""
     rows = (M,) if lead is None else tuple(lead)
     if out_quant is None:
-        new_out = allocator((*rows, N), out_dtype, device)
-        return lambda: (new_out(), None)
-    new_q = allocator((*rows, N), out_quant, device)
-    new_scale = allocator((*rows, triton.cdiv(N, out_group)), torch.float32, device)
-    return lambda: (new_q(), new_scale())
+        return {"_out": allocator((*rows, N), out_dtype, device)}
+    return {"_out": allocator((*rows, N), out_quant, device),
+            "_scale": allocator((*rows, triton.cdiv(N, out_group)), torch.float32, device)}
 
 
 @prepared
@@ -238,16 +229,16 @@ def scaled_mm(a, a_scale, b, b_scale, *, block_n, block_k, bias, activation, out
     results' leading dims in place of M (`backends.base.prepared`).
     """
     M, N = a.shape[0], b.shape[0]
-    outputs = _gemm_outputs(M, N, a.device, out_dtype, out_quant, out_group, lead)
-    gemm = _gemm(a, a_scale, b, b_scale, bias, *_gemm_outputs(M, N, a.device, out_dtype, out_quant, out_group)(),
-                 block_n=block_n, block_k=block_k, activation=activation, out_group=out_group, ue8m0_out=ue8m0_out,
-                 eps=eps, profile=profile, mma=mma)
-
-    def run(a, a_scale, b, b_scale, bias=None):
-        out, out_scale = outputs()
-        gemm(a, a_scale, b, b_scale, bias, out, out_scale)
-        return out if out_scale is None else (out, out_scale)
-    return _like(gemm, run)
+    example = _gemm_outputs(M, N, a.device, out_dtype, out_quant, out_group)
+    out, out_scale = example["_out"](), example["_scale"]() if "_scale" in example else None
+    gemm = _gemm(a, a_scale, b, b_scale, bias, out, out_scale, block_n=block_n, block_k=block_k, activation=activation,
+                 out_group=out_group, ue8m0_out=ue8m0_out, eps=eps, profile=profile, mma=mma)
+    quantized = out_quant is not None
+    operands = ("a", "a_scale", "b", "b_scale", None if bias is None else "bias", "_out",
+                "_scale" if quantized else None)
+    return gemm("a, a_scale, b, b_scale, bias=None", operands,
+                _gemm_outputs(M, N, a.device, out_dtype, out_quant, out_group, lead),
+                "_out, _scale" if quantized else "_out")
 
 
 @prepared
@@ -300,28 +291,26 @@ def fused_linear(x, w, w_scale, composed, *, block_n, block_k, bias, activation,
     if not gemm:
         return composed()
     new_out = allocator((*((M,) if lead is None else lead), w.shape[0]), out_dtype, x.device)
-
-    def fused(x, w, w_scale, bias=None):
-        out = new_out()
-        gemm(x, None, w, w_scale, bias, out, None)
-        return out
-    if mode == "program":
-        return _like(gemm, fused)
-    return eagerly(_like(gemm, fused), composed(), x.device)
+    operands = ("x", None, "w", "w_scale", None if bias is None else "bias", "_out", None)
+    fused = gemm("x, w, w_scale, bias=None", operands, {"_out": new_out}, "_out")
+    return fused if mode == "program" else eagerly(fused, composed(), x.device)
 
 
 def _gemm(a, a_scale, b, b_scale, bias, out, out_scale, *, block_n, block_k, activation, out_group, ue8m0_out, eps,
           profile, mma, a_ue8m0=False, once=False, like=None):
-    """A function (a, a_scale, b, b_scale, bias, out, out_scale) running the GEMM for operands laid out as
-    these: the decode kernel for M <= the profile's decode bound (and, with K split as the GemmConfig
-    `like` splits it, None: K whole, for an activation quantized `once` beyond it), else the tiled one. `a` is quantized
-    (with a_scale), or a float activation that the decode kernel quantizes itself (a_scale None; a_ue8m0
-    and eps are then act_quant's): each program its rows' K range, or `once` for all of them through a
-    workspace. None where that workspace cannot be had (it would grow while a graph is captured)."""
+    """The GEMM for operands laid out as these, as `bind(params, operands, outputs, result)`: the prepared
+    run `def run({params})` (`base.compose`) that allocates `outputs`, runs the GEMM on `operands` (the
+    names, among the parameters and outputs, of a, a_scale, b, b_scale, bias, out and out_scale; None for
+    an absent one) and returns `result`. The decode kernel for M <= the profile's decode bound (and, with
+    K split as the GemmConfig `like` splits it, None: K whole, for an activation quantized `once` beyond
+    it), else the tiled one. `a` is quantized (with a_scale), or a float activation that the decode
+    kernel quantizes itself (a_scale None; a_ue8m0 and eps are then act_quant's): each program its rows'
+    K range, or `once` for all of them through a workspace. None where that workspace cannot be had (it
+    would grow while a graph is captured)."""
     M, K = a.shape
     N = b.shape[0]
     if out.numel() == 0:
-        return _nothing
+        return _binder(lambda *_tensors: None, True)
     qfmt = _KIND[b.dtype]
     if mma not in _MMA_KINDS[qfmt]:
         raise InvalidInputError(f"triton {qfmt} GEMM: mma={mma!r} cannot multiply {qfmt} operands; expected one of "
@@ -358,10 +347,11 @@ def _gemm(a, a_scale, b, b_scale, bias, out, out_scale, *, block_n, block_k, act
             fixed=(ws, counters, *codes, M, N, K, cfg.kb_per_split, a.stride(0), *a_strides, b.stride(0),
                    b_scale.stride(0), b_scale.stride(1), bias_stride, out.stride(0), out_scale_stride, eps, eps))
 
-        def decode(a, a_scale, b, b_scale, bias, out, out_scale):
-            launch(a, a if a_scale is None else a_scale, b, b_scale, out if bias is None else _kernel_bias(bias), out,
-                   out if out_scale is None else out_scale)
-        return by_address(decode) if _native_bias(bias) else decode
+        def bind(params, operands, outputs, result):
+            leading = (*operands[:4], _bias_expression(bias, operands[4]), *operands[5:])
+            run = launch.function(params, leading, outputs, result)
+            return by_address(run) if _native_bias(bias) else run
+        return bind
 
     constants.update(GROUP_M=_GROUP_M)
     # FP8 decoded to fp16 once per call (exact), into contiguous buffers the kernel reads as they are.
@@ -399,9 +389,9 @@ def _gemm(a, a_scale, b, b_scale, bias, out, out_scale, *, block_n, block_k, act
         run = tiled(cfg)
         return triton.testing.do_bench(lambda: run(a, a_scale, b, b_scale, bias, out, out_scale))
 
-    return tiled(configs.gemm_config(profile, M, N, K, block_k=block_k,
-                                     min_block_n=out_group if quantized_out else 1, mma=mma,
-                                     variant=(_KIND[out.dtype], activation), bench=bench))
+    run = tiled(configs.gemm_config(profile, M, N, K, block_k=block_k, min_block_n=out_group if quantized_out else 1,
+                                    mma=mma, variant=(_KIND[out.dtype], activation), bench=bench))
+    return _binder(run, getattr(run, "by_address", False))
 
 
 def _fp8_decoder(t, profile):
@@ -410,18 +400,18 @@ def _fp8_decoder(t, profile):
     block_r, block_c, warps = configs.tile_2d(R, C, profile)
     launch = Launcher(fp8_decode_kernel, (triton.cdiv(R, block_r), triton.cdiv(C, block_c)),
                       dict(BLOCK_R=block_r, BLOCK_C=block_c, num_warps=warps), device, fixed=(R, C, t.stride(0)))
-    new_out = allocator((R, C), torch.float16, device)
-
-    def decode(t):
-        out = new_out()
-        launch(t, out)
-        return out
-    return decode
+    return launch.function("t", ("t", "_out"), {"_out": allocator((R, C), torch.float16, device)}, "_out")
 
 
-def _like(inner, run):
-    """`run`, marked `by_address` when the launch `inner` it wraps is."""
-    return by_address(run) if getattr(inner, "by_address", False) else run
+def _binder(launch: Callable[..., None], by_addresses: bool) -> Callable[..., Callable[..., Any]]:
+    """`_gemm`'s result for a launch function (a, a_scale, b, b_scale, bias, out, out_scale): one more
+    Python frame a call than a launch of its own (`Launcher.function`); `by_addresses`: whether it reads
+    nothing of its tensors but their addresses."""
+    def bind(params, operands, outputs, result):
+        run = compose(params, outputs, f"    _launch({', '.join(o or 'None' for o in operands)})\n",
+                      {"_launch": launch}, result)
+        return by_address(run) if by_addresses else run
+    return bind
 
 
 def _workspace(device: torch.device, cfg: configs.DecodeConfig, N: int, once: tuple | None):
