@@ -31,6 +31,7 @@ same gradients (`call_with_gradient`).
 
 from __future__ import annotations
 
+import inspect
 from typing import Any, Callable
 
 import torch
@@ -53,11 +54,23 @@ def _backend(name: str | None):
 
 
 def _real(op: OpDef, custom: CustomOp) -> Callable[..., Any]:
-    """The real kernel: the op's public function, its outputs in the fake's layout. Tensors arrive as
-    the schema orders them (the optional bias positional) and go on by name."""
+    """The real kernel: the op's public function (`OpDef.kernel`: below autograd, no gradient to ask
+    about), its outputs in the fake's layout. Tensors arrive as the schema orders them, which is the
+    function's order (`_register` checks): those the function takes positionally go on so, the others
+    (scaled_mm's keyword-only bias, positional in the schema) by name."""
+    function, layout = op.kernel, custom.layout
+    params = inspect.signature(function).parameters
+    positional = sum(params[t].kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for t in op.tensors)
+    by_name = op.tensors[positional:]
+
     def kernel(*tensors, backend=None, **options):
-        out = op.function(**dict(zip(op.tensors, tensors)), backend=_backend(backend), **options)
-        return custom.layout(out, options)
+        backend = backend if backend is None or "," not in backend else _backend(backend)
+        if len(tensors) > positional:
+            out = function(*tensors[:positional], backend=backend, **dict(zip(by_name, tensors[positional:])),
+                           **options)
+        else:
+            out = function(*tensors, backend=backend, **options)
+        return layout(out, options)
     return kernel
 
 
@@ -143,6 +156,14 @@ def _register(op: OpDef, custom: CustomOp) -> torch._ops.OpOverload:
     above it and the fake kernel for tracing. Returns its overload."""
     _LIBRARY.define(custom.name + custom.schema)
     overload = getattr(torch.ops.quantcore, custom.name).default
+    schema_tensors = [a.name for a in overload._schema.arguments if not a.kwarg_only]
+    params = list(inspect.signature(op.kernel).parameters.values())[:len(op.tensors)]
+    leading = [p.name for p in params]
+    kinds = [p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for p in params]
+    if schema_tensors != list(op.tensors) or leading != list(op.tensors) or kinds != sorted(kinds, reverse=True):
+        raise InvalidInputError(f"{custom.name}: the schema's positional arguments {schema_tensors} and the "
+                                f"function's first ones {leading} must both be the op's tensors {list(op.tensors)}, "
+                                "the function's positional ones first")
     real = _real(op, custom)
     _LIBRARY.impl(custom.name, real, "CompositeExplicitAutograd")
     _LIBRARY.impl(custom.name, _autograd(op, custom, overload, real), "Autograd")

@@ -85,6 +85,9 @@ class OpDef:
     custom_ops: tuple[CustomOp, ...] = ()
     example: Callable[..., tuple[tuple, dict[str, Any]]] | None = None
     function: Callable[..., Any] = field(init=False, repr=False, compare=False)
+    # `function` without its first question (an input requiring grad): the custom ops' real kernel, which
+    # runs below autograd
+    kernel: Callable[..., Any] = field(init=False, repr=False, compare=False)
     key: Callable[..., tuple] = field(init=False, repr=False, compare=False)  # a call's plan key (`dispatch.entry`)
     defaults: dict[str, Any] = field(init=False, repr=False, compare=False)  # every option's default, in order
 
@@ -92,8 +95,9 @@ class OpDef:
         params = inspect.signature(self.stub).parameters
         object.__setattr__(self, "defaults", {n: p.default for n, p in params.items()
                                               if n not in self.tensors and n != BACKEND_ARG})
-        function, key = _generate(self)
+        function, kernel, key = _generate(self)
         object.__setattr__(self, "function", function)
+        object.__setattr__(self, "kernel", kernel)
         object.__setattr__(self, "key", key)
 
     @property
@@ -128,13 +132,13 @@ def _with_gradient(*args: Any) -> Any:
     return call_with_gradient(*args)
 
 
-def _generate(op: OpDef) -> tuple[Callable[..., Any], Callable[..., tuple]]:
-    """The public function of `op` and its plan key (`dispatch.entry`). The function has the stub's
-    signature, defaults, annotations and docstring, and a body compiled from source so that no argument
-    binding happens at call time: a differentiable op first asks `torch.is_grad_enabled()` and, when an
-    input requires grad, runs through its custom op so that autograd records the call; then the kept
-    plan of the call's key, if any, is launched inline; else `call(name, (tensors...), {options...},
-    backend)` validates, selects and keeps the plan."""
+def _generate(op: OpDef) -> tuple[Callable[..., Any], Callable[..., Any], Callable[..., tuple]]:
+    """The public function of `op`, the same without asking about gradients (`OpDef.kernel`) and its plan
+    key (`dispatch.entry`). The function has the stub's signature, defaults, annotations and docstring,
+    and a body compiled from source so that no argument binding happens at call time: a differentiable op
+    first asks `torch.is_grad_enabled()` and, when an input requires grad, runs through its custom op so
+    that autograd records the call; then the kept plan of the call's key, if any, is launched inline; else
+    `call(name, (tensors...), {options...}, backend)` validates, selects and keeps the plan."""
     from .dispatch import call, entry  # dispatch looks ops up here: imported when the first op is defined
 
     params = inspect.signature(op.stub).parameters
@@ -164,11 +168,14 @@ def _generate(op: OpDef) -> tuple[Callable[..., Any], Callable[..., tuple]]:
     arguments = f"{op.name!r}, ({tensors}), {{{options}}}, {BACKEND_ARG}"
     grad = (f"    if _grad_enabled() and _requires_grad({tensors}):\n        return _with_gradient({arguments})\n"
             if op.differentiable else "")
-    exec(f"def {op.name}({', '.join(source)}):\n{grad}{replay.body}    return _call({arguments})\n", namespace)
-    fn = namespace[op.name]
-    fn.__doc__, fn.__annotations__ = op.stub.__doc__, dict(op.stub.__annotations__)
-    fn.__module__, fn.__qualname__ = "quantcore.ops", op.name
-    return fn, replay.key
+    functions = []
+    for prelude in (grad, ""):
+        exec(f"def {op.name}({', '.join(source)}):\n{prelude}{replay.body}    return _call({arguments})\n", namespace)
+        fn = namespace[op.name]
+        fn.__doc__, fn.__annotations__ = op.stub.__doc__, dict(op.stub.__annotations__)
+        fn.__module__, fn.__qualname__ = "quantcore.ops", op.name
+        functions.append(fn)
+    return (*functions, replay.key)
 
 
 _ops: dict[str, OpDef] = {}
