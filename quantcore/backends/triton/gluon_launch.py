@@ -46,8 +46,7 @@ class GluonConfig:
     `epi_rows`: the epilogue staged through shared memory, that many rows a step (0: in the consumers,
     from the MMA's registers; None: `EPI_ROWS` where `staged_by_default`, else 0), by a partition of its own
     with `epilogue_regs` registers a thread, each consumer running the first `own_rows` rows of its
-    sub-tiles itself meanwhile (None: `own_rows_for` the call); `lag`: consumer warpgroup 1 starts that many
-    K blocks after warpgroup 0, so that their epilogues do not coincide (0: together).
+    sub-tiles itself meanwhile (None: `own_rows_for` the call).
     `DEFAULT` is round 3's measured configuration; `config_for` picks the wide ones (`WIDE`) where
     round 4's probe measured them faster."""
 
@@ -61,7 +60,6 @@ class GluonConfig:
     epi_rows: int | None = None
     epilogue_regs: int = 56
     own_rows: int | None = None
-    lag: int = 0
 
     def __post_init__(self):
         sub = self.sub_n or self.block_n
@@ -221,9 +219,6 @@ def scaled_mm(a, a_scale, b, b_scale, *, block_n, block_k, bias, activation, out
     # The output is fresh and contiguous: its row stride decides. A staged epilogue stores with masks.
     tma_out = (N * out_bytes) % 16 == 0 and not epi_rows
     stages, pipeline = _fitted(config, block_k, out_bytes if tma_out else 0, block_n, profile, bool(epi_rows))
-    if not 0 <= config.lag < stages:  # warpgroup 0 must get its first `lag` K blocks before warpgroup 1 frees any
-        raise InvalidInputError(f"triton[gluon] scaled_mm: GluonConfig.lag {config.lag} must be from 0 to one less "
-                                f"than the ring's {stages} stages")
     bm, bn = config.block_m, config.block_n
     tiles = triton.cdiv(M, bm) * triton.cdiv(N, bn)
     programs = min(tiles, profile.sm_count or tiles)
@@ -239,7 +234,7 @@ def scaled_mm(a, a_scale, b, b_scale, *, block_n, block_k, bias, activation, out
         OUT_GROUP=out_group if out_quant is not None else 1, UE8M0_OUT=bool(ue8m0_out), BLOCK_N=bn,
         STAGES=stages, GROUP_M=config.group_m, PIPELINE=pipeline, TMA_OUT=tma_out,
         CONSUMER_REGS=config.consumer_regs(bool(epi_rows)), PRODUCER_REGS=config.producer(bool(epi_rows)),
-        EPI_ROWS=epi_rows, EPILOGUE_REGS=config.epilogue_regs, LAG=config.lag, num_warps=_WARPS,
+        EPI_ROWS=epi_rows, EPILOGUE_REGS=config.epilogue_regs, num_warps=_WARPS,
         # The promotion is one FMA per element, as the tiled kernel's under Triton 3.6's default (which
         # later versions turn off).
         enable_fp_fusion=True), a.device, descriptors,

@@ -201,17 +201,10 @@ def _step(accs, a_bufs, b_bufs, ready, empty, it, kb, a_s_ptrs, b_s_ptrs, stride
 
 
 @gluon.jit
-def _signal(go, it, STEP: gl.constexpr, LAG: gl.constexpr):
-    """Arrive on `go` once this program's K blocks done (it, after a step of STEP) first reach LAG."""
-    if LAG:
-        mbarrier.arrive(go, count=1, pred=(it >= LAG) & (it - STEP < LAG))
-
-
-@gluon.jit
-def _mainloop(a_bufs, b_bufs, ready, empty, it, num_kb, a_s_ptrs, b_s_ptrs, stride_ask, stride_bsk, zero, go,
-              C: gl.constexpr, UNIFORM_BS: gl.constexpr, PIPELINE: gl.constexpr, LAG: gl.constexpr):
+def _mainloop(a_bufs, b_bufs, ready, empty, it, num_kb, a_s_ptrs, b_s_ptrs, stride_ask, stride_bsk, zero,
+              C: gl.constexpr, UNIFORM_BS: gl.constexpr, PIPELINE: gl.constexpr):
     """One tile's fp32 accumulators, one per column sub-tile, over its num_kb K blocks, the first being
-    the it-th of this program; arriving on `go` once LAG K blocks of the program are done (LAG 0: never)."""
+    the it-th of this program."""
     NSUB: gl.constexpr = len(b_s_ptrs)
     accs = ()
     for j in gl.static_range(NSUB):
@@ -224,12 +217,10 @@ def _mainloop(a_bufs, b_bufs, ready, empty, it, num_kb, a_s_ptrs, b_s_ptrs, stri
             accs = _step(accs, a_bufs, b_bufs, ready, empty, it, kb, a_s_ptrs, b_s_ptrs, stride_ask, stride_bsk,
                          zero, C, UNIFORM_BS, 2, True)
             it += 2
-            _signal(go, it, 2, LAG)
         if num_kb % 2 == 1:
             accs = _step(accs, a_bufs, b_bufs, ready, empty, it, num_kb - 1, a_s_ptrs, b_s_ptrs, stride_ask,
                          stride_bsk, zero, C, UNIFORM_BS, 1, True)
             it += 1
-            _signal(go, it, 1, LAG)
     else:
         # One K block per step; pipelined, each sub-tile's wgmma runs while the one before is promoted.
         # (Steps of two K blocks in several sub-tiles spill accumulators under ptxas, measured at
@@ -238,7 +229,6 @@ def _mainloop(a_bufs, b_bufs, ready, empty, it, num_kb, a_s_ptrs, b_s_ptrs, stri
             accs = _step(accs, a_bufs, b_bufs, ready, empty, it, kb, a_s_ptrs, b_s_ptrs, stride_ask, stride_bsk,
                          zero, C, UNIFORM_BS, 1, PIPELINE)
             it += 1
-            _signal(go, it, 1, LAG)
     return accs, it
 
 
@@ -366,10 +356,10 @@ def _epilogue(c_smem, acc_ready, acc_free, params, BIAS: gl.constexpr, ACTIVATIO
 
 
 @gluon.jit
-def _consume(a_bufs, b_bufs, ready, empty, out_desc, c_smem, acc_ready, acc_free, go, params, C: gl.constexpr,
+def _consume(a_bufs, b_bufs, ready, empty, out_desc, c_smem, acc_ready, acc_free, params, C: gl.constexpr,
              SCALE_BN: gl.constexpr, BIAS: gl.constexpr, ACTIVATION: gl.constexpr, OUT: gl.constexpr,
              OUT_GROUP: gl.constexpr, UE8M0_OUT: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr,
-             PIPELINE: gl.constexpr, TMA_OUT: gl.constexpr, EPI_ROWS: gl.constexpr, LAG: gl.constexpr):
+             PIPELINE: gl.constexpr, TMA_OUT: gl.constexpr, EPI_ROWS: gl.constexpr):
     """Consumer warpgroup C: rows [C·ROWS, (C+1)·ROWS) of every tile of this program, K block by K
     block from the slot ring, in column sub-tiles of SUB_N, then the epilogue sub-tile by sub-tile:
     handed over to the epilogue partition (EPI_ROWS > 0: c_smem holds this warpgroup's fp32 sub-tile,
@@ -377,8 +367,7 @@ def _consume(a_bufs, b_bufs, ready, empty, out_desc, c_smem, acc_ready, acc_free
     own_steps steps itself; else from the MMA's register layout, through shared memory and a TMA store
     (TMA_OUT: out_desc, this warpgroup's EPI buffers in c_smem, taken in turn; the stores of one tile
     run during the next tile's main loop) or with masked stores. `params`: the kernel's pointers,
-    sizes, strides, eps and own_steps (`block_scaled_mm_ws_kernel`). LAG > 0: warpgroup 1 starts once
-    warpgroup 0 has done LAG K blocks (`go`), so that their epilogues do not coincide."""
+    sizes, strides, eps and own_steps (`block_scaled_mm_ws_kernel`)."""
     a_scale_ptr, b_scale_ptr, bias_ptr, out_ptr, out_scale_ptr, M, N, K, stride_asm, stride_ask, stride_bsn, \
         stride_bsk, stride_bias, stride_om, stride_osm, eps, own_steps = params
     BLOCK_M: gl.constexpr = a_bufs.type.shape[1]
@@ -394,8 +383,6 @@ def _consume(a_bufs, b_bufs, ready, empty, out_desc, c_smem, acc_ready, acc_free
     zero = gl.zeros([ROWS, SUB_N], gl.int32 if a_bufs.dtype == gl.int8 else gl.float32, mma)
 
     num_kb = gl.cdiv(K, BLOCK_K)
-    if LAG and C == 1:
-        mbarrier.wait(go.index(0), 0)
     it = 0
     h = 0  # sub-tiles handed over to the epilogue partition
     # The producer's walk over this program's tiles (persistent: pid, pid + programs, ...), in step.
@@ -407,7 +394,7 @@ def _consume(a_bufs, b_bufs, ready, empty, out_desc, c_smem, acc_ready, acc_free
         a_s_ptrs = a_scale_ptr + (rows % M) * stride_asm
         b_s_ptrs = _b_scale_ptrs(b_scale_ptr, pid_n, N, stride_bsn, zero, SCALE_BN, NSUB, UNIFORM_BS)
         accs, it = _mainloop(a_bufs, b_bufs, ready, empty, it, num_kb, a_s_ptrs, b_s_ptrs, stride_ask, stride_bsk,
-                             zero, go.index(0), C, UNIFORM_BS, PIPELINE, LAG if C == 0 else 0)
+                             zero, C, UNIFORM_BS, PIPELINE)
 
         for j in gl.static_range(NSUB):
             col0 = pid_n * BLOCK_N + j * SUB_N
@@ -433,9 +420,6 @@ def _consume(a_bufs, b_bufs, ready, empty, out_desc, c_smem, acc_ready, acc_free
                 else:
                     gl.store(out_ptr + rows[:, None] * stride_om + cols[None, :], res.to(out_ptr.dtype.element_ty),
                              mask=mask)
-    if LAG and C == 0:
-        # Fewer K blocks in this program: warpgroup 1 must not wait for ever.
-        mbarrier.arrive(go.index(0), count=1, pred=it < LAG)
     if TMA_OUT:
         tma.store_wait(pendings=0)
 
@@ -447,7 +431,7 @@ def block_scaled_mm_ws_kernel(
         SCALE_BN: gl.constexpr, BIAS: gl.constexpr, ACTIVATION: gl.constexpr, OUT: gl.constexpr,
         OUT_GROUP: gl.constexpr, UE8M0_OUT: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
         GROUP_M: gl.constexpr, PIPELINE: gl.constexpr, TMA_OUT: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-        PRODUCER_REGS: gl.constexpr, EPI_ROWS: gl.constexpr, EPILOGUE_REGS: gl.constexpr, LAG: gl.constexpr):
+        PRODUCER_REGS: gl.constexpr, EPI_ROWS: gl.constexpr, EPILOGUE_REGS: gl.constexpr):
     """a [M, K] @ b [N, K]^T with block scales and a fused epilogue, on sm_90.
 
     a_desc / b_desc: Gluon TMA descriptors over a and b (e4m3 or int8, both alike) with blocks
@@ -493,31 +477,25 @@ def block_scaled_mm_ws_kernel(
     for i in gl.static_range(2):
         mbarrier.init(acc_ready.index(i), count=1)
         mbarrier.init(acc_free.index(i), count=1)
-    go = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())  # warpgroup 1 may start (LAG)
-    mbarrier.init(go.index(0), count=1)
 
     params = (a_scale_ptr, b_scale_ptr, bias_ptr, out_ptr, out_scale_ptr, M, N, K, stride_asm, stride_ask,
               stride_bsn, stride_bsk, stride_bias, stride_om, stride_osm, eps, own_steps)
     # (A tuple of the constexprs would make them tensors: each partition's arguments are spelled out.)
     if EPI_ROWS:
         gl.warp_specialize([
-            (_consume, (a_bufs, b_bufs, ready, empty, out_desc, c_smem, acc_ready, acc_free, go, params, 0, SCALE_BN,
-                        BIAS, ACTIVATION, OUT, OUT_GROUP, UE8M0_OUT, BLOCK_N, GROUP_M, PIPELINE, TMA_OUT, EPI_ROWS,
-                        LAG)),
-            (_consume, (a_bufs, b_bufs, ready, empty, out_desc, c_smem, acc_ready, acc_free, go, params, 1, SCALE_BN,
-                        BIAS, ACTIVATION, OUT, OUT_GROUP, UE8M0_OUT, BLOCK_N, GROUP_M, PIPELINE, TMA_OUT, EPI_ROWS,
-                        LAG)),
+            (_consume, (a_bufs, b_bufs, ready, empty, out_desc, c_smem, acc_ready, acc_free, params, 0, SCALE_BN,
+                        BIAS, ACTIVATION, OUT, OUT_GROUP, UE8M0_OUT, BLOCK_N, GROUP_M, PIPELINE, TMA_OUT, EPI_ROWS)),
+            (_consume, (a_bufs, b_bufs, ready, empty, out_desc, c_smem, acc_ready, acc_free, params, 1, SCALE_BN,
+                        BIAS, ACTIVATION, OUT, OUT_GROUP, UE8M0_OUT, BLOCK_N, GROUP_M, PIPELINE, TMA_OUT, EPI_ROWS)),
             (_produce, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, BLOCK_N, GROUP_M)),
             (_epilogue, (c_smem, acc_ready, acc_free, params, BIAS, ACTIVATION, OUT, OUT_GROUP, UE8M0_OUT, BLOCK_N,
                          GROUP_M, EPI_ROWS)),
         ], [4, 1, 4], [CONSUMER_REGS, PRODUCER_REGS, EPILOGUE_REGS])
     else:
         gl.warp_specialize([
-            (_consume, (a_bufs, b_bufs, ready, empty, out_desc, c_smem, acc_ready, acc_free, go, params, 0, SCALE_BN,
-                        BIAS, ACTIVATION, OUT, OUT_GROUP, UE8M0_OUT, BLOCK_N, GROUP_M, PIPELINE, TMA_OUT, EPI_ROWS,
-                        LAG)),
-            (_consume, (a_bufs, b_bufs, ready, empty, out_desc, c_smem, acc_ready, acc_free, go, params, 1, SCALE_BN,
-                        BIAS, ACTIVATION, OUT, OUT_GROUP, UE8M0_OUT, BLOCK_N, GROUP_M, PIPELINE, TMA_OUT, EPI_ROWS,
-                        LAG)),
+            (_consume, (a_bufs, b_bufs, ready, empty, out_desc, c_smem, acc_ready, acc_free, params, 0, SCALE_BN,
+                        BIAS, ACTIVATION, OUT, OUT_GROUP, UE8M0_OUT, BLOCK_N, GROUP_M, PIPELINE, TMA_OUT, EPI_ROWS)),
+            (_consume, (a_bufs, b_bufs, ready, empty, out_desc, c_smem, acc_ready, acc_free, params, 1, SCALE_BN,
+                        BIAS, ACTIVATION, OUT, OUT_GROUP, UE8M0_OUT, BLOCK_N, GROUP_M, PIPELINE, TMA_OUT, EPI_ROWS)),
             (_produce, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, BLOCK_N, GROUP_M)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
