@@ -46,9 +46,7 @@ class GluonConfig:
     `epi_rows`: the epilogue staged through shared memory, that many rows a step (0: in the consumers,
     from the MMA's registers; None: `EPI_ROWS` where `staged_by_default`, else 0), by a partition of its own
     with `epilogue_regs` registers a thread, each consumer running the first `own_rows` rows of its
-    sub-tiles itself meanwhile (None: `own_rows_for` the call); `a_regs`: with column sub-tiles, each K
-    block's A rows loaded into registers once for all its sub-tiles' wgmmas (else each reads A from shared
-    memory).
+    sub-tiles itself meanwhile (None: `own_rows_for` the call).
     `DEFAULT` is round 3's measured configuration; `config_for` picks the wide ones (`WIDE`) where
     round 4's probe measured them faster."""
 
@@ -62,7 +60,6 @@ class GluonConfig:
     epi_rows: int | None = None
     epilogue_regs: int = 56
     own_rows: int | None = None
-    a_regs: bool = False
 
     def __post_init__(self):
         sub = self.sub_n or self.block_n
@@ -237,8 +234,7 @@ def scaled_mm(a, a_scale, b, b_scale, *, block_n, block_k, bias, activation, out
         OUT_GROUP=out_group if out_quant is not None else 1, UE8M0_OUT=bool(ue8m0_out), BLOCK_N=bn,
         STAGES=stages, GROUP_M=config.group_m, PIPELINE=pipeline, TMA_OUT=tma_out,
         CONSUMER_REGS=config.consumer_regs(bool(epi_rows)), PRODUCER_REGS=config.producer(bool(epi_rows)),
-        EPI_ROWS=epi_rows, EPILOGUE_REGS=config.epilogue_regs, A_REGS=config.a_regs and config.sub < bn,
-        num_warps=_WARPS,
+        EPI_ROWS=epi_rows, EPILOGUE_REGS=config.epilogue_regs, num_warps=_WARPS,
         # The promotion is one FMA per element, as the tiled kernel's under Triton 3.6's default (which
         # later versions turn off).
         enable_fp_fusion=True), a.device, descriptors,

@@ -137,99 +137,72 @@ def _k_scales(a_s_ptrs, b_s_ptrs, kb, stride_ask, stride_bsk):
 
 
 @gluon.jit
-def _load_a(a_bufs, ready, it, zero, C: gl.constexpr):
-    """This warpgroup's rows of the it-th K block's A tile in registers, as a wgmma's A operand, once
-    its slot is filled."""
-    STAGES: gl.constexpr = a_bufs.type.shape[0]
-    ROWS: gl.constexpr = zero.shape[0]
-    slot = it % STAGES
-    mbarrier.wait(ready.index(slot), (it // STAGES) & 1)
-    layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=zero.type.layout,
-                                               k_width=32 // a_bufs.dtype.primitive_bitwidth)
-    return a_bufs.index(slot).slice(C * ROWS, ROWS).load(layout)
-
-
-@gluon.jit
-def _issue(a_bufs, b_bufs, ready, it, zero, a_op, C: gl.constexpr, J: gl.constexpr, A_REGS: gl.constexpr):
+def _issue(a_bufs, b_bufs, ready, it, zero, C: gl.constexpr, J: gl.constexpr):
     """Start this warpgroup's wgmma on its rows of the it-th K block and columns [J·SUB_N, (J+1)·SUB_N)
-    of the tile, waiting for the K block's slot first when J is 0; A_REGS: with A from registers
-    (`a_op`, `_load_a`: the slot waited for there), else from the slot."""
+    of the tile, waiting for the K block's slot first when J is 0."""
     STAGES: gl.constexpr = a_bufs.type.shape[0]
     ROWS: gl.constexpr = zero.shape[0]
     NSUB: gl.constexpr = b_bufs.type.shape[0] // STAGES
     slot = it % STAGES
-    b = b_bufs.index(slot * NSUB + J).permute((1, 0))
-    if A_REGS:
-        return warpgroup_mma(a_op, b, zero, use_acc=False, is_async=True)
-    else:
-        if J == 0:
-            mbarrier.wait(ready.index(slot), (it // STAGES) & 1)
-        return warpgroup_mma(a_bufs.index(slot).slice(C * ROWS, ROWS), b, zero, use_acc=False, is_async=True)
+    if J == 0:
+        mbarrier.wait(ready.index(slot), (it // STAGES) & 1)
+    a = a_bufs.index(slot).slice(C * ROWS, ROWS)
+    return warpgroup_mma(a, b_bufs.index(slot * NSUB + J).permute((1, 0)), zero, use_acc=False, is_async=True)
 
 
 @gluon.jit
-def _retire(acc, part, a_op, a_s, b_s, empty, it, PENDING: gl.constexpr, RELEASE: gl.constexpr,
-            UNIFORM_BS: gl.constexpr, A_REGS: gl.constexpr):
-    """Wait for a wgmma of the it-th K block (PENDING later ones may stay in flight; A_REGS: `a_op`, their
-    A operand in registers, kept until then), release the K block's slot when it was its last (RELEASE)
-    and return (acc + fp32(part) · a_s[m] · b_s[n], the scale product formed as `gemm.py` forms it; a_op)."""
+def _retire(acc, part, a_s, b_s, empty, it, PENDING: gl.constexpr, RELEASE: gl.constexpr,
+            UNIFORM_BS: gl.constexpr):
+    """Wait for a wgmma of the it-th K block (PENDING later ones may stay in flight), release the K
+    block's slot when it was its last (RELEASE) and return acc + fp32(part) · a_s[m] · b_s[n], the
+    scale product formed as `gemm.py` forms it."""
     STAGES: gl.constexpr = empty.type.shape[0]
-    # (Triton cannot keep an 8-bit register operand as a wait's dependency; ptxas orders the register
-    # reuse itself, and says so where it must serialize the wgmmas: C7514/C7515.)
     part = warpgroup_mma_wait(num_outstanding=PENDING, deps=[part])
     if RELEASE:
         mbarrier.arrive(empty.index(it % STAGES), count=1)
     if UNIFORM_BS:
-        return acc + part.to(gl.float32) * (a_s * b_s)[:, None], a_op
+        return acc + part.to(gl.float32) * (a_s * b_s)[:, None]
     else:
-        return acc + part.to(gl.float32) * a_s[:, None] * b_s[None, :], a_op
+        return acc + part.to(gl.float32) * a_s[:, None] * b_s[None, :]
 
 
 @gluon.jit
-def _promote(accs, part, a_op, scales, empty, it, G: gl.constexpr, PENDING: gl.constexpr, UNIFORM_BS: gl.constexpr,
-             A_REGS: gl.constexpr):
-    """`_retire` group G of a step (K block it + G // NSUB, sub-tile G % NSUB) into its accumulator:
-    (accs, a_op)."""
+def _promote(accs, part, scales, empty, it, G: gl.constexpr, PENDING: gl.constexpr, UNIFORM_BS: gl.constexpr):
+    """`_retire` group G of a step (K block it + G // NSUB, sub-tile G % NSUB) into its accumulator."""
     NSUB: gl.constexpr = len(accs)
     K: gl.constexpr = G // NSUB
     J: gl.constexpr = G % NSUB
     a_s, b_s = scales[K]
-    acc, a_op = _retire(accs[J], part, a_op, a_s, b_s[J], empty, it + K, PENDING, J == NSUB - 1, UNIFORM_BS, A_REGS)
-    return _set(accs, J, acc), a_op
+    return _set(accs, J, _retire(accs[J], part, a_s, b_s[J], empty, it + K, PENDING, J == NSUB - 1, UNIFORM_BS))
 
 
 @gluon.jit
 def _step(accs, a_bufs, b_bufs, ready, empty, it, kb, a_s_ptrs, b_s_ptrs, stride_ask, stride_bsk, zero,
-          C: gl.constexpr, UNIFORM_BS: gl.constexpr, KSTEP: gl.constexpr, OVERLAP: gl.constexpr,
-          A_REGS: gl.constexpr):
+          C: gl.constexpr, UNIFORM_BS: gl.constexpr, KSTEP: gl.constexpr, OVERLAP: gl.constexpr):
     """KSTEP K blocks (kb, ... of the tile; it, ... of this program) into the sub-tile accumulators
     `accs`: one wgmma per K block and sub-tile, in that order. OVERLAP: each is issued before the one
-    before it is promoted (two sub-tile partials in registers), else after. A_REGS (KSTEP 1): the K
-    block's A rows loaded into registers once, for all its sub-tiles' wgmmas, which then read only B from
-    shared memory (from the slot, each sub-tile's wgmma reads A again)."""
+    before it is promoted (two sub-tile partials in registers), else after."""
     NSUB: gl.constexpr = len(accs)
     # Every scale load is issued before the first mbarrier wait, which hides its latency.
     scales = ()
     for k in gl.static_range(KSTEP):
         scales = scales + (_k_scales(a_s_ptrs, b_s_ptrs, kb + k, stride_ask, stride_bsk), )
-    a_op = _load_a(a_bufs, ready, it, zero, C) if A_REGS else zero
-    part = _issue(a_bufs, b_bufs, ready, it, zero, a_op, C, 0, A_REGS)
+    part = _issue(a_bufs, b_bufs, ready, it, zero, C, 0)
     for g in gl.static_range(1, KSTEP * NSUB):
         # Group g (K block g // NSUB, sub-tile g % NSUB) is issued, group g - 1 promoted.
         if OVERLAP:
-            nxt = _issue(a_bufs, b_bufs, ready, it + g // NSUB, zero, a_op, C, g % NSUB, A_REGS)
-            accs, a_op = _promote(accs, part, a_op, scales, empty, it, g - 1, 1, UNIFORM_BS, A_REGS)
+            nxt = _issue(a_bufs, b_bufs, ready, it + g // NSUB, zero, C, g % NSUB)
+            accs = _promote(accs, part, scales, empty, it, g - 1, 1, UNIFORM_BS)
             part = nxt
         else:
-            accs, a_op = _promote(accs, part, a_op, scales, empty, it, g - 1, 0, UNIFORM_BS, A_REGS)
-            part = _issue(a_bufs, b_bufs, ready, it + g // NSUB, zero, a_op, C, g % NSUB, A_REGS)
-    accs, a_op = _promote(accs, part, a_op, scales, empty, it, KSTEP * NSUB - 1, 0, UNIFORM_BS, A_REGS)
-    return accs
+            accs = _promote(accs, part, scales, empty, it, g - 1, 0, UNIFORM_BS)
+            part = _issue(a_bufs, b_bufs, ready, it + g // NSUB, zero, C, g % NSUB)
+    return _promote(accs, part, scales, empty, it, KSTEP * NSUB - 1, 0, UNIFORM_BS)
 
 
 @gluon.jit
 def _mainloop(a_bufs, b_bufs, ready, empty, it, num_kb, a_s_ptrs, b_s_ptrs, stride_ask, stride_bsk, zero,
-              C: gl.constexpr, UNIFORM_BS: gl.constexpr, PIPELINE: gl.constexpr, A_REGS: gl.constexpr):
+              C: gl.constexpr, UNIFORM_BS: gl.constexpr, PIPELINE: gl.constexpr):
     """One tile's fp32 accumulators, one per column sub-tile, over its num_kb K blocks, the first being
     the it-th of this program."""
     NSUB: gl.constexpr = len(b_s_ptrs)
@@ -242,11 +215,11 @@ def _mainloop(a_bufs, b_bufs, ready, empty, it, num_kb, a_s_ptrs, b_s_ptrs, stri
         # and ptxas then serializes every wgmma (its warning C7514/C7515).
         for kb in range(0, num_kb - 1, 2):
             accs = _step(accs, a_bufs, b_bufs, ready, empty, it, kb, a_s_ptrs, b_s_ptrs, stride_ask, stride_bsk,
-                         zero, C, UNIFORM_BS, 2, True, False)
+                         zero, C, UNIFORM_BS, 2, True)
             it += 2
         if num_kb % 2 == 1:
             accs = _step(accs, a_bufs, b_bufs, ready, empty, it, num_kb - 1, a_s_ptrs, b_s_ptrs, stride_ask,
-                         stride_bsk, zero, C, UNIFORM_BS, 1, True, False)
+                         stride_bsk, zero, C, UNIFORM_BS, 1, True)
             it += 1
     else:
         # One K block per step; pipelined, each sub-tile's wgmma runs while the one before is promoted.
@@ -254,7 +227,7 @@ def _mainloop(a_bufs, b_bufs, ready, empty, it, num_kb, a_s_ptrs, b_s_ptrs, stri
         # BLOCK_N = 192 and 256 in 64-column sub-tiles.)
         for kb in range(num_kb):
             accs = _step(accs, a_bufs, b_bufs, ready, empty, it, kb, a_s_ptrs, b_s_ptrs, stride_ask, stride_bsk,
-                         zero, C, UNIFORM_BS, 1, PIPELINE, A_REGS)
+                         zero, C, UNIFORM_BS, 1, PIPELINE)
             it += 1
     return accs, it
 
@@ -386,7 +359,7 @@ def _epilogue(c_smem, acc_ready, acc_free, params, BIAS: gl.constexpr, ACTIVATIO
 def _consume(a_bufs, b_bufs, ready, empty, out_desc, c_smem, acc_ready, acc_free, params, C: gl.constexpr,
              SCALE_BN: gl.constexpr, BIAS: gl.constexpr, ACTIVATION: gl.constexpr, OUT: gl.constexpr,
              OUT_GROUP: gl.constexpr, UE8M0_OUT: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr,
-             PIPELINE: gl.constexpr, TMA_OUT: gl.constexpr, EPI_ROWS: gl.constexpr, A_REGS: gl.constexpr):
+             PIPELINE: gl.constexpr, TMA_OUT: gl.constexpr, EPI_ROWS: gl.constexpr):
     """Consumer warpgroup C: rows [C·ROWS, (C+1)·ROWS) of every tile of this program, K block by K
     block from the slot ring, in column sub-tiles of SUB_N, then the epilogue sub-tile by sub-tile:
     handed over to the epilogue partition (EPI_ROWS > 0: c_smem holds this warpgroup's fp32 sub-tile,
@@ -421,7 +394,7 @@ def _consume(a_bufs, b_bufs, ready, empty, out_desc, c_smem, acc_ready, acc_free
         a_s_ptrs = a_scale_ptr + (rows % M) * stride_asm
         b_s_ptrs = _b_scale_ptrs(b_scale_ptr, pid_n, N, stride_bsn, zero, SCALE_BN, NSUB, UNIFORM_BS)
         accs, it = _mainloop(a_bufs, b_bufs, ready, empty, it, num_kb, a_s_ptrs, b_s_ptrs, stride_ask, stride_bsk,
-                             zero, C, UNIFORM_BS, PIPELINE, A_REGS)
+                             zero, C, UNIFORM_BS, PIPELINE)
 
         for j in gl.static_range(NSUB):
             col0 = pid_n * BLOCK_N + j * SUB_N
@@ -458,7 +431,7 @@ def block_scaled_mm_ws_kernel(
         SCALE_BN: gl.constexpr, BIAS: gl.constexpr, ACTIVATION: gl.constexpr, OUT: gl.constexpr,
         OUT_GROUP: gl.constexpr, UE8M0_OUT: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
         GROUP_M: gl.constexpr, PIPELINE: gl.constexpr, TMA_OUT: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-        PRODUCER_REGS: gl.constexpr, EPI_ROWS: gl.constexpr, EPILOGUE_REGS: gl.constexpr, A_REGS: gl.constexpr):
+        PRODUCER_REGS: gl.constexpr, EPI_ROWS: gl.constexpr, EPILOGUE_REGS: gl.constexpr):
     """a [M, K] @ b [N, K]^T with block scales and a fused epilogue, on sm_90.
 
     a_desc / b_desc: Gluon TMA descriptors over a and b (e4m3 or int8, both alike) with blocks
@@ -511,11 +484,9 @@ def block_scaled_mm_ws_kernel(
     if EPI_ROWS:
         gl.warp_specialize([
             (_consume, (a_bufs, b_bufs, ready, empty, out_desc, c_smem, acc_ready, acc_free, params, 0, SCALE_BN,
-                        BIAS, ACTIVATION, OUT, OUT_GROUP, UE8M0_OUT, BLOCK_N, GROUP_M, PIPELINE, TMA_OUT, EPI_ROWS,
-                        A_REGS)),
+                        BIAS, ACTIVATION, OUT, OUT_GROUP, UE8M0_OUT, BLOCK_N, GROUP_M, PIPELINE, TMA_OUT, EPI_ROWS)),
             (_consume, (a_bufs, b_bufs, ready, empty, out_desc, c_smem, acc_ready, acc_free, params, 1, SCALE_BN,
-                        BIAS, ACTIVATION, OUT, OUT_GROUP, UE8M0_OUT, BLOCK_N, GROUP_M, PIPELINE, TMA_OUT, EPI_ROWS,
-                        A_REGS)),
+                        BIAS, ACTIVATION, OUT, OUT_GROUP, UE8M0_OUT, BLOCK_N, GROUP_M, PIPELINE, TMA_OUT, EPI_ROWS)),
             (_produce, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, BLOCK_N, GROUP_M)),
             (_epilogue, (c_smem, acc_ready, acc_free, params, BIAS, ACTIVATION, OUT, OUT_GROUP, UE8M0_OUT, BLOCK_N,
                          GROUP_M, EPI_ROWS)),
@@ -523,10 +494,8 @@ def block_scaled_mm_ws_kernel(
     else:
         gl.warp_specialize([
             (_consume, (a_bufs, b_bufs, ready, empty, out_desc, c_smem, acc_ready, acc_free, params, 0, SCALE_BN,
-                        BIAS, ACTIVATION, OUT, OUT_GROUP, UE8M0_OUT, BLOCK_N, GROUP_M, PIPELINE, TMA_OUT, EPI_ROWS,
-                        A_REGS)),
+                        BIAS, ACTIVATION, OUT, OUT_GROUP, UE8M0_OUT, BLOCK_N, GROUP_M, PIPELINE, TMA_OUT, EPI_ROWS)),
             (_consume, (a_bufs, b_bufs, ready, empty, out_desc, c_smem, acc_ready, acc_free, params, 1, SCALE_BN,
-                        BIAS, ACTIVATION, OUT, OUT_GROUP, UE8M0_OUT, BLOCK_N, GROUP_M, PIPELINE, TMA_OUT, EPI_ROWS,
-                        A_REGS)),
+                        BIAS, ACTIVATION, OUT, OUT_GROUP, UE8M0_OUT, BLOCK_N, GROUP_M, PIPELINE, TMA_OUT, EPI_ROWS)),
             (_produce, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, BLOCK_N, GROUP_M)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
