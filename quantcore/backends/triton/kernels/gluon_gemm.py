@@ -61,7 +61,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                                 warpgroup_mma_wait)
 
-from .cast import bf16_encode, load_f32
+from .cast import load_f32
 from .epilogue import activate
 from .quant import group_quantize
 
@@ -265,6 +265,16 @@ def _store_scales(out_scale_ptr, scale, row0, col0, M, N, stride_osm, OUT_GROUP:
 
 
 @gluon.jit
+def _bf16_bits(x):
+    """fp32 -> bf16 bits (int16), round to nearest even, NaN -> 0x7FC0: `cast.bf16_encode`'s bits through the
+    hardware's conversion (one instruction per two elements; the integer route took about seven per
+    element, and at the power cap every instruction costs time: docs/performance.md, round 18). Gluon
+    kernels never run in the interpreter, whose bf16 cast truncates."""
+    bits = x.to(gl.bfloat16).to(gl.int16, bitcast=True)
+    return gl.where(x != x, 0x7FC0, bits).to(gl.int16)
+
+
+@gluon.jit
 def _finished(acc, row0, col0, M, N, bias_ptr, stride_bias, out_scale_ptr, stride_osm, eps, BIAS: gl.constexpr,
               ACTIVATION: gl.constexpr, OUT: gl.constexpr, OUT_GROUP: gl.constexpr, UE8M0_OUT: gl.constexpr):
     """(values to store, rows, columns, mask) of the epilogue of `acc` [R, C] fp32 (any layout) at
@@ -285,7 +295,7 @@ def _finished(acc, row0, col0, M, N, bias_ptr, stride_bias, out_scale_ptr, strid
         res = gl.convert_layout(res, layout)
         _store_scales(out_scale_ptr, scale, row0, col0, M, N, stride_osm, OUT_GROUP)
     elif OUT == "bf16":
-        res = bf16_encode(acc)
+        res = _bf16_bits(acc)
     else:
         res = acc
     return res, rows, cols, mask
