@@ -165,9 +165,21 @@ def test_wide_tiles_only_where_n_fills_them_at_large_m(M, N, block_n, out_group,
     """128x256 where N is a multiple of 256, else 128x192 where of 192, from M = 4096; never where a
     sub-tile would straddle a weight-scale block or split a re-quantization group."""
     gluon_launch = pytest.importorskip("quantcore.backends.triton.gluon_launch")
-    cfg = gluon_launch.config_for(M, N, block_n, out_group)
+    cfg = gluon_launch.config_for(M, N, 7168, block_n, out_group)
     assert cfg == (gluon_launch.DEFAULT if wide is None else next(c for c in gluon_launch.WIDE if c.block_n == wide))
     assert out_group is None or cfg.sub % out_group == 0
+
+
+@pytest.mark.parametrize("M, N, K, group_m", [(4096, 32768, 512, 32), (4096, 7168, 2048, 32), (16384, 2112, 1536, 32),
+                                              (4096, 7168, 2049, 8), (4096, 4096, 7168, 8), (4096, 1000, 512, 8),
+                                              (2048, 7168, 512, 8)])
+def test_wide_tiles_walk_longer_groups_of_row_tiles_where_k_is_short(M, N, K, group_m):
+    """At K <= 2048 a wide tile's walk takes 32 row tiles per L2 group (B's strips are most of the
+    traffic there), else 8 as the default tile, which keeps its own."""
+    gluon_launch = pytest.importorskip("quantcore.backends.triton.gluon_launch")
+    cfg = gluon_launch.config_for(M, N, K, 128, None)
+    assert cfg.group_m == group_m
+    assert (cfg == gluon_launch.DEFAULT) == (N % 192 != 0 and N % 256 != 0 or M < gluon_launch.WIDE_M_MIN)
 
 
 @pytest.mark.parametrize("fmt", ["fp8_e4m3", "int8"])
@@ -234,8 +246,8 @@ def test_a_staged_epilogue_keeps_the_default_tile(M, N, out_group):
     """The epilogue partition's buffer holds one column sub-tile per consumer: a staged epilogue never
     takes a wide tile, where the consumers would wait for it sub-tile after sub-tile."""
     gluon_launch = pytest.importorskip("quantcore.backends.triton.gluon_launch")
-    assert gluon_launch.config_for(M, N, 128, out_group) != gluon_launch.DEFAULT
-    assert gluon_launch.config_for(M, N, 128, out_group, staged=True) == gluon_launch.DEFAULT
+    assert gluon_launch.config_for(M, N, 7168, 128, out_group) != gluon_launch.DEFAULT
+    assert gluon_launch.config_for(M, N, 7168, 128, out_group, staged=True) == gluon_launch.DEFAULT
 
 
 @pytest.mark.parametrize("tiles, num_kb, own", [(14, 16, 32), (14, 56, 0), (2, 56, 48), (62, 4, 48), (3, 12, 32),

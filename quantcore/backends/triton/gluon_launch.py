@@ -8,7 +8,7 @@ launched (the registry's constraints say where it can run: `triton/gluon.py`).
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -115,6 +115,12 @@ DEFAULT = GluonConfig()
 # M their fewer tiles leave SMs idle, so the default stays there.
 WIDE = (GluonConfig(block_n=256, sub_n=64, producer_regs=24), GluonConfig(block_n=192, sub_n=64))
 WIDE_M_MIN = 4096
+# Row tiles per L2 group of a wide tile's walk where K is at most SHORT_K. There the B column strips, read
+# from DRAM again for every group of row tiles, are most of the traffic (Nsight Compute at 4096×32768×512
+# with groups of 8: 69.4 MB read against cuBLAS's 19.7), and groups of 32 took 0.3-5.5 % less time on the
+# six bench shapes of K ≤ 2048 at 4096 and 16384 rows; at longer K, 16 and 32 moved times by under 1 % either
+# way and 8 stays (docs/bench/round18/group_probe.txt).
+SHORT_K, SHORT_K_GROUP_M = 2048, 32
 _MAX_STAGES = 6
 # Rows of a staged epilogue's step (`GluonConfig.epi_rows`): two per warp. Measured on the H100 over the
 # six bench shapes at M = 512 and 4096 (docs/bench/round9/gluon_staged.txt), time over the plain GEMM with
@@ -146,15 +152,18 @@ def own_rows_for(tiles_per_program: int, num_kb: int) -> int:
     return 0 if num_kb >= 48 else 32
 
 
-def config_for(M: int, N: int, block_n: int, out_group: int | None, staged: bool = False) -> GluonConfig:
-    """The configuration for an M×N output with weight-scale blocks `block_n` wide and, when the output
-    is re-quantized, groups of `out_group`: a wide tile that N fills exactly at large M, where the
-    sub-tiles lie within one weight-scale block and hold whole groups, else the default. A `staged`
-    epilogue takes the default tile: the epilogue partition's one fp32 buffer per consumer holds one
-    column sub-tile, and a wide tile's consumers would wait for it sub-tile after sub-tile (2.1x the
-    default tile's time with bias + GELU at 4096×7168×2048 FP8, docs/bench/round14/epilogue_first.txt)."""
+def config_for(M: int, N: int, K: int, block_n: int, out_group: int | None, staged: bool = False) -> GluonConfig:
+    """The configuration for an M×N output over K with weight-scale blocks `block_n` wide and, when the
+    output is re-quantized, groups of `out_group`: a wide tile that N fills exactly at large M, where the
+    sub-tiles lie within one weight-scale block and hold whole groups (walked in groups of SHORT_K_GROUP_M
+    row tiles where K is at most SHORT_K), else the default. A `staged` epilogue takes the default tile: the
+    epilogue partition's one fp32 buffer per consumer holds one column sub-tile, and a wide tile's consumers
+    would wait for it sub-tile after sub-tile (2.1x the default tile's time with bias + GELU at
+    4096×7168×2048 FP8, docs/bench/round14/epilogue_first.txt)."""
     if not staged and M >= WIDE_M_MIN and block_n % 64 == 0 and (out_group is None or 64 % out_group == 0):
-        return next((cfg for cfg in WIDE if N % cfg.block_n == 0), DEFAULT)
+        wide = next((cfg for cfg in WIDE if N % cfg.block_n == 0), None)
+        if wide is not None:
+            return replace(wide, group_m=SHORT_K_GROUP_M) if K <= SHORT_K else wide
     return DEFAULT
 
 
@@ -200,7 +209,7 @@ def scaled_mm(a, a_scale, b, b_scale, *, block_n, block_k, bias, activation, out
     """
     M, K = a.shape
     N = b.shape[0]
-    config = config or config_for(M, N, block_n, None if out_quant is None else out_group, activation is not None)
+    config = config or config_for(M, N, K, block_n, None if out_quant is None else out_group, activation is not None)
     if out_quant is not None and config.sub % out_group:
         raise InvalidInputError(f"triton[gluon] scaled_mm: out_group_size {out_group} must divide the tile's N "
                                 f"sub-tile ({config.sub}); use a GluonConfig whose sub-tile it divides, or "
