@@ -53,14 +53,20 @@ def _backend(name: str | None):
     return name
 
 
-def _real(op: OpDef, custom: CustomOp) -> Callable[..., Any]:
+def _real(op: OpDef, custom: CustomOp, schema_tensors: list[str]) -> Callable[..., Any]:
     """The real kernel: the op's public function (`OpDef.kernel`: below autograd, no gradient to ask
-    about), its outputs in the fake's layout. Tensors arrive as the schema orders them, which is the
-    function's order (`_register` checks): those the function takes positionally go on so, the others
-    (scaled_mm's keyword-only bias, positional in the schema) by name."""
+    about), its outputs in the fake's layout. Tensors arrive as the schema orders them (`schema_tensors`,
+    its positional arguments), which must be the function's order: those the function takes positionally
+    go on so, the others (scaled_mm's keyword-only bias, positional in the schema) by name."""
     function, layout = op.kernel, custom.layout
-    params = inspect.signature(function).parameters
-    positional = sum(params[t].kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for t in op.tensors)
+    params = list(inspect.signature(function).parameters.values())[:len(op.tensors)]
+    kinds = [p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for p in params]
+    leading = [p.name for p in params]
+    if schema_tensors != list(op.tensors) or leading != list(op.tensors) or kinds != sorted(kinds, reverse=True):
+        raise InvalidInputError(f"{custom.name}: the schema's positional arguments {schema_tensors} and the "
+                                f"function's first ones {leading} must both be the op's tensors {list(op.tensors)}, "
+                                "the function's positional ones first")
+    positional = sum(kinds)
     by_name = op.tensors[positional:]
 
     def kernel(*tensors, backend=None, **options):
@@ -156,15 +162,7 @@ def _register(op: OpDef, custom: CustomOp) -> torch._ops.OpOverload:
     above it and the fake kernel for tracing. Returns its overload."""
     _LIBRARY.define(custom.name + custom.schema)
     overload = getattr(torch.ops.quantcore, custom.name).default
-    schema_tensors = [a.name for a in overload._schema.arguments if not a.kwarg_only]
-    params = list(inspect.signature(op.kernel).parameters.values())[:len(op.tensors)]
-    leading = [p.name for p in params]
-    kinds = [p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for p in params]
-    if schema_tensors != list(op.tensors) or leading != list(op.tensors) or kinds != sorted(kinds, reverse=True):
-        raise InvalidInputError(f"{custom.name}: the schema's positional arguments {schema_tensors} and the "
-                                f"function's first ones {leading} must both be the op's tensors {list(op.tensors)}, "
-                                "the function's positional ones first")
-    real = _real(op, custom)
+    real = _real(op, custom, [a.name for a in overload._schema.arguments if not a.kwarg_only])
     _LIBRARY.impl(custom.name, real, "CompositeExplicitAutograd")
     _LIBRARY.impl(custom.name, _autograd(op, custom, overload, real), "Autograd")
     torch.library.register_fake(overload, custom.fake, lib=_LIBRARY)

@@ -169,13 +169,13 @@ def _generate(op: OpDef) -> tuple[Callable[..., Any], Callable[..., Any], Callab
     grad = (f"    if _grad_enabled() and _requires_grad({tensors}):\n        return _with_gradient({arguments})\n"
             if op.differentiable else "")
     functions = []
-    for prelude in (grad, ""):
+    for prelude in dict.fromkeys((grad, "")):  # one function where the op asks nothing about gradients
         exec(f"def {op.name}({', '.join(source)}):\n{prelude}{replay.body}    return _call({arguments})\n", namespace)
         fn = namespace[op.name]
         fn.__doc__, fn.__annotations__ = op.stub.__doc__, dict(op.stub.__annotations__)
         fn.__module__, fn.__qualname__ = "quantcore.ops", op.name
         functions.append(fn)
-    return (*functions, replay.key)
+    return functions[0], functions[-1], replay.key
 
 
 _ops: dict[str, OpDef] = {}
