@@ -120,15 +120,22 @@ def judge_quantized_gelu(q, s, q2, s2, approximate, fmt):
     assert not s2.isnan().any() and bool((s2 > 0).all())
 
 
-def assert_same_q(q: torch.Tensor, expected: torch.Tensor) -> None:
-    """Quantized tensors equal code for code (any NaN code counts as NaN for FP8)."""
-    assert q.dtype == expected.dtype and q.shape == expected.shape
+def same_codes(q: torch.Tensor, expected: torch.Tensor) -> bool:
+    """Quantized tensors equal code for code: any NaN code counts as NaN for FP8, and −0 (0x80) is not +0,
+    which a comparison of their values would let pass."""
+    if q.dtype != expected.dtype or q.shape != expected.shape:
+        return False
     if q.dtype == torch.float8_e4m3fn:
-        a, b = q.float(), expected.float()
-        assert torch.equal(a.isnan(), b.isnan())
-        assert torch.equal(a.nan_to_num(0), b.nan_to_num(0)), "fp8 codes differ"
-    else:
-        assert torch.equal(q, expected)
+        a, b = q.view(torch.uint8), expected.view(torch.uint8)
+        nan_a, nan_b = (a & 0x7F) == 0x7F, (b & 0x7F) == 0x7F
+        return torch.equal(nan_a, nan_b) and torch.equal(a.masked_fill(nan_a, 0x7F), b.masked_fill(nan_b, 0x7F))
+    return torch.equal(q, expected)
+
+
+def assert_same_q(q: torch.Tensor, expected: torch.Tensor) -> None:
+    """`same_codes`, asserted."""
+    assert q.dtype == expected.dtype and q.shape == expected.shape
+    assert same_codes(q, expected), "codes differ"
 
 
 def assert_same_scale(s: torch.Tensor, expected: torch.Tensor) -> None:

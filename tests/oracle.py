@@ -24,7 +24,9 @@ def f32(a: np.ndarray) -> np.ndarray:
 
 
 def encode_e4m3(v: np.ndarray) -> np.ndarray:
-    """float64 values -> e4m3fn codes (uint8): saturate to ±448, nearest, ties to even code; NaN -> 0x7F."""
+    """float64 values -> e4m3fn codes (uint8): saturate to ±448, nearest, ties to even code, the sign kept
+    (a negative value that rounds to zero is −0, 0x80, as torch's cast and the hardware's conversion give);
+    NaN -> 0x7F."""
     mag = np.minimum(np.abs(v), 448.0)
     idx = np.searchsorted(_FINITE_VALUES, mag)
     lo = np.clip(idx - 1, 0, len(_FINITE_VALUES) - 1)
@@ -32,7 +34,7 @@ def encode_e4m3(v: np.ndarray) -> np.ndarray:
     dlo, dhi = np.abs(mag - _FINITE_VALUES[lo]), np.abs(_FINITE_VALUES[hi] - mag)
     pick_hi = (dhi < dlo) | ((dhi == dlo) & (_FINITE_CODES[hi] % 2 == 0))
     codes = np.where(pick_hi, _FINITE_CODES[hi], _FINITE_CODES[lo]).astype(np.uint8)
-    codes = np.where(np.signbit(v) & (codes != 0), codes | 0x80, codes)
+    codes = np.where(np.signbit(v), codes | 0x80, codes)
     return np.where(np.isnan(v), 0x7F, codes).astype(np.uint8)
 
 

@@ -14,6 +14,7 @@ import torch
 
 import quantcore
 from helpers import TAIL_EPS, activation_inputs, check_activation, judge_quantized_gelu, tail_blocks, tail_gemm_operands
+from helpers import same_codes as same_q
 from quantcore import UnsupportedError, ops, registry
 from quantcore.specs.tolerances import REQUANT_SCALE_RTOL, gemm_tolerance, rel_error, requant_within_one_step
 
@@ -57,13 +58,6 @@ def rand(shape, dtype=torch.bfloat16, seed=0):
     g = torch.Generator(device="cuda").manual_seed(seed)
     x = torch.randn(*shape, generator=g, device="cuda")
     return (x * torch.exp(torch.randn(*shape[:-1], 1, generator=g, device="cuda"))).to(dtype)
-
-
-def same_q(a, b):
-    if a.dtype == torch.float8_e4m3fn:
-        fa, fb = a.float(), b.float()
-        return torch.equal(fa.isnan(), fb.isnan()) and torch.equal(fa.nan_to_num(0), fb.nan_to_num(0))
-    return torch.equal(a, b)
 
 
 def same_scale(a, b):

@@ -94,7 +94,7 @@ def decode_mm_kernel(
             x = to_f32(x_next, A)  # converted here, where it is used, so the load is waited for here
             x_next = tl.load(x_ptrs + (kb + 1) * BLOCK_K, mask=offs_k[None, :] < K - (kb + 1) * BLOCK_K, other=0)
             x_s = block_scale(nan_absmax(x, 1), a_eps, QFMT, UE8M0_A)
-            x_q = quantize(x, tl.broadcast_to(x_s[:, None], x.shape), QFMT, HW_FP8)
+            x_q = quantize(x, x_s[:, None], QFMT, HW_FP8)
             a = tl.reshape(tl.broadcast_to(x_q[None, :, :], (BLOCK_M // QROWS, QROWS, BLOCK_K)), (BLOCK_M, BLOCK_K))
             a_s = tl.reshape(tl.broadcast_to(x_s[None, :], (BLOCK_M // QROWS, QROWS)), (BLOCK_M,))
         part = block_dot(b, a, None, QFMT, USE_FP8_MMA, False).to(tl.float32)  # [BLOCK_N, BLOCK_M]

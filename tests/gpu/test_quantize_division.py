@@ -1,0 +1,135 @@
+"""The Triton quantizers divide by their group's scale through `quant.divide` (a reciprocal per group,
+a multiply and two FMAs per element), which must round as IEEE division: compiled for the GPU, on ~2,000
+scales spread over the fp32 exponents below 2^123 (subnormal, all-ones and power-of-two significands, +Inf,
+NaN) and 2^16 values each within the quantizers' domain (|x| up to 448 scales: uniform, log-uniform,
+near the FP8 and INT8 rounding boundaries, ±0, and ±Inf beside an infinite scale), its quotient has
+the bits of `tl.div_rn`'s wherever that is at least 2^-17 (below, its FP8 and INT8 codes are ±0 both
+ways), and its FP8 and INT8 codes are those of `tl.div_rn`'s quotient everywhere.
+
+Run on a GPU machine: `python3 -m pytest -m gpu tests/gpu/test_quantize_division.py`.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+
+BLOCK = 1024
+PER_SCALE = 2**16
+
+
+def _kernel():
+    import triton
+    import triton.language as tl
+
+    from quantcore.backends.triton.kernels.fp8 import fp8e4m3_encode_as
+    from quantcore.backends.triton.kernels.quant import divide, int8_encode
+
+    @triton.jit
+    def both(x_ptr, s_ptr, out_ptr, BLOCK: tl.constexpr):
+        """out[0] / out[1]: the quotients' bits by `divide` / `tl.div_rn`; out[2] / out[3]: their FP8 codes
+        and out[4] / out[5] their INT8 codes (as int32)."""
+        offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        n = tl.num_programs(0).to(tl.int64) * BLOCK
+        x = tl.load(x_ptr + offs)
+        s = tl.load(s_ptr + offs)
+        new = divide(x, s)
+        old = tl.div_rn(x, s)
+        tl.store(out_ptr + offs, new.to(tl.int32, bitcast=True))
+        tl.store(out_ptr + n + offs, old.to(tl.int32, bitcast=True))
+        tl.store(out_ptr + 2 * n + offs, fp8e4m3_encode_as(new, True).to(tl.int32))
+        tl.store(out_ptr + 3 * n + offs, fp8e4m3_encode_as(old, True).to(tl.int32))
+        tl.store(out_ptr + 4 * n + offs, int8_encode(new).to(tl.int32))
+        tl.store(out_ptr + 5 * n + offs, int8_encode(old).to(tl.int32))
+    return both
+
+
+def _scales() -> torch.Tensor:
+    """Positive fp32 scales below 2^123, past 2^122, the largest a quantizer makes (fp32's largest amax over
+    INT8's qmax, rounded up to a power of two): per exponent (subnormals included) significands 0, all ones, one
+    and five random ones; the largest subnormal and a few tiny ones; +Inf and NaN. (Above 2^126 `tl.div_rn`
+    itself is off on the H100 under Triton 3.6: −2^126 / 2^127 gave −0.50000006.)"""
+    g = torch.Generator().manual_seed(0)
+    exps = torch.arange(0, 127 + 123, dtype=torch.int64)
+    mants = torch.cat([torch.tensor([0, 0x7FFFFF, 1]), torch.randint(0, 0x800000, (5,), generator=g)])
+    bits = (exps[:, None] << 23 | mants[None, :]).flatten()
+    bits = torch.cat([bits[bits > 0], torch.tensor([0x7FFFFF, 2, 3, 0x7F800000, 0x7FC00000])])
+    return bits.to(torch.int32).view(torch.float32)
+
+
+def _values(s: torch.Tensor, g: torch.Generator) -> torch.Tensor:
+    """PER_SCALE values per scale in s [S] (on the GPU) -> [S, PER_SCALE] fp32, |x| up to about 448·s."""
+    S, dev = s.shape[0], s.device
+    s64 = s.double()[:, None]
+    top = torch.where(torch.isfinite(s64), s64 * 448, torch.full_like(s64, 1e30))
+    u = torch.rand(S, PER_SCALE, generator=g, device=dev, dtype=torch.float64)
+    k = torch.randint(0, 160, (S, PER_SCALE), generator=g, device=dev).double()
+    kind = torch.randint(0, 4, (S, PER_SCALE), generator=g, device=dev)
+    log_uniform = u * top * torch.exp2(-k)
+    # Near (j + 1/2)·s and j·s/8: INT8's ties and FP8's 3-bit significand steps, nudged by a few ulps below.
+    j = torch.randint(0, 448 * 8 + 1, (S, PER_SCALE), generator=g, device=dev).double()
+    near = torch.where(kind == 2, (torch.floor(j / 8) + 0.5) * s64, j / 8 * s64)
+    mag = torch.where(kind == 0, u * top, torch.where(kind == 1, log_uniform, near))
+    fmax = torch.finfo(torch.float32).max
+    x = mag.clamp(-fmax, fmax).float()
+    nudge = torch.randint(-2, 3, (S, PER_SCALE), generator=g, device=dev, dtype=torch.int32)
+    # Nudged on the bits, kept from crossing zero or the largest float.
+    nudged = (x.view(torch.int32) + nudge).clamp(0, 0x7F7FFFFF).view(torch.float32)
+    x = torch.where(kind >= 2, nudged, x)
+    sign = torch.randint(0, 2, (S, PER_SCALE), generator=g, device=dev, dtype=torch.bool)
+    x = torch.where(sign, -x, x)
+    x[:, :2] = torch.tensor([0.0, -0.0], device=dev)
+    # Beside an infinite scale (a group holding ±Inf), the infinities themselves.
+    inf = torch.isinf(s)
+    x[inf, 2], x[inf, 3] = float("inf"), float("-inf")
+    return x
+
+
+def test_divide_rounds_as_ieee_division_and_gives_its_codes():
+    both = _kernel()
+    scales = _scales().cuda()
+    g = torch.Generator(device="cuda").manual_seed(1)
+    checked = 0
+    for chunk in scales.split(256):
+        x = _values(chunk, g)
+        s = chunk[:, None].expand_as(x).contiguous()
+        out = torch.empty(6, x.numel(), dtype=torch.int32, device="cuda")
+        both[(x.numel() // BLOCK,)](x, s, out, BLOCK=BLOCK)
+        new, old = out[0].view(torch.float32), out[1].view(torch.float32)
+        both_nan = new.isnan() & old.isnan()
+        big = ~(old.abs() < 2.0**-17)  # NaN and ±Inf count as big
+        differ = (out[0] != out[1]) & ~both_nan & big
+        assert not differ.any(), (
+            f"{int(differ.sum())} quotients differ from IEEE division, e.g. x={x.flatten()[differ][:4].tolist()} "
+            f"s={s.flatten()[differ][:4].tolist()}: {new[differ][:4].tolist()} vs {old[differ][:4].tolist()}")
+        # FP8 NaN codes may differ in their sign bit only (the contract compares NaN codes as NaN).
+        fp8_nan = ((out[2] & 0x7F) == 0x7F) & ((out[3] & 0x7F) == 0x7F)
+        for name, rows in (("FP8", (2, 3)), ("INT8", (4, 5))):
+            differ = (out[rows[0]] != out[rows[1]]) & ~(fp8_nan if name == "FP8" else False)
+            assert not differ.any(), (
+                f"{int(differ.sum())} {name} codes differ, e.g. x={x.flatten()[differ][:4].tolist()} "
+                f"s={s.flatten()[differ][:4].tolist()}: quotients {new[differ][:4].tolist()} vs "
+                f"{old[differ][:4].tolist()}, codes {out[rows[0]][differ][:4].tolist()} vs {out[rows[1]][differ][:4].tolist()}")
+        checked += x.numel()
+    assert checked == scales.numel() * PER_SCALE
+
+
+@pytest.mark.parametrize("backend", ["triton", "cupy"])
+@pytest.mark.parametrize("qdtype", [torch.float8_e4m3fn, torch.int8])
+def test_act_quant_keeps_the_sign_of_zero(backend, qdtype):
+    """−0 among other values quantizes to FP8's −0 code (0x80), as the reference's division gives."""
+    from helpers import assert_same_q, assert_same_scale
+
+    from quantcore import ops
+
+    x = torch.randn(4, 256, generator=torch.Generator().manual_seed(0))
+    x[:, ::3] = -0.0
+    x[:, 1::3] = 0.0
+    q, s = ops.act_quant(x.cuda(), dtype=qdtype, backend=backend)
+    q_ref, s_ref = ops.act_quant(x, dtype=qdtype, backend="torch")
+    assert_same_scale(s.cpu(), s_ref)
+    assert_same_q(q.cpu(), q_ref)
+    if qdtype == torch.float8_e4m3fn:
+        assert bool((q.cpu().view(torch.uint8)[:, ::3] == 0x80).all())
