@@ -61,7 +61,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                                 warpgroup_mma_wait)
 
-from .cast import load_f32
+from .cast import to_f32
 from .epilogue import activate
 from .quant import group_quantize
 
@@ -265,6 +265,18 @@ def _store_scales(out_scale_ptr, scale, row0, col0, M, N, stride_osm, OUT_GROUP:
 
 
 @gluon.jit
+def _bias_cols(bias_ptr, stride_bias, col0, N, SUB_N: gl.constexpr, BIAS: gl.constexpr, layout: gl.constexpr):
+    """The bias elements of columns col0 … col0 + SUB_N as stored (bf16 as int16 bits; 0 past N) in the 1-D
+    `layout`; 0 without a bias."""
+    if BIAS == "none":
+        bias = 0
+    else:
+        cols = col0 + gl.arange(0, SUB_N, layout=layout)
+        bias = gl.load(bias_ptr + cols * stride_bias, mask=cols < N, other=0)
+    return bias
+
+
+@gluon.jit
 def _bf16_bits(x):
     """fp32 -> bf16 bits (int16), round to nearest even, NaN -> 0x7FC0: `cast.bf16_encode`'s bits through the
     hardware's conversion (one instruction per two elements; the integer route took about seven per
@@ -275,18 +287,18 @@ def _bf16_bits(x):
 
 
 @gluon.jit
-def _finished(acc, row0, col0, M, N, bias_ptr, stride_bias, out_scale_ptr, stride_osm, eps, BIAS: gl.constexpr,
+def _finished(acc, row0, col0, M, N, bias, out_scale_ptr, stride_osm, eps, BIAS: gl.constexpr,
               ACTIVATION: gl.constexpr, OUT: gl.constexpr, OUT_GROUP: gl.constexpr, UE8M0_OUT: gl.constexpr):
     """(values to store, rows, columns, mask) of the epilogue of `acc` [R, C] fp32 (any layout) at
-    output rows row0…, columns col0…: + bias, activation, then the cast or the re-quantization per
-    1×OUT_GROUP (its scales stored here)."""
+    output rows row0…, columns col0…: + bias (its C elements as `_bias_cols` loaded them, in any
+    layout), activation, then the cast or the re-quantization per 1×OUT_GROUP (its scales stored here)."""
     layout: gl.constexpr = acc.type.layout
     rows = row0 + gl.arange(0, acc.shape[0], layout=gl.SliceLayout(1, layout))
     cols = col0 + gl.arange(0, acc.shape[1], layout=gl.SliceLayout(0, layout))
     n_mask = cols < N
     mask = (rows < M)[:, None] & n_mask[None, :]
     if BIAS != "none":
-        acc = acc + load_f32(bias_ptr + cols * stride_bias, n_mask, BIAS)[None, :]
+        acc = acc + to_f32(gl.convert_layout(bias, gl.SliceLayout(0, layout)), BIAS)[None, :]
     acc = activate(acc, ACTIVATION)
     if OUT == "fp8" or OUT == "int8":
         # Elements past M and N must not reach a group's amax; the codes come back to acc's layout (the
@@ -329,9 +341,12 @@ def _staged_rows(scratch, first, last, row0, col0, M, N, bias_ptr, stride_bias, 
     # phase is the row mod 8: the same in the view where EPI_ROWS is a multiple of 8.
     steps = _in_steps(scratch, STEPS)
     for i in range(first, last):
-        res, rows, cols, mask = _finished(steps.index(i).load(layout), row0 + i * EPI_ROWS, col0, M, N, bias_ptr,
-                                          stride_bias, out_scale_ptr, stride_osm, eps, BIAS, ACTIVATION, OUT,
-                                          OUT_GROUP, UE8M0_OUT)
+        # The bias is loaded again each step (from L1 after the first): kept across the loop, its registers
+        # made the epilogue partition's 56 spill.
+        bias = _bias_cols(bias_ptr, stride_bias, col0, N, SUB_N, BIAS, gl.SliceLayout(0, layout))
+        res, rows, cols, mask = _finished(steps.index(i).load(layout), row0 + i * EPI_ROWS, col0, M, N, bias,
+                                          out_scale_ptr, stride_osm, eps, BIAS, ACTIVATION, OUT, OUT_GROUP,
+                                          UE8M0_OUT)
         gl.store(out_ptr + rows[:, None] * stride_om + cols[None, :], res.to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -403,6 +418,16 @@ def _consume(a_bufs, b_bufs, ready, empty, out_desc, c_smem, acc_ready, acc_free
         # Tail rows wrap back into range: their scale loads need no mask, and they are never stored.
         a_s_ptrs = a_scale_ptr + (rows % M) * stride_asm
         b_s_ptrs = _b_scale_ptrs(b_scale_ptr, pid_n, N, stride_bsn, zero, SCALE_BN, NSUB, UNIFORM_BS)
+        # The register epilogue's bias, loaded here and in flight during the main loop, one element a thread
+        # and sub-tile, converted to the MMA's layout at the epilogue: loaded there, each sub-tile's epilogue
+        # waited for it (at 4096×32768×512 the wide tile with a bias took 1.33 times the plain GEMM's time,
+        # docs/bench/round18/epilogue_final.txt), and a tile's in the MMA's layout would hold BLOCK_N / 4
+        # registers a thread through the main loop. (The staged epilogue loads its own.)
+        biases = ()
+        for j in gl.static_range(NSUB):
+            if not EPI_ROWS:
+                biases = biases + (_bias_cols(bias_ptr, stride_bias, pid_n * BLOCK_N + j * SUB_N, N, SUB_N, BIAS,
+                                              gl.BlockedLayout([1], [32], [4], [0])), )
         accs, it = _mainloop(a_bufs, b_bufs, ready, empty, it, num_kb, a_s_ptrs, b_s_ptrs, stride_ask, stride_bsk,
                              zero, C, UNIFORM_BS, PIPELINE)
 
@@ -417,8 +442,8 @@ def _consume(a_bufs, b_bufs, ready, empty, out_desc, c_smem, acc_ready, acc_free
                              EPI_ROWS)
                 _barrier()  # every own row read before the next sub-tile is stored
             else:
-                res, rows, cols, mask = _finished(accs[j], row0, col0, M, N, bias_ptr, stride_bias, out_scale_ptr,
-                                                  stride_osm, eps, BIAS, ACTIVATION, OUT, OUT_GROUP, UE8M0_OUT)
+                res, rows, cols, mask = _finished(accs[j], row0, col0, M, N, biases[j], out_scale_ptr, stride_osm,
+                                                  eps, BIAS, ACTIVATION, OUT, OUT_GROUP, UE8M0_OUT)
                 if TMA_OUT:
                     # Stores complete in order, and NSUB is a multiple of EPI: with at most EPI - 1 of them
                     # pending, the one that last read this buffer (this tile's or the previous one's) is done.
