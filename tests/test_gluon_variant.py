@@ -257,18 +257,3 @@ def test_the_consumers_keep_a_share_of_the_epilogue_where_the_main_loop_is_short
     is too short to hide them all behind (few K blocks), or absent (two tiles a program or fewer)."""
     gluon_launch = pytest.importorskip("quantcore.backends.triton.gluon_launch")
     assert gluon_launch.own_rows_for(tiles, num_kb) == own
-
-
-def test_an_int8_re_quantization_is_staged_on_the_default_tile_only():
-    """With no activation, an INT8 re-quantized output goes through the epilogue partition on a tile of one
-    column sub-tile (round 14: 1.25 against 1.30-1.35 of the plain GEMM in registers); FP8's and a wide
-    tile's stay in registers, and an activation is always staged."""
-    gluon_launch = pytest.importorskip("quantcore.backends.triton.gluon_launch")
-    import torch
-
-    default, wide = gluon_launch.DEFAULT, gluon_launch.WIDE[0]
-    assert gluon_launch.staged_by_default(default, None, torch.int8)
-    assert not gluon_launch.staged_by_default(default, None, torch.float8_e4m3fn)
-    assert not gluon_launch.staged_by_default(default, None, None)
-    assert not gluon_launch.staged_by_default(wide, None, torch.int8)
-    assert gluon_launch.staged_by_default(wide, "silu", None)

@@ -152,11 +152,11 @@ def test_int8_with_every_fallback_lowers():
 
 
 @pytest.mark.parametrize("qdtype, group, ue8m0, config", [("float8_e4m3fn", 128, False, None),
-                                                           ("int8", 32, True, dict(epi_rows=0))])
+                                                           ("int8", 32, True, None)])
 def test_a_re_quantized_output_lowers_on_the_main_path(qdtype, group, ue8m0, config):
-    """Codes per 1×group through the TMA store, scales with plain stores, from the MMA's registers (FP8's
-    default; INT8's where the epilogue is not staged). (With a bias and SiLU too, Triton 3.6 spills
-    nothing either; 3.9 spills ~0.4 KiB there, as it does for a bf16 output.)"""
+    """Codes per 1×group through the TMA store, scales with plain stores, from the MMA's registers (the
+    default without an activation). (With a bias and SiLU too, Triton 3.6 spills nothing either; 3.9
+    spills ~0.4 KiB there, as it does for a bf16 output.)"""
     k = compiled(M=4096, N=2112, K=7168, qdtype=qdtype, out_quant=qdtype, out_group=group, ue8m0_out=ue8m0,
                  config=config)
     assert k["out_shape"] == [4096, 2112] and k["out_dtype"] == f"torch.{qdtype}"
@@ -178,10 +178,10 @@ def test_a_re_quantized_output_lowers_on_the_main_path(qdtype, group, ue8m0, con
     assert "C7514" not in k["ptxas"] and "C7515" not in k["ptxas"], k["ptxas"]
 
 
-def test_an_int8_re_quantized_output_is_staged_on_the_default_tile():
-    """Without an activation too, INT8 codes go through the epilogue partition on the default tile: the
-    codes and scales with masked stores, no TMA store, a stage fewer, nothing spilled."""
-    k = compiled(M=4096, N=2112, K=7168, qdtype="int8", out_quant="int8", out_group=128)
+def test_a_re_quantized_output_staged_without_an_activation_lowers():
+    """Asked for (epi_rows), INT8 codes without an activation go through the epilogue partition: the codes
+    and scales with masked stores, no TMA store, a stage fewer, nothing spilled."""
+    k = compiled(M=4096, N=2112, K=7168, qdtype="int8", out_quant="int8", out_group=128, config=dict(epi_rows=8))
     c = k["constants"]
     assert c["EPI_ROWS"] == 8 and c["ACTIVATION"] == "none" and not c["TMA_OUT"] and c["STAGES"] == 5
     assert c["CONSUMER_REGS"] == 216 and k["shared"] <= k["smem_per_block"]

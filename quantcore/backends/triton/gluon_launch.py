@@ -44,7 +44,7 @@ class GluonConfig:
     thread (setmaxnreg: a multiple of 8 from 24; None: 40, or 24 beside the epilogue partition), the
     two consumer warpgroups sharing the rest (40: 232 each, 24: 240 each; beside the partition 24: 216);
     `epi_rows`: the epilogue staged through shared memory, that many rows a step (0: in the consumers,
-    from the MMA's registers; None: `EPI_ROWS` where `staged_by_default`, else 0), by a partition of its own
+    from the MMA's registers; None: `EPI_ROWS` with an activation, else 0), by a partition of its own
     with `epilogue_regs` registers a thread, each consumer running the first `own_rows` rows of its
     sub-tiles itself meanwhile (None: `own_rows_for` the call).
     `DEFAULT` is round 3's measured configuration; `config_for` picks the wide ones (`WIDE`) where
@@ -128,15 +128,10 @@ _MAX_STAGES = 6
 # SiLU 1.49 / 1.33 / 1.30 / 1.45; a re-quantization without an activation 1.22 / 1.28 (with a GELU before
 # it 3.11 / 1.87). With the epilogue partition (round 14, docs/bench/round14/rcp.txt, 512 / 4096 rows) a
 # re-quantization without an activation took, staged / in registers, 1.229 / 1.200 and 1.222 / 1.198 in
-# FP8, 1.256 / 1.352 and 1.252 / 1.303 in INT8: INT8's is staged (`staged_by_default`), FP8's stays.
+# FP8, 1.256 / 1.352 and 1.252 / 1.303 in INT8. Since the quantizer divides through one reciprocal per group
+# (round 19, docs/bench/round19/requant_path.txt, 4096 rows): registers / staged 1.084 / 1.206 in FP8, 1.232 /
+# 1.288 in INT8, so only an activation is staged by default.
 EPI_ROWS = 8
-
-
-def staged_by_default(config: GluonConfig, activation: str | None, out_quant: torch.dtype | None) -> bool:
-    """Whether the epilogue goes through the epilogue partition when `config.epi_rows` is None: with an
-    activation, or re-quantized into INT8 on a tile of one column sub-tile (measured on the default tile
-    only; wide tiles keep the epilogue in registers)."""
-    return activation is not None or (out_quant is torch.int8 and config.sub == config.block_n)
 
 
 def own_rows_for(tiles_per_program: int, num_kb: int) -> int:
@@ -224,7 +219,7 @@ def scaled_mm(a, a_scale, b, b_scale, *, block_n, block_k, bias, activation, out
     if config.epi_rows is not None:
         epi_rows = config.epi_rows
     else:
-        epi_rows = EPI_ROWS if staged_by_default(config, activation, out_quant) else 0
+        epi_rows = EPI_ROWS if activation is not None else 0
     # The output is fresh and contiguous: its row stride decides. A staged epilogue stores with masks.
     tma_out = (N * out_bytes) % 16 == 0 and not epi_rows
     stages, pipeline = _fitted(config, block_k, out_bytes if tma_out else 0, block_n, profile, bool(epi_rows))
