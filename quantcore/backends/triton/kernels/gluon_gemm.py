@@ -298,7 +298,8 @@ def _finished(acc, row0, col0, M, N, bias, out_scale_ptr, stride_osm, eps, BIAS:
     n_mask = cols < N
     mask = (rows < M)[:, None] & n_mask[None, :]
     if BIAS != "none":
-        acc = acc + to_f32(gl.convert_layout(bias, gl.SliceLayout(0, layout)), BIAS)[None, :]
+        # Converted to fp32 before its layout: one conversion per element loaded, not per element held.
+        acc = acc + gl.convert_layout(to_f32(bias, BIAS), gl.SliceLayout(0, layout))[None, :]
     acc = activate(acc, ACTIVATION)
     if OUT == "fp8" or OUT == "int8":
         # Elements past M and N must not reach a group's amax; the codes come back to acc's layout (the
