@@ -4,7 +4,8 @@ scales spread over the fp32 exponents below 2^123 (subnormal, all-ones and power
 NaN) and 2^16 values each within the quantizers' domain (|x| up to 448 scales: uniform, log-uniform,
 near the FP8 and INT8 rounding boundaries, ±0, and ±Inf beside an infinite scale), its quotient has
 the bits of `tl.div_rn`'s wherever that is at least 2^-17 (below, its FP8 and INT8 codes are ±0 both
-ways), and its FP8 and INT8 codes are those of `tl.div_rn`'s quotient everywhere.
+ways), and its FP8 and INT8 codes are those of `tl.div_rn`'s quotient everywhere. Also: act_quant keeps
+−0's code, and `int8_encode` (compiled: a conversion instruction) gives the reference's INT8 codes.
 
 Run on a GPU machine: `python3 -m pytest -m gpu tests/gpu/test_quantize_division.py`.
 """
@@ -133,3 +134,28 @@ def test_act_quant_keeps_the_sign_of_zero(backend, qdtype):
     assert_same_q(q.cpu(), q_ref)
     if qdtype == torch.float8_e4m3fn:
         assert bool((q.cpu().view(torch.uint8)[:, ::3] == 0x80).all())
+
+
+def test_int8_encode_rounds_and_clamps_as_the_reference():
+    """`quant.int8_encode` compiled (cvt.rni with an integer clamp) gives the reference's INT8 codes: ties
+    to even, ±127 past the range (±Inf included), 0 for NaN, on specials and 2^20 random values."""
+    import triton
+    import triton.language as tl
+
+    from quantcore.backends.torch.quant import encode
+    from quantcore.backends.triton.kernels.quant import int8_encode
+
+    @triton.jit
+    def codes(v_ptr, out_ptr, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        tl.store(out_ptr + offs, int8_encode(tl.load(v_ptr + offs)))
+
+    halves = torch.arange(-130, 131, dtype=torch.float32) + 0.5
+    specials = torch.tensor([float("nan"), float("inf"), float("-inf"), -0.0, 0.0, 1e30, -1e30, 127.49, -127.51])
+    g = torch.Generator().manual_seed(2)
+    rand = (torch.rand(2**20, generator=g) * 300 - 150).float()
+    v = torch.cat([halves, specials, rand])
+    v = torch.cat([v, torch.zeros(-v.numel() % BLOCK)])
+    out = torch.empty(v.numel(), dtype=torch.int8, device="cuda")
+    codes[(v.numel() // BLOCK,)](v.cuda(), out, BLOCK=BLOCK)
+    assert torch.equal(out.cpu(), encode(v, torch.int8))
