@@ -1,11 +1,12 @@
-"""The Triton quantizers divide by their group's scale through `quant.divide` (a reciprocal per group,
-a multiply and two FMAs per element), which must round as IEEE division: compiled for the GPU, on ~2,000
-scales spread over the fp32 exponents below 2^123 (subnormal, all-ones and power-of-two significands, +Inf,
-NaN) and 2^16 values each within the quantizers' domain (|x| up to 448 scales: uniform, log-uniform,
-near the FP8 and INT8 rounding boundaries, ±0, and ±Inf beside an infinite scale), its quotient has
-the bits of `tl.div_rn`'s wherever that is at least 2^-17 (below, its FP8 and INT8 codes are ±0 both
-ways), and its FP8 and INT8 codes are those of `tl.div_rn`'s quotient everywhere. Also: act_quant keeps
-−0's code, and `int8_encode` (compiled: a conversion instruction) gives the reference's INT8 codes.
+"""The quantizers divide by their group's scale through `quant.divide` in Triton and `qc::Divisor` in the
+CUDA kernels (a reciprocal per group, a multiply and two FMAs per element), which must round as IEEE
+division. Compiled for the GPU, against `tl.div_rn` and `__fdiv_rn`, on ~2,000 scales spread over the fp32
+exponents below 2^123 (subnormal, all-ones and power-of-two significands, +Inf, NaN) and 2^16 values each
+within the quantizers' domain (|x| up to 448 scales: uniform, log-uniform, near the FP8 and INT8 rounding
+boundaries, ±0, and ±Inf beside an infinite scale): the quotient has IEEE division's bits wherever that is
+at least 2^-17 (below, its FP8 and INT8 codes are ±0 both ways), and its FP8 and INT8 codes are those of
+IEEE division's quotient everywhere. Also: act_quant keeps −0's code, and the compiled INT8 encoders (a
+conversion instruction and an integer clamp) give the reference's codes.
 
 Run on a GPU machine: `python3 -m pytest -m gpu tests/gpu/test_quantize_division.py`.
 """
@@ -21,7 +22,9 @@ BLOCK = 1024
 PER_SCALE = 2**16
 
 
-def _kernel():
+def _triton_kernel():
+    """(x [n], s [n], out [6, n] int32) -> None: out[0] / out[1] the quotients' bits by `quant.divide` /
+    `tl.div_rn`, out[2] / out[3] their FP8 codes, out[4] / out[5] their INT8 codes."""
     import triton
     import triton.language as tl
 
@@ -30,8 +33,6 @@ def _kernel():
 
     @triton.jit
     def both(x_ptr, s_ptr, out_ptr, BLOCK: tl.constexpr):
-        """out[0] / out[1]: the quotients' bits by `divide` / `tl.div_rn`; out[2] / out[3]: their FP8 codes
-        and out[4] / out[5] their INT8 codes (as int32)."""
         offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
         n = tl.num_programs(0).to(tl.int64) * BLOCK
         x = tl.load(x_ptr + offs)
@@ -44,7 +45,55 @@ def _kernel():
         tl.store(out_ptr + 3 * n + offs, fp8e4m3_encode_as(old, True).to(tl.int32))
         tl.store(out_ptr + 4 * n + offs, int8_encode(new).to(tl.int32))
         tl.store(out_ptr + 5 * n + offs, int8_encode(old).to(tl.int32))
-    return both
+    return lambda x, s, out: both[(x.numel() // BLOCK,)](x, s, out, BLOCK=BLOCK)
+
+
+_CUDA_BOTH = r"""
+#include "common.cuh"
+extern "C" __global__ void both(const float* x, const float* s, int* out, long long n) {
+  const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const float fresh = qc::Divisor(s[i])(x[i]), old = __fdiv_rn(x[i], s[i]);
+  out[i] = __float_as_int(fresh);
+  out[n + i] = __float_as_int(old);
+  out[2 * n + i] = qc::Fp8E4M3::encode(fresh);
+  out[3 * n + i] = qc::Fp8E4M3::encode(old);
+  out[4 * n + i] = qc::Int8::encode(fresh);
+  out[5 * n + i] = qc::Int8::encode(old);
+}
+"""
+
+
+def _cuda_function(source: str, name: str):
+    """The extern "C" kernel `name` of `source`, compiled as the CUDA backend compiles its kernels (its own
+    NVRTC call, beside the backend's headers: CuPy's RawKernel adds -ftz=true, which flushes subnormal
+    scales to zero) for this GPU, as a `(grid, block, args)` callable."""
+    cupy = pytest.importorskip("cupy")
+    from quantcore.backends.cupy import compiler
+
+    arch = compiler.device_arch(0)
+    sources = dict(compiler.kernel_sources(), **{"quantize_division_test.cu": source})
+    opts = (*compiler.BASE_OPTIONS, f"--gpu-architecture=sm_{arch}", *(f"-I{d}" for d in compiler.include_dirs()))
+    compiled = compiler._compile(compiler._nvrtc(), sources, "quantize_division_test.cu", f"sm_{arch}", opts, (),
+                                 True)
+    module = cupy.cuda.function.Module()
+    module.load(compiled.cubin)
+    fn = module.get_function(name)
+
+    def launch(grid, block, args):
+        launch.module = module  # kept loaded while the function is used
+        fn(grid, block, args)
+        torch.cuda.synchronize()
+    return launch
+
+
+def _cupy_kernel():
+    """The same for the CUDA kernels' `qc::Divisor` against `__fdiv_rn`."""
+    import cupy
+
+    fn = _cuda_function(_CUDA_BOTH, "both")
+    return lambda x, s, out: fn(((x.numel() + 255) // 256,), (256,),
+                                (cupy.asarray(x), cupy.asarray(s), cupy.asarray(out), cupy.int64(x.numel())))
 
 
 def _scales() -> torch.Tensor:
@@ -88,8 +137,9 @@ def _values(s: torch.Tensor, g: torch.Generator) -> torch.Tensor:
     return x
 
 
-def test_divide_rounds_as_ieee_division_and_gives_its_codes():
-    both = _kernel()
+@pytest.mark.parametrize("backend", ["triton", "cupy"])
+def test_divide_rounds_as_ieee_division_and_gives_its_codes(backend):
+    both = _triton_kernel() if backend == "triton" else _cupy_kernel()
     scales = _scales().cuda()
     g = torch.Generator(device="cuda").manual_seed(1)
     checked = 0
@@ -97,7 +147,8 @@ def test_divide_rounds_as_ieee_division_and_gives_its_codes():
         x = _values(chunk, g)
         s = chunk[:, None].expand_as(x).contiguous()
         out = torch.empty(6, x.numel(), dtype=torch.int32, device="cuda")
-        both[(x.numel() // BLOCK,)](x, s, out, BLOCK=BLOCK)
+        both(x, s, out)
+        torch.cuda.synchronize()
         new, old = out[0].view(torch.float32), out[1].view(torch.float32)
         both_nan = new.isnan() & old.isnan()
         big = ~(old.abs() < 2.0**-17)  # NaN and ±Inf count as big
@@ -136,26 +187,44 @@ def test_act_quant_keeps_the_sign_of_zero(backend, qdtype):
         assert bool((q.cpu().view(torch.uint8)[:, ::3] == 0x80).all())
 
 
-def test_int8_encode_rounds_and_clamps_as_the_reference():
-    """`quant.int8_encode` compiled (cvt.rni with an integer clamp) gives the reference's INT8 codes: ties
-    to even, ±127 past the range (±Inf included), 0 for NaN, on specials and 2^20 random values."""
-    import triton
-    import triton.language as tl
+_CUDA_CODES = r"""
+#include "common.cuh"
+extern "C" __global__ void codes(const float* v, signed char* out, long long n) {
+  const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+  if (i < n) out[i] = qc::Int8::encode(v[i]);
+}
+"""
 
+
+@pytest.mark.parametrize("backend", ["triton", "cupy"])
+def test_int8_encode_rounds_and_clamps_as_the_reference(backend):
+    """`quant.int8_encode` and `qc::Int8::encode` compiled (cvt.rni with an integer clamp) give the
+    reference's INT8 codes: ties to even, ±127 past the range (±Inf included), 0 for NaN, on specials and
+    2^20 random values."""
     from quantcore.backends.torch.quant import encode
-    from quantcore.backends.triton.kernels.quant import int8_encode
-
-    @triton.jit
-    def codes(v_ptr, out_ptr, BLOCK: tl.constexpr):
-        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        tl.store(out_ptr + offs, int8_encode(tl.load(v_ptr + offs)))
 
     halves = torch.arange(-130, 131, dtype=torch.float32) + 0.5
     specials = torch.tensor([float("nan"), float("inf"), float("-inf"), -0.0, 0.0, 1e30, -1e30, 127.49, -127.51])
     g = torch.Generator().manual_seed(2)
     rand = (torch.rand(2**20, generator=g) * 300 - 150).float()
     v = torch.cat([halves, specials, rand])
-    v = torch.cat([v, torch.zeros(-v.numel() % BLOCK)])
+    v = torch.cat([v, torch.zeros(-v.numel() % BLOCK)]).cuda()
     out = torch.empty(v.numel(), dtype=torch.int8, device="cuda")
-    codes[(v.numel() // BLOCK,)](v.cuda(), out, BLOCK=BLOCK)
-    assert torch.equal(out.cpu(), encode(v, torch.int8))
+    if backend == "triton":
+        import triton
+        import triton.language as tl
+
+        from quantcore.backends.triton.kernels.quant import int8_encode
+
+        @triton.jit
+        def codes(v_ptr, out_ptr, BLOCK: tl.constexpr):
+            offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+            tl.store(out_ptr + offs, int8_encode(tl.load(v_ptr + offs)))
+
+        codes[(v.numel() // BLOCK,)](v, out, BLOCK=BLOCK)
+    else:
+        fn = _cuda_function(_CUDA_CODES, "codes")
+        import cupy
+
+        fn(((v.numel() + 255) // 256,), (256,), (cupy.asarray(v), cupy.asarray(out), cupy.int64(v.numel())))
+    assert torch.equal(out.cpu(), encode(v.cpu(), torch.int8))

@@ -55,11 +55,12 @@ __device__ __forceinline__ void quantize_blocks(Src src, typename Q::storage* __
 
     const float s = block_scale(team_max<TEAM>(amax, red), eps, Q::qmax, ue8m0);
     if (live && lane == 0) scale[rb * ss_r + cb * ss_c] = s;
+    const Divisor divide(s);
 
     auto emit = [&](int i, const float (&v)[VEC]) {
       typename Q::storage out[VEC];
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) out[j] = Q::encode(__fdiv_rn(v[j], s));
+      for (int j = 0; j < VEC; ++j) out[j] = Q::encode(divide(v[j]));
       store_vec(q + (long long)(r0 + i / nvr) * ldq + c0 + (i % nvr) * VEC, out);
     };
 #pragma unroll

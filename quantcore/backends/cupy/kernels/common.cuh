@@ -2,7 +2,8 @@
 // formula, activations, and 16-byte vector memory helpers.
 //
 // Everything here follows docs/backend-contract.md bit for bit (the activations up to expf, which is
-// CUDA's own): divisions are __fdiv_rn and products that the contract evaluates left to right are
+// CUDA's own): divisions are __fdiv_rn (a quantizer's by its group's scale: `Divisor`, whose steps give
+// __fdiv_rn's bits) and products that the contract evaluates left to right are
 // __fmul_rn/__fadd_rn, so that the compiler cannot contract them into FMAs (compiled without fast
 // math, so no flush-to-zero either).
 #pragma once
@@ -72,8 +73,8 @@ struct Int8 {
   static constexpr float qmax = 127.f;
 
   static __device__ __forceinline__ storage encode(float v) {
-    if (v != v) return 0;
-    return (storage)__float2int_rn(fminf(fmaxf(rintf(v), -127.f), 127.f));
+    // cvt.rni.s32.f32 rounds half to even, saturates, and gives 0 for NaN; then the clamp to ±127.
+    return (storage)min(max(__float2int_rn(v), -127), 127);
   }
 
   static __device__ __forceinline__ float decode(storage c) { return (float)c; }
@@ -100,6 +101,33 @@ __device__ __forceinline__ float block_scale(u32 amax_bits, float eps, float qma
   const float s = __fdiv_rn(__uint_as_float(amax_bits > floor_bits ? amax_bits : floor_bits), qmax);
   return ue8m0 ? ue8m0_ceil(s) : s;
 }
+
+// x / scale rounded as __fdiv_rn rounds, for a divisor shared by a group's values (a quantizer's scale:
+// positive, or NaN / +Inf for a group holding one; |x| at most about qmax times it): the reciprocal once,
+// then per value a product, the exact remainder by an FMA and one correction, four operations where
+// __fdiv_rn takes about eleven and a branch. The Triton kernels' `quant.divide`, with the same steps:
+// docs/numerics.md says why they give the correctly rounded quotient, and where not (below 2^-17, where
+// every code is ±0 either way).
+struct Divisor {
+  float f, s, r;
+
+  __device__ __forceinline__ explicit Divisor(float scale) {
+    // A scale below 2^-64 (eps allows subnormal ones, whose reciprocal overflows) is divided as one 2^64
+    // times larger, its values scaled alike: both exactly.
+    f = scale < 5.421010862427522e-20f ? 18446744073709551616.f : 1.f;
+    s = __fmul_rn(scale, f);
+    r = __fdiv_rn(1.f, s);
+    // An infinite scale has r = 0: with s taken as 0 the result is x * 0, as division by +Inf gives.
+    if (r == 0.f) s = 0.f;
+  }
+
+  __device__ __forceinline__ float operator()(float x) const {
+    x = __fmul_rn(x, f);
+    const float q0 = __fmul_rn(x, r);
+    // The remainder negated, s * q0 - x, and added times -r: a zero quotient keeps x's sign.
+    return __fmaf_rn(__fmaf_rn(s, q0, -x), -r, q0);
+  }
+};
 
 // ---------------------------------------------------------------- activations
 

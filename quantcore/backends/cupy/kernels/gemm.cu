@@ -375,10 +375,11 @@ __device__ __forceinline__ void quantize_rows(const AT* __restrict__ a, long lon
 #pragma unroll
     for (int o = TEAM / 2; o > 0; o >>= 1) amax = max(amax, __shfl_xor_sync(0xffffffffu, amax, o));
     const float s = block_scale(amax, eps, Q::qmax, ue8m0);
+    const Divisor divide(s);
     u8 codes[MAXE];
 #pragma unroll
     for (int j = 0; j < MAXE; ++j) {
-      const typename Q::storage c = Q::encode(k0 + j < kend ? __fdiv_rn(v[j], s) : 0.f);
+      const typename Q::storage c = Q::encode(k0 + j < kend ? divide(v[j]) : 0.f);
       codes[j] = reinterpret_cast<const u8&>(c);
     }
     if (!live) continue;
