@@ -343,7 +343,7 @@ def _staged_rows(scratch, first, last, row0, col0, M, N, bias_ptr, stride_bias, 
     steps = _in_steps(scratch, STEPS)
     for i in range(first, last):
         # The bias is loaded again each step (from L1 after the first): kept across the loop, its registers
-        # made the epilogue partition's 56 spill.
+        # made the epilogue partition's 56 spill (8 bytes, offline under Triton 3.9's ptxas).
         bias = _bias_cols(bias_ptr, stride_bias, col0, N, SUB_N, BIAS, gl.SliceLayout(0, layout))
         res, rows, cols, mask = _finished(steps.index(i).load(layout), row0 + i * EPI_ROWS, col0, M, N, bias,
                                           out_scale_ptr, stride_osm, eps, BIAS, ACTIVATION, OUT, OUT_GROUP,
