@@ -7,6 +7,9 @@ the GPU time of the configuration scaled_mm picks itself (`gluon_launch.config_f
 with the plain GEMM of the same shape (quantcore.bench.timing.gpu_times_us: CUDA events, L2 flushed,
 median of 15), and a checksum of the output's bits (codes and scales), which the two trees must share.
 
+The epilogue_*.txt runs predate its use of round 9's operands and runner (the same calls, which
+requant_path_rerun.txt and quant_ops_ab_cupy.txt ran through this module afterwards).
+
 Usage: PYTHONPATH=<tree> python3 docs/bench/round19/epilogue_ab.py TAG >> out.jsonl (one JSON line per
 case); `--warm i n` compiles every n-th case from the i-th (run in parallel first: the disk cache then
 holds them).
