@@ -12,7 +12,7 @@ by = defaultdict(list)
 for r in rows:
     by[(r["fmt"], r["N"], r["K"], r["epilogue"], r["tag"])].append(r)
 tags = sorted({r["tag"] for r in rows})
-keys = sorted({k[:4] for k in by}, key=lambda k: (k[0], [x for x in by if x[:4] == k][0] and rows.index(by[k + (tags[0],)][0])))
+keys = list(dict.fromkeys((r["fmt"], r["N"], r["K"], r["epilogue"]) for r in rows))  # in the order first run
 print(rows[0]["device"], rows[0]["versions"])
 print("fmt  N     K      epilogue           " + "  ".join(f"{t:>5s} us  /plain" for t in tags) + "  same bits")
 ratios = defaultdict(list)
@@ -30,4 +30,5 @@ print("\nGeomean over the six shapes of time / the plain GEMM's")
 for fmt in sorted({k[0] for k in keys}):
     for e in dict.fromkeys(k[3] for k in keys):
         vals = [ratios[(fmt, e, t)] for t in tags]
-        print(f"{fmt:4s} {e:18s} " + "  ".join(f"{t} {math.exp(sum(map(math.log, v)) / len(v)):.3f}" for t, v in zip(tags, vals)))
+        means = (math.exp(sum(map(math.log, v)) / len(v)) for v in vals)
+        print(f"{fmt:4s} {e:18s} " + "  ".join(f"{t} {m:.3f}" for t, m in zip(tags, means)))
