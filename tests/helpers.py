@@ -143,3 +143,46 @@ def assert_same_scale(s: torch.Tensor, expected: torch.Tensor) -> None:
     assert s.dtype == torch.float32 and s.shape == expected.shape
     assert torch.equal(s.isnan(), expected.isnan())
     assert torch.equal(s.nan_to_num(0, 1, -1), expected.nan_to_num(0, 1, -1)), "scales differ"
+
+
+def quantizer_scales() -> torch.Tensor:
+    """Positive fp32 scales below 2^123, past 2^122, the largest a quantizer makes (fp32's largest amax over
+    INT8's qmax, rounded up to a power of two): per exponent (subnormals included) significands 0, all ones, one
+    and five random ones; the largest subnormal and a few tiny ones; +Inf and NaN. (Above 2^126 `tl.div_rn`
+    itself is off on the H100 under Triton 3.6: −2^126 / 2^127 gave −0.50000006.)"""
+    g = torch.Generator().manual_seed(0)
+    exps = torch.arange(0, 127 + 123, dtype=torch.int64)
+    mants = torch.cat([torch.tensor([0, 0x7FFFFF, 1]), torch.randint(0, 0x800000, (5,), generator=g)])
+    bits = (exps[:, None] << 23 | mants[None, :]).flatten()
+    bits = torch.cat([bits[bits > 0], torch.tensor([0x7FFFFF, 2, 3, 0x7F800000, 0x7FC00000])])
+    return bits.to(torch.int32).view(torch.float32)
+
+
+def quantizer_values(s: torch.Tensor, per_scale: int, g: torch.Generator) -> torch.Tensor:
+    """`per_scale` values for each scale of s [S] (on s's device, drawn from `g` there) -> [S, per_scale] fp32
+    within the quantizers' domain, |x| up to about 448·s: uniform, log-uniform, near FP8's and INT8's
+    rounding boundaries nudged by a few ulps, ±0, and ±Inf beside an infinite scale."""
+    S, dev = s.shape[0], s.device
+    s64 = s.double()[:, None]
+    top = torch.where(torch.isfinite(s64), s64 * 448, torch.full_like(s64, 1e30))
+    u = torch.rand(S, per_scale, generator=g, device=dev, dtype=torch.float64)
+    k = torch.randint(0, 160, (S, per_scale), generator=g, device=dev).double()
+    kind = torch.randint(0, 4, (S, per_scale), generator=g, device=dev)
+    log_uniform = u * top * torch.exp2(-k)
+    # Near (j + 1/2)·s and j·s/8: INT8's ties and FP8's 3-bit significand steps, nudged by a few ulps below.
+    j = torch.randint(0, 448 * 8 + 1, (S, per_scale), generator=g, device=dev).double()
+    near = torch.where(kind == 2, (torch.floor(j / 8) + 0.5) * s64, j / 8 * s64)
+    mag = torch.where(kind == 0, u * top, torch.where(kind == 1, log_uniform, near))
+    fmax = torch.finfo(torch.float32).max
+    x = mag.clamp(-fmax, fmax).float()
+    nudge = torch.randint(-2, 3, (S, per_scale), generator=g, device=dev, dtype=torch.int32)
+    # Nudged on the bits, kept from crossing zero or the largest float.
+    nudged = (x.view(torch.int32) + nudge).clamp(0, 0x7F7FFFFF).view(torch.float32)
+    x = torch.where(kind >= 2, nudged, x)
+    sign = torch.randint(0, 2, (S, per_scale), generator=g, device=dev, dtype=torch.bool)
+    x = torch.where(sign, -x, x)
+    x[:, :2] = torch.tensor([0.0, -0.0], device=dev)
+    # Beside an infinite scale (a group holding ±Inf), the infinities themselves.
+    inf = torch.isinf(s)
+    x[inf, 2], x[inf, 3] = float("inf"), float("-inf")
+    return x

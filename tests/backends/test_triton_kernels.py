@@ -33,7 +33,8 @@ from binding import LaunchSpy, check_binding, kernel_mma, simulate_on_cpu, spy_t
 
 from helpers import (  # noqa: E402
     DIFFERENTIABLE, TAIL_EPS, activation_inputs, check_activation, judge_quantized_gelu,
-    outputs_of_every_op_on_grad_inputs, randn, reference_quant_linear, tail_blocks, tail_gemm_operands)
+    outputs_of_every_op_on_grad_inputs, quantizer_scales, quantizer_values, randn, reference_quant_linear,
+    tail_blocks, tail_gemm_operands)
 from quantcore import InvalidInputError, opdef, ops  # noqa: E402
 from quantcore.backends import torch as ref  # noqa: E402
 from quantcore.backends import splitk  # noqa: E402
@@ -42,6 +43,7 @@ from quantcore.backends.triton.kernels.cast import bf16_encode  # noqa: E402
 from quantcore.backends.triton.kernels.epilogue import activate  # noqa: E402
 from quantcore.backends.triton.kernels.fp8 import (  # noqa: E402
     fp8e4m3_decode_f16, fp8e4m3_encode, ue8m0_round_up)
+from quantcore.backends.triton.kernels.quant import divide  # noqa: E402
 from quantcore.capability import SIMULATED, cpu_profile  # noqa: E402
 
 pytestmark = [
@@ -194,6 +196,31 @@ def test_fp8_encode_matches_torch_cast_bit_for_bit():
     finite = torch.isfinite(v)
     assert torch.equal(got[finite], expected[finite])  # signed zeros included
     assert int(got[v.abs() >= 448].view(torch.uint8).bitwise_and(0x7F).max()) == 0x7E  # saturates, no NaN
+
+
+@triton.jit
+def _divide_kernel(x_ptr, s_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(out_ptr + offs, divide(tl.load(x_ptr + offs, mask=offs < n), tl.load(s_ptr + offs, mask=offs < n)),
+             mask=offs < n)
+
+
+def test_quantizer_division_rounds_as_ieee_division():
+    """`quant.divide` (a reciprocal per group, a product, an FMA's exact remainder and one correction) gives
+    IEEE division's quotient wherever that is at least 2^-17, and the same FP8 and INT8 codes everywhere
+    (below, both are ±0), on ~2,000 scales over every exponent below 2^123 × 256 values each; the
+    interpreter's FMA rounds once, as the GPU's (tests/gpu/test_quantize_division.py checks it compiled)."""
+    scales = quantizer_scales()
+    x = quantizer_values(scales, 256, torch.Generator().manual_seed(1)).flatten()
+    s = scales[:, None].expand(-1, 256).flatten().contiguous()
+    got = torch.empty_like(x)
+    _divide_kernel[(triton.cdiv(x.numel(), 4096),)](x, s, got, x.numel(), BLOCK=4096)
+    expected = x / s
+    big = ~(expected.abs() < 2.0**-17)  # NaN and ±Inf count as big
+    differ = (got.view(torch.int32) != expected.view(torch.int32)) & ~(got.isnan() & expected.isnan()) & big
+    assert not differ.any(), (x[differ][:4].tolist(), s[differ][:4].tolist(), got[differ][:4].tolist())
+    for qdtype in (FP8, torch.int8):
+        assert_codes_equal(ref.quant.encode(got, qdtype), ref.quant.encode(expected, qdtype))
 
 
 def test_fp8_decode_all_codes_exactly():

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import quantizer_scales, quantizer_values
 
 pytestmark = pytest.mark.gpu
 
@@ -96,55 +97,14 @@ def _cupy_kernel():
                                 (cupy.asarray(x), cupy.asarray(s), cupy.asarray(out), cupy.int64(x.numel())))
 
 
-def _scales() -> torch.Tensor:
-    """Positive fp32 scales below 2^123, past 2^122, the largest a quantizer makes (fp32's largest amax over
-    INT8's qmax, rounded up to a power of two): per exponent (subnormals included) significands 0, all ones, one
-    and five random ones; the largest subnormal and a few tiny ones; +Inf and NaN. (Above 2^126 `tl.div_rn`
-    itself is off on the H100 under Triton 3.6: −2^126 / 2^127 gave −0.50000006.)"""
-    g = torch.Generator().manual_seed(0)
-    exps = torch.arange(0, 127 + 123, dtype=torch.int64)
-    mants = torch.cat([torch.tensor([0, 0x7FFFFF, 1]), torch.randint(0, 0x800000, (5,), generator=g)])
-    bits = (exps[:, None] << 23 | mants[None, :]).flatten()
-    bits = torch.cat([bits[bits > 0], torch.tensor([0x7FFFFF, 2, 3, 0x7F800000, 0x7FC00000])])
-    return bits.to(torch.int32).view(torch.float32)
-
-
-def _values(s: torch.Tensor, g: torch.Generator) -> torch.Tensor:
-    """PER_SCALE values per scale in s [S] (on the GPU) -> [S, PER_SCALE] fp32, |x| up to about 448·s."""
-    S, dev = s.shape[0], s.device
-    s64 = s.double()[:, None]
-    top = torch.where(torch.isfinite(s64), s64 * 448, torch.full_like(s64, 1e30))
-    u = torch.rand(S, PER_SCALE, generator=g, device=dev, dtype=torch.float64)
-    k = torch.randint(0, 160, (S, PER_SCALE), generator=g, device=dev).double()
-    kind = torch.randint(0, 4, (S, PER_SCALE), generator=g, device=dev)
-    log_uniform = u * top * torch.exp2(-k)
-    # Near (j + 1/2)·s and j·s/8: INT8's ties and FP8's 3-bit significand steps, nudged by a few ulps below.
-    j = torch.randint(0, 448 * 8 + 1, (S, PER_SCALE), generator=g, device=dev).double()
-    near = torch.where(kind == 2, (torch.floor(j / 8) + 0.5) * s64, j / 8 * s64)
-    mag = torch.where(kind == 0, u * top, torch.where(kind == 1, log_uniform, near))
-    fmax = torch.finfo(torch.float32).max
-    x = mag.clamp(-fmax, fmax).float()
-    nudge = torch.randint(-2, 3, (S, PER_SCALE), generator=g, device=dev, dtype=torch.int32)
-    # Nudged on the bits, kept from crossing zero or the largest float.
-    nudged = (x.view(torch.int32) + nudge).clamp(0, 0x7F7FFFFF).view(torch.float32)
-    x = torch.where(kind >= 2, nudged, x)
-    sign = torch.randint(0, 2, (S, PER_SCALE), generator=g, device=dev, dtype=torch.bool)
-    x = torch.where(sign, -x, x)
-    x[:, :2] = torch.tensor([0.0, -0.0], device=dev)
-    # Beside an infinite scale (a group holding ±Inf), the infinities themselves.
-    inf = torch.isinf(s)
-    x[inf, 2], x[inf, 3] = float("inf"), float("-inf")
-    return x
-
-
 @pytest.mark.parametrize("backend", ["triton", "cupy"])
 def test_divide_rounds_as_ieee_division_and_gives_its_codes(backend):
     both = _triton_kernel() if backend == "triton" else _cupy_kernel()
-    scales = _scales().cuda()
+    scales = quantizer_scales().cuda()
     g = torch.Generator(device="cuda").manual_seed(1)
     checked = 0
     for chunk in scales.split(256):
-        x = _values(chunk, g)
+        x = quantizer_values(chunk, PER_SCALE, g)
         s = chunk[:, None].expand_as(x).contiguous()
         out = torch.empty(6, x.numel(), dtype=torch.int32, device="cuda")
         both(x, s, out)
@@ -163,7 +123,8 @@ def test_divide_rounds_as_ieee_division_and_gives_its_codes(backend):
             assert not differ.any(), (
                 f"{int(differ.sum())} {name} codes differ, e.g. x={x.flatten()[differ][:4].tolist()} "
                 f"s={s.flatten()[differ][:4].tolist()}: quotients {new[differ][:4].tolist()} vs "
-                f"{old[differ][:4].tolist()}, codes {out[rows[0]][differ][:4].tolist()} vs {out[rows[1]][differ][:4].tolist()}")
+                f"{old[differ][:4].tolist()}, codes {out[rows[0]][differ][:4].tolist()} vs "
+                f"{out[rows[1]][differ][:4].tolist()}")
         checked += x.numel()
     assert checked == scales.numel() * PER_SCALE
 
