@@ -133,9 +133,10 @@ def same_codes(q: torch.Tensor, expected: torch.Tensor) -> bool:
 
 
 def assert_same_q(q: torch.Tensor, expected: torch.Tensor) -> None:
-    """`same_codes`, asserted."""
+    """`same_codes`, asserted, saying how many codes differ."""
     assert q.dtype == expected.dtype and q.shape == expected.shape
-    assert same_codes(q, expected), "codes differ"
+    differ = int((q.view(torch.uint8) != expected.view(torch.uint8)).sum())
+    assert same_codes(q, expected), f"{differ} {q.dtype} codes differ (NaN codes of either sign count as equal)"
 
 
 def assert_same_scale(s: torch.Tensor, expected: torch.Tensor) -> None:

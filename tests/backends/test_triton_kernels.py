@@ -32,7 +32,7 @@ import properties  # noqa: E402
 from binding import LaunchSpy, check_binding, kernel_mma, simulate_on_cpu, spy_triton_gemms  # noqa: E402
 
 from helpers import (  # noqa: E402
-    DIFFERENTIABLE, TAIL_EPS, activation_inputs, check_activation, judge_quantized_gelu,
+    DIFFERENTIABLE, TAIL_EPS, activation_inputs, assert_same_q, check_activation, judge_quantized_gelu,
     outputs_of_every_op_on_grad_inputs, quantizer_scales, quantizer_values, randn, reference_quant_linear,
     tail_blocks, tail_gemm_operands)
 from quantcore import InvalidInputError, opdef, ops  # noqa: E402
@@ -84,18 +84,6 @@ PROFILES = {"sm90": SM90, "sm80": SM80, "cpu": cpu_profile()}
 
 # ---------------------------------------------------------------------------------------------
 # comparison helpers
-
-def assert_codes_equal(q, expected):
-    """Same dtype, shape and codes; FP8 NaN codes (0x7F/0xFF) match each other."""
-    assert q.dtype == expected.dtype and q.shape == expected.shape
-    if q.dtype == FP8:
-        a, b = q.view(torch.uint8), expected.view(torch.uint8)
-        nan_a, nan_b = (a & 0x7F) == 0x7F, (b & 0x7F) == 0x7F
-        assert torch.equal(nan_a, nan_b), "NaN codes differ"
-        assert torch.equal(a[~nan_a], b[~nan_b]), f"{int((a != b).sum())} FP8 codes differ"
-    else:
-        assert torch.equal(q, expected), f"{int((q != expected).sum())} INT8 codes differ"
-
 
 def assert_bits_equal(x, expected):
     """Float tensors equal bit for bit (signed zeros included); NaN matches any NaN."""
@@ -192,7 +180,7 @@ def test_fp8_encode_matches_torch_cast_bit_for_bit():
     v = _fp8_edge_values()
     got = _run("fp8_encode", v, torch.uint8)
     expected = v.clamp(-448, 448).to(FP8).view(torch.uint8)
-    assert_codes_equal(got.view(FP8), expected.view(FP8))
+    assert_same_q(got.view(FP8), expected.view(FP8))
     finite = torch.isfinite(v)
     assert torch.equal(got[finite], expected[finite])  # signed zeros included
     assert int(got[v.abs() >= 448].view(torch.uint8).bitwise_and(0x7F).max()) == 0x7E  # saturates, no NaN
@@ -220,7 +208,7 @@ def test_quantizer_division_rounds_as_ieee_division():
     differ = (got.view(torch.int32) != expected.view(torch.int32)) & ~(got.isnan() & expected.isnan()) & big
     assert not differ.any(), (x[differ][:4].tolist(), s[differ][:4].tolist(), got[differ][:4].tolist())
     for qdtype in (FP8, torch.int8):
-        assert_codes_equal(ref.quant.encode(got, qdtype), ref.quant.encode(expected, qdtype))
+        assert_same_q(ref.quant.encode(got, qdtype), ref.quant.encode(expected, qdtype))
 
 
 def test_fp8_decode_all_codes_exactly():
@@ -264,7 +252,7 @@ def test_act_quant_tails(gen, qdtype, K, M):
     kw = dict(qdtype=qdtype, group_size=128, ue8m0=False, eps=1e-4, scale_m_major=False)
     q, s = launch.act_quant(x, profile=SM90, **kw)
     eq, es = ref.act_quant(x, **kw)
-    assert_codes_equal(q, eq)
+    assert_same_q(q, eq)
     assert_bits_equal(s, es)
 
 
@@ -277,7 +265,7 @@ def test_act_quant_dtypes_ue8m0_m_major_strided(gen, qdtype, in_dtype, group):
     q, s = launch.act_quant(x, profile=PROFILES["cpu"], **kw)
     eq, es = ref.act_quant(x, **kw)
     assert s.stride() == (1, 7) and q.is_contiguous()
-    assert_codes_equal(q, eq)
+    assert_same_q(q, eq)
     assert_bits_equal(s, es)
     assert int((s.view(torch.int32) & 0x7FFFFF).abs().sum()) == 0
 
@@ -289,7 +277,7 @@ def test_act_quant_nan_inf_zero_blocks(gen, qdtype, ue8m0):
     kw = dict(qdtype=qdtype, group_size=128, ue8m0=ue8m0, eps=1e-4, scale_m_major=False)
     q, s = launch.act_quant(x, profile=SM90, **kw)
     eq, es = ref.act_quant(x, **kw)
-    assert_codes_equal(q, eq)
+    assert_same_q(q, eq)
     assert_bits_equal(s, es)
     assert torch.isnan(s[0, 0]) and torch.isinf(s[1, 1]) and torch.isinf(s[2, 0])
     assert torch.isfinite(s[0, 1:]).all() and torch.isfinite(s[1, 0])  # other blocks unaffected
@@ -304,7 +292,7 @@ def test_ue8m0_subnormal_scales_become_two_to_minus_126(gen, eps):
     q, s = launch.act_quant(x, profile=SM90, **kw)
     eq, es = ref.act_quant(x, **kw)
     assert float(s[0, 1]) == 2.0**-126
-    assert_codes_equal(q, eq)
+    assert_same_q(q, eq)
     assert_bits_equal(s, es)
 
 
@@ -331,7 +319,7 @@ def test_weight_quant_dequant_blocks_and_tails(gen, qdtype, block, ue8m0):
     q, s = launch.weight_quant(strided(w), profile=SM90, **kw)
     eq, es = ref.weight_quant(w, **kw)
     assert s.shape == (-(-200 // block[0]), -(-300 // block[1]))
-    assert_codes_equal(q, eq)
+    assert_same_q(q, eq)
     assert_bits_equal(s, es)
     got = launch.weight_dequant(q, s.t().contiguous().t(), block_n=block[0], block_k=block[1],
                                 out_dtype=torch.bfloat16, profile=SM80)
@@ -347,7 +335,7 @@ def test_whole_block_tensors_take_the_unmasked_path(gen, qdtype, shape, block):
     kw = dict(qdtype=qdtype, block_n=block[0], block_k=block[1], ue8m0=False, eps=1e-4)
     q, s = launch.weight_quant(w, profile=SM90, **kw)
     eq, es = ref.weight_quant(w, **kw)
-    assert_codes_equal(q, eq)
+    assert_same_q(q, eq)
     assert_bits_equal(s, es)
     got = launch.weight_dequant(q, s, block_n=block[0], block_k=block[1], out_dtype=torch.float32, profile=SM90)
     assert_bits_equal(got, ref.weight_dequant(q, s, block_n=block[0], block_k=block[1], out_dtype=torch.float32))
@@ -360,7 +348,7 @@ def test_blocks_larger_than_the_dimension_tile_the_dimension(gen, qdtype):
     x = randn((2, 10), gen=gen)
     q, s = ops.act_quant(x, dtype=qdtype, group_size=huge, backend="triton")
     eq, es = ref.act_quant(x, qdtype=qdtype, group_size=10, ue8m0=False, eps=1e-4, scale_m_major=False)
-    assert_codes_equal(q, eq)
+    assert_same_q(q, eq)
     assert_bits_equal(s, es)
     assert_bits_equal(ops.act_dequant(q, s, group_size=huge, out_dtype=torch.float32, backend="triton"),
                       ref.act_dequant(eq, es, group_size=10, out_dtype=torch.float32))
@@ -369,7 +357,7 @@ def test_blocks_larger_than_the_dimension_tile_the_dimension(gen, qdtype):
     w = randn((3, 5), gen=gen)
     wq, ws = ops.weight_quant(w, dtype=qdtype, block_size=(huge, huge), backend="triton")
     ewq, ews = ref.weight_quant(w, qdtype=qdtype, block_n=3, block_k=5, ue8m0=False, eps=1e-4)
-    assert_codes_equal(wq, ewq)
+    assert_same_q(wq, ewq)
     assert_bits_equal(ws, ews)
     assert_bits_equal(ops.weight_dequant(wq, ws, block_size=(huge, huge), backend="triton"),
                       ref.weight_dequant(ewq, ews, block_n=3, block_k=5, out_dtype=torch.bfloat16))
