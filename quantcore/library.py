@@ -70,7 +70,7 @@ def _real(op: OpDef, custom: CustomOp, schema_tensors: list[str]) -> Callable[..
     by_name = op.tensors[positional:]
 
     def kernel(*tensors, backend=None, **options):
-        backend = backend if backend is None or "," not in backend else _backend(backend)
+        backend = _backend(backend)
         if len(tensors) > positional:
             out = function(*tensors[:positional], backend=backend, **dict(zip(by_name, tensors[positional:])),
                            **options)
