@@ -32,6 +32,7 @@ from typing import Any, Callable, NamedTuple
 import torch
 
 from . import capability, opdef, registry
+from .backends import native
 from .backends.base import on_reset
 from .registry import BackendChoice
 from .specs.base import keep
@@ -117,6 +118,9 @@ _NAMESPACE: dict[str, Any] = {
     "_PRIORITY_ENV": os.environ.encodekey(registry.PRIORITY_ENV)}
 exec(f"def _state():\n    return {_STATE}\n", _NAMESPACE)
 _state: Callable[[], tuple] = _NAMESPACE["_state"]  # the registry's epoch, the simulation and the priority in force
+# The custom ops' native kernels replay kept plans where the contexts are unset, keyed on these variables.
+native.on_load(lambda ext: ext.set_state(capability.simulation_context, registry.priority_context,
+                                         [capability.SIMULATE_ENV, registry.PRIORITY_ENV, native.NATIVE_ENV]))
 
 
 class Site:
@@ -150,6 +154,16 @@ class Site:
             out = plan.launch(*args[:plan.direct])
             return out if plan.finish is None else plan.finish(out)
         return _run(plan, args)
+
+
+def kept(op: str, args: tuple, options: dict[str, Any], backend: BackendChoice) -> _Plan | None:
+    """The kept plan of a call of `op` with tensors `args`, the options `options` (the others at the
+    public function's defaults) and `backend`, if any."""
+    definition = opdef.get(op)
+    try:
+        return _plans.get(definition.key(*args, **{**definition.defaults, **options}, backend=backend))
+    except _UNKEPT:
+        return None
 
 
 def _key(op: str, args: tuple, options: dict[str, Any], backend: BackendChoice) -> tuple:
@@ -263,7 +277,10 @@ def _prepare(op: str, args: tuple, options: dict[str, Any], backend: BackendChoi
     if getattr(launch, "by_address", False):  # a view at its input's own address is, to it, the input
         sources = {name: (i, None if view is None or not view[2] else view) for name, (i, view) in sources.items()}
     bindings = tuple((name, *src) for name, src in sources.items())
-    return _Plan(launch, static, bindings, finish, None if static else _positional(launch, bindings))
+    direct = None if static else _positional(launch, bindings)
+    if direct is not None:  # a run taking the call's leading inputs: replayed in C++ once it can be
+        launch = native.replay(launch, next(t.device for t in args if isinstance(t, torch.Tensor)))
+    return _Plan(launch, static, bindings, finish, direct)
 
 
 def _positional(launch: Callable[..., Any], bindings: tuple[tuple[str, int, tuple | None], ...]) -> int | None:

@@ -37,7 +37,8 @@ from typing import Any, Callable
 import torch
 
 from . import opdef
-from .dispatch import PLAIN_TENSORS, call
+from .backends import native
+from .dispatch import PLAIN_TENSORS, call, kept
 from .errors import InvalidInputError
 from .opdef import CustomOp, OpDef, requires_grad
 from .opdefs import BUILTIN
@@ -69,14 +70,16 @@ def _real(op: OpDef, custom: CustomOp, schema_tensors: list[str]) -> Callable[..
     positional = sum(kinds)
     by_name = op.tensors[positional:]
 
-    def kernel(*tensors, backend=None, **options):
+    def unlaid(*tensors, backend=None, **options):
         backend = _backend(backend)
         if len(tensors) > positional:
-            out = function(*tensors[:positional], backend=backend, **dict(zip(by_name, tensors[positional:])),
-                           **options)
-        else:
-            out = function(*tensors, backend=backend, **options)
-        return layout(out, options)
+            return function(*tensors[:positional], backend=backend, **dict(zip(by_name, tensors[positional:])),
+                            **options)
+        return function(*tensors, backend=backend, **options)
+
+    def kernel(*tensors, **options):
+        return layout(unlaid(*tensors, **options), options)
+    kernel.unlaid = unlaid  # its outputs before `layout`, for the native kernel (`_native_kernels`)
     return kernel
 
 
@@ -154,6 +157,35 @@ def _autograd(op: OpDef, custom: CustomOp, overload: torch._ops.OpOverload,
     return kernel
 
 
+def _native_kernels(op: OpDef, custom: CustomOp, overload: torch._ops.OpOverload, real: Callable[..., Any],
+                    autograd: Callable[..., Any]) -> tuple[Callable[..., Any], Callable[..., Any]]:
+    """(miss, record) for `backends.native`'s CUDA and AutogradCUDA kernels of this op, each taking the call's
+    arguments as one tuple in the schema's order. `miss` runs the real kernel and returns (its outputs, the
+    native replay of the call's kept plan or None, how many leading arguments that replay takes): a plan
+    replayed as it is, its outputs already in the fake's layout. `record` is the Autograd kernel."""
+    names = [a.name for a in overload._schema.arguments]
+    count = sum(not a.kwarg_only for a in overload._schema.arguments)
+
+    def split(args: tuple) -> tuple[tuple, dict[str, Any]]:
+        return args[:count], dict(zip(names[count:], args[count:]))
+
+    def miss(args: tuple) -> tuple[Any, Any, int]:
+        tensors, options = split(args)
+        unlaid = real.unlaid(*tensors, **options)
+        out = custom.layout(unlaid, options)
+        same = out is unlaid or (isinstance(out, tuple) and all(a is b for a, b in zip(out, unlaid)))
+        plan = kept(op.name, tensors, {k: v for k, v in options.items() if k != "backend"},
+                    _backend(options.get("backend"))) if same else None
+        if plan is None or plan.direct is None or plan.finish is not None:
+            return out, None, 0
+        return out, plan.launch, plan.direct
+
+    def record(args: tuple) -> Any:
+        tensors, options = split(args)
+        return autograd(*tensors, **options)
+    return miss, record
+
+
 _LIBRARY = torch.library.Library(NAMESPACE, "DEF")
 
 
@@ -163,9 +195,13 @@ def _register(op: OpDef, custom: CustomOp) -> torch._ops.OpOverload:
     _LIBRARY.define(custom.name + custom.schema)
     overload = getattr(torch.ops.quantcore, custom.name).default
     real = _real(op, custom, [a.name for a in overload._schema.arguments if not a.kwarg_only])
+    autograd = _autograd(op, custom, overload, real)
     _LIBRARY.impl(custom.name, real, "CompositeExplicitAutograd")
-    _LIBRARY.impl(custom.name, _autograd(op, custom, overload, real), "Autograd")
+    _LIBRARY.impl(custom.name, autograd, "Autograd")
     torch.library.register_fake(overload, custom.fake, lib=_LIBRARY)
+    miss, record = _native_kernels(op, custom, overload, real, autograd)
+    returns = len(overload._schema.returns)
+    native.on_load(lambda ext: ext.install(NAMESPACE, custom.name, miss, record, returns))
     return overload
 
 

@@ -12,7 +12,7 @@ import functools
 import importlib
 import inspect
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
 import torch
 
@@ -111,22 +111,138 @@ def allocator(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) 
     2.3 µs a call where `torch.empty(shape, dtype=..., device=...)` took 4-6, which parses its
     keyword arguments on every call (docs/bench/round6)."""
     template = torch.empty((1,) * len(shape), dtype=dtype, device=device).expand(shape)
-    return functools.partial(torch.empty_like, template)
+    new = functools.partial(torch.empty_like, template)
+    new.native = (tuple(shape), _contiguous_strides(shape), dtype)  # type: ignore[attr-defined]
+    return new
+
+
+def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= max(size, 1)
+    return tuple(reversed(strides))
+
+
+def _transposed(new: Callable[[], torch.Tensor]) -> torch.Tensor:
+    return new().t()
+
+
+def transposed(new: Callable[[], torch.Tensor]) -> Callable[[], torch.Tensor]:
+    """An allocator of the transpose of a fresh 2-D tensor from the allocator `new` (an M-major scale)."""
+    t = functools.partial(_transposed, new)
+    shape, strides, dtype = new.native  # type: ignore[attr-defined]
+    t.native = (shape[::-1], strides[::-1], dtype)  # type: ignore[attr-defined]
+    return t
 
 
 def compose(params: str, outputs: dict[str, Callable[[], Any]], statement: str, namespace: dict[str, Any],
-            result: str) -> Callable[..., Any]:
+            result: str, launches: Callable[[], Any] | None = None) -> Callable[..., Any]:
     """A prepared `run` compiled from source, one Python frame between the op's function and the launch:
     `def run({params})` that binds each name of `outputs` to a call of its allocator, runs `statement`
     (source of one or more statements, indented by four spaces, using the names in `namespace`) and
     returns `result` (an expression of the names). `namespace` becomes the function's globals, so that
-    whoever made it can rebind a name later (`triton.direct.Launcher.statement`). Written as closures, an
+    whoever made it can rebind a name later (`triton.direct.Launcher.statement`).
+
+    `launches`, where given, says what `statement` launches, for the native path (`backends.native`):
+    None while it cannot tell yet, False if never, else a list of `NativeLaunch`es whose parameters name
+    the run's parameters and outputs; `run.native()` is then the run's description (`_described`). Written as closures, an
     op's run called a function that allocated its outputs, one that chose its launch's arguments and the
     launcher: three frames, ~0.4 µs a call on the CPU machine."""
     namespace.update({f"_new{o}": new for o, new in outputs.items()})
     allocations = "".join(f"    {o} = _new{o}()\n" for o in outputs)
     exec(f"def run({params}):\n{allocations}{statement}    return {result}\n", namespace)
-    return namespace.pop("run")
+    run = namespace.pop("run")
+    if launches is not None:
+        run.native = functools.partial(_described, params, outputs, result, launches)
+    return run
+
+
+class NativeLaunch(NamedTuple):
+    """One kernel launch of a prepared run, for the native path: a CUfunction handle, grid, block,
+    dynamic shared bytes and one entry per kernel parameter, in order: a parameter or output name of
+    the run (its address), None (a null address) or an int (a constant's slot bits: `cupy.launcher`'s
+    i32 / i64 / f32)."""
+
+    function: int
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    smem: int
+    params: tuple[str | int | None, ...]
+
+
+def _names(params: str) -> list[str]:
+    return [p.split("=")[0].strip() for p in params.split(",") if p.strip()]
+
+
+def _variant(params: str, outputs: dict[str, Callable[[], Any]], result: str, launches: list[NativeLaunch]) -> Any:
+    """(outputs, launches, results, as a tuple) of `backends.native.Replay`, or False where an output's
+    allocator or the result is not one it can make."""
+    names, outs = _names(params), list(outputs)
+    specs = [getattr(outputs[o], "native", None) for o in outs]
+    results = [r.strip() for r in result.split(",") if r.strip()]
+    if any(s is None for s in specs) or any(r not in outs for r in results):
+        return False
+    resolved = []
+    for launch in launches:
+        entries = []
+        for p in launch.params:
+            if p is None:
+                entries.append((0, 0))
+            elif isinstance(p, str):
+                if p in outs:
+                    entries.append((2, outs.index(p)))
+                elif p in names:
+                    entries.append((1, names.index(p)))
+                else:
+                    return False
+            else:
+                entries.append((0, p & 0xFFFFFFFFFFFFFFFF))
+        resolved.append((launch.function, launch.grid, launch.block, launch.smem, entries))
+    return specs, resolved, [outs.index(r) for r in results], "," in result
+
+
+def _described(params: str, outputs: dict[str, Callable[[], Any]], result: str, launches: Callable[[], Any]) -> Any:
+    """A composed run's description for `backends.native.Replay`: (its parameter count, the variant,
+    whether it runs in Python while a graph is captured), None while its launches cannot be told yet,
+    False if never."""
+    got = launches()
+    if not got:
+        return got
+    variant = _variant(params, outputs, result, got)
+    return variant and (len(_names(params)), variant, False)
+
+
+def _native_of(*runs: Callable[..., Any]) -> list | bool | None:
+    """The runs' descriptions (`_described`), or None while one cannot tell yet, or False if one never can
+    or one runs in Python while a graph is captured."""
+    got = [getattr(r, "native", lambda: False)() for r in runs]
+    if any(g is False or (g and g[2]) for g in got):
+        return False
+    return None if any(g is None for g in got) else got
+
+
+def _chained(quantize: Callable[..., Any], gemm: Callable[..., Any]) -> Any:
+    """`prepared_quant_linear`'s run described: act_quant's launches on x (input 0), then the GEMM's on
+    their results (its inputs 0 and 1) and w, w_scale, bias (the run's inputs 1-3)."""
+    got = _native_of(quantize, gemm)
+    if not got:
+        return got
+    (_, (q_outs, q_launches, q_results, _), _), (_, (g_outs, g_launches, g_results, as_tuple), _) = got
+    shift = len(q_outs)
+
+    def routed(kind: int, index: int) -> tuple[int, int]:
+        if kind == 1:
+            return (2, q_results[index]) if index < 2 else (1, index - 1)
+        return (2, index + shift) if kind == 2 else (kind, index)
+    launches = q_launches + [(*launch[:4], [routed(*p) for p in launch[4]]) for launch in g_launches]
+    return 4, (q_outs + g_outs, launches, [r + shift for r in g_results], as_tuple), False
+
+
+def _eager(one_launch: Callable[..., Any]) -> Any:
+    """`eagerly`'s run described: `one_launch`, and the run itself (in Python) while a graph is captured."""
+    got = _native_of(one_launch)
+    return got and (got[0][0], got[0][1], True)
 
 
 def by_address(run: Callable[..., Any]) -> Callable[..., Any]:
@@ -174,6 +290,8 @@ def prepared_quant_linear(act_quant: Any, scaled_mm: Any, x: torch.Tensor, w: to
     def run(x, w, w_scale, bias=None):
         out = gemm(*quantize(x), w, w_scale, bias)
         return out if shape is None else out.view(shape)
+    if shape is None:
+        run.native = functools.partial(_chained, quantize, gemm)
     # x reaches act_quant alone, and quant_linear's spec passes w, w_scale and bias on as the caller gave
     # them (it views none of them): the run takes the caller's tensors wherever act_quant's does, whatever
     # the GEMM reads of its own operands (a TMA descriptor reads their shapes).
@@ -191,6 +309,7 @@ def eagerly(one_launch: Callable[..., Any], composed: Callable[..., Any], device
         if capturing():
             return composed(x, w, w_scale, bias)
         return one_launch(x, w, w_scale, bias)
+    run.native = functools.partial(_eager, one_launch)
     both = getattr(one_launch, "by_address", False) and getattr(composed, "by_address", False)
     return by_address(run) if both else run
 

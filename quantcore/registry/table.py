@@ -12,7 +12,7 @@ import functools
 import importlib
 
 from .. import opdef
-from ..backends import BACKEND_PACKAGES
+from ..backends import BACKEND_PACKAGES, native
 from ..backends.base import Impl
 from ..errors import InvalidInputError, UnsupportedError
 from . import plugins
@@ -54,10 +54,12 @@ def epoch() -> int:
 
 
 def invalidate() -> None:
-    """Forget every cached selection (and, through the epoch, every kept plan)."""
+    """Forget every cached selection (and, through the epoch, every kept plan; the custom ops' native
+    kernels keep theirs apart, and forget them here)."""
     global _epoch
     _epoch += 1
     choose.cache_clear()
+    native.clear()
 
 
 def forget() -> None:

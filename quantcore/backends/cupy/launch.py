@@ -30,6 +30,7 @@ of 16 bytes. Outputs are fresh allocations, which torch aligns to far more than 
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, Callable, NamedTuple
 
@@ -37,7 +38,7 @@ import torch
 
 from ...errors import UnsupportedError
 from .. import splitk
-from ..base import allocator, by_address, compose, eagerly, prepared, prepared_quant_linear
+from ..base import allocator, by_address, compose, eagerly, prepared, prepared_quant_linear, transposed
 from . import compiler
 from .launcher import POINTER, Launcher, f32, i32, i64
 
@@ -124,8 +125,10 @@ def _run(params: str, outputs: dict[str, Callable[[], torch.Tensor]], launch: Ca
     whether to convert."""
     convert = "" if _native_bias(bias) else "    bias = _converted(bias)\n"
     given = ", ".join("0" if a is None else f"{a}.data_ptr()" for a in addresses)
+    # A converted bias is a tensor made per call: the native path takes none.
+    native = getattr(launch, "native", None) if not convert else None
     return compose(params, outputs, f"{convert}    _launch({given})\n", {"_launch": launch, "_converted": _converted},
-                   result)
+                   result, None if native is None else functools.partial(native, addresses))
 
 
 def _converted(bias: torch.Tensor) -> torch.Tensor:
@@ -185,12 +188,8 @@ def act_quant(x, *, qdtype, group_size, ue8m0, eps, scale_m_major, profile):
     buffer = (kb, M) if scale_m_major else (M, kb)
     launch = _float_quantizer(x, qdtype, (1, group_size), (1, M) if scale_m_major else (kb, 1), ue8m0, eps, profile)
     new_q, new_scale = allocator((M, K), qdtype, device), allocator(buffer, torch.float32, device)
-
-    def run(x):
-        q, scale = new_q(), new_scale()
-        launch(x.data_ptr(), q.data_ptr(), scale.data_ptr())
-        return q, scale.t() if scale_m_major else scale
-    return by_address(run)
+    outputs = {"_q": new_q, "_scale": transposed(new_scale) if scale_m_major else new_scale}
+    return by_address(_run("x", outputs, launch, ("x", "_q", "_scale"), None, "_q, _scale"))
 
 
 @prepared
@@ -203,13 +202,8 @@ def weight_quant(w, *, qdtype, block_n, block_k, ue8m0, eps, profile):
     grid = (math.ceil(N / block_n), math.ceil(K / block_k))
     launch = _float_quantizer(w, qdtype, (block_n, block_k), (grid[1], 1), ue8m0, eps, profile)
 
-    new_q, new_scale = allocator((N, K), qdtype, device), allocator(grid, torch.float32, device)
-
-    def run(w):
-        q, scale = new_q(), new_scale()
-        launch(w.data_ptr(), q.data_ptr(), scale.data_ptr())
-        return q, scale
-    return by_address(run)
+    outputs = {"_q": allocator((N, K), qdtype, device), "_scale": allocator(grid, torch.float32, device)}
+    return by_address(_run("w", outputs, launch, ("w", "_q", "_scale"), None, "_q, _scale"))
 
 
 @prepared
@@ -233,13 +227,8 @@ def quantized_gelu(q, scale, *, group_size, approximate, out_qdtype, ue8m0, eps,
             (i32(M), i32(K), i32(group_size), f32(eps), i32(bool(ue8m0))), (M, K), (kb, 1), (1, group_size), vec,
             profile, device)
 
-    new_q, new_scale = allocator((M, K), out_qdtype, device), allocator((M, kb), torch.float32, device)
-
-    def run(q, scale):
-        q2, scale2 = new_q(), new_scale()
-        launch(q.data_ptr(), scale.data_ptr(), q2.data_ptr(), scale2.data_ptr())
-        return q2, scale2
-    return by_address(run)
+    outputs = {"_q": allocator((M, K), out_qdtype, device), "_scale": allocator((M, kb), torch.float32, device)}
+    return by_address(_run("q, scale", outputs, launch, ("q", "scale", "_q", "_scale"), None, "_q, _scale"))
 
 
 def _rowwise_grid(rows: int, vectors_per_row: int) -> tuple[tuple[int, int], tuple[int, int]]:
@@ -263,13 +252,8 @@ def _dequantizer(q, scale, block: tuple[int, int], out_dtype, profile):
                          (POINTER, i64(ldq), POINTER, i64(scale.stride(0)), i64(scale.stride(1)), POINTER, i64(C),
                           i32(R), i32(C), i32(block[0]), i32(block[1])))
 
-    new_out = allocator((R, C), out_dtype, device)
-
-    def run(q, scale):
-        out = new_out()
-        launch(q.data_ptr(), scale.data_ptr(), out.data_ptr())
-        return out
-    return by_address(run)
+    outputs = {"_out": allocator((R, C), out_dtype, device)}
+    return by_address(_run("q, scale", outputs, launch, ("q", "scale", "_out"), None, "_out"))
 
 
 @prepared

@@ -30,6 +30,8 @@ from typing import Any
 
 import torch
 
+from ..base import NativeLaunch
+
 POINTER = None  # a parameter taking one of the call's addresses, in order
 _SLOT = 8  # bytes per parameter slot
 _F32 = struct.Struct("<f")
@@ -82,7 +84,7 @@ class Launcher:
     each call fills from its arguments, in order."""
 
     __slots__ = ("function", "index", "_launch", "_current_context", "_current_stream", "_head", "_tail", "_context",
-                 "_slots", "_pack", "_params", "_constants", "_lock")
+                 "_slots", "_pack", "_params", "_constants", "_lock", "_args")
 
     def __init__(self, function: Any, grid: tuple[int, ...], block: tuple[int, ...], args: tuple,
                  index: int, smem: int = 0):
@@ -92,6 +94,7 @@ class Launcher:
         self._current_stream = _stream_reader()
         # launchKernel(f, grid x, y, z, block x, y, z, shared bytes, stream, kernelParams, extra)
         self._head = (function.ptr, *(tuple(grid) + (1, 1))[:3], *(tuple(block) + (1, 1))[:3], smem)
+        self._args = tuple(args)
         self._context = _primary_context(index)
         count = sum(a is POINTER for a in args)
         self._slots = array("Q", [0] * max(1, count))
@@ -109,6 +112,14 @@ class Launcher:
         self._params = array("Q", params or [0])  # the arrays never resize: their addresses hold
         self._tail = (self._params.buffer_info()[0], 0)
         self._lock = threading.Lock()
+
+    def native(self, names: tuple[str | None, ...]) -> list[NativeLaunch]:
+        """This launch for the native path (`backends.base.NativeLaunch`), the `POINTER` parameters taking
+        the run's tensors named by `names` (None: a null address), in order."""
+        given = iter(names)
+        params = tuple(next(given) if a is POINTER else a for a in self._args)
+        function, gx, gy, gz, bx, by, bz, smem = self._head
+        return [NativeLaunch(function, (gx, gy, gz), (bx, by, bz), smem, params)]
 
     def __call__(self, *addresses: int) -> None:
         with self._lock:

@@ -37,13 +37,14 @@ import functools
 import inspect
 import os
 import re
+import struct
 import types
 from typing import Any
 
 import torch
 
 from ... import capability
-from ..base import compose
+from ..base import NativeLaunch, compose
 
 DIRECT_ENV = "QUANTCORE_TRITON_DIRECT"
 # `CompiledKernel.run(grid0, grid1, grid2, stream, function, packed_metadata, launch_metadata,
@@ -106,14 +107,15 @@ class Launcher:
     `launch(*tensors, *scalars)` built and split a longer one each time."""
 
     __slots__ = ("fn", "grid", "constants", "device", "descriptors", "fixed", "_run", "_function", "_packed",
-                 "_tail", "_raw", "_head", "_tensors", "_encoded", "_rest")
+                 "_tail", "_raw", "_head", "_tensors", "_encoded", "_rest", "_compiled", "_launched")
 
     def __init__(self, fn, grid: tuple[int, ...], constants: dict[str, Any], device: torch.device,
                  descriptors: dict[int, Any] | None = None, fixed: tuple = ()):
         self.fn, self.constants, self.descriptors, self.fixed = fn, constants, descriptors or {}, tuple(fixed)
         self.grid = (tuple(grid) + (1, 1))[:3]
         self.device = device.index if device.index is not None else 0
-        self._run = self._raw = self._encoded = None
+        self._run = self._raw = self._encoded = self._compiled = None
+        self._launched = False
 
     def __call__(self, *args: Any) -> None:
         if self._raw is not None:
@@ -128,6 +130,7 @@ class Launcher:
                       None, None, None, *described, *self._tail)
             return
         compiled = self.fn[self.grid](*map(_kernel_view, described), **self.constants)
+        self._launched = True
         if enabled():
             self._bind(compiled, args)
 
@@ -156,8 +159,35 @@ class Launcher:
     def function(self, params: str, leading: tuple[str | None, ...], outputs: dict[str, Any],
                  result: str) -> Any:
         """`base.compose` of this launch (`statement`): `def run({params})` allocating `outputs` (name ->
-        allocator), launching with `leading` and returning `result`."""
-        return compose(params, outputs, *self.statement(leading), result)
+        allocator), launching with `leading` and returning `result`; described for the native path
+        (`native`) once bound."""
+        return compose(params, outputs, *self.statement(leading), result, functools.partial(self.native, leading))
+
+    def native(self, leading: tuple[str | None, ...]) -> list[NativeLaunch] | bool | None:
+        """This launch for the native path (`backends.base.NativeLaunch`) with the leading tensor arguments
+        named `leading`, as the C launcher takes it: None before the first launch, False where it is not
+        launched through the C launcher (`raw`) or takes an argument of a type a parameter slot cannot
+        hold. The C launcher of the `RAW_SUPPORTED` versions passes the kernel its non-constexpr arguments
+        in signature order, then the global and profile scratch addresses (null here: `_bind` takes no
+        kernel that needs scratch)."""
+        if self._raw is None or self._encoded is not None:
+            return False if self._launched else None
+        compiled = self._compiled
+        signature = getattr(getattr(compiled, "src", None), "signature", None)
+        meta = getattr(compiled, "metadata", None)
+        if (not isinstance(signature, dict) or getattr(meta, "num_ctas", 1) != 1 or self._head[1] or self._head[2]
+                or len(signature) != len(leading) + len(self._rest)):
+            return False
+        params: list[str | int | None] = []
+        for ty, value in zip(signature.values(), (*leading, *self._rest)):
+            if ty == "constexpr":
+                continue
+            slot = _slot(ty, value)
+            if slot is False:
+                return False
+            params.append(slot)
+        return [NativeLaunch(compiled.function, self.grid, (32 * meta.num_warps, 1, 1), meta.shared,
+                             (*params, None, None))]
 
     def _described(self, args: tuple) -> tuple:
         """`args` with a descriptor in place of each tensor at a `descriptors` position."""
@@ -182,6 +212,7 @@ class Launcher:
         return leading
 
     def _bind(self, compiled: Any, args: tuple) -> None:
+        self._compiled = compiled
         nargs = len(args)
         names = getattr(self.fn, "arg_names", None)
         if names is None or not all(hasattr(compiled, a) for a in ("run", "function", "packed_metadata")):
@@ -241,6 +272,27 @@ class Launcher:
     def raw(self) -> bool:
         """Whether calls now go straight to Triton's C launcher (`RAW_SUPPORTED`)."""
         return self._raw is not None
+
+
+_INTEGERS = ("i1", "i8", "i16", "i32", "i64", "u1", "u8", "u16", "u32", "u64")
+
+
+def _slot(ty: Any, value: Any) -> str | int | None | bool:
+    """A kernel argument of Triton signature type `ty` as a `NativeLaunch` parameter: a tensor's name or
+    None for a pointer the call gives, else the slot bits of its value; False where no 8-byte slot holds it."""
+    if not isinstance(ty, str):
+        return False
+    if ty.startswith("*"):
+        return value if value is None or isinstance(value, (str, int)) else False
+    if isinstance(value, str) or value is None:
+        return False
+    if ty in _INTEGERS:
+        return int(value)
+    if ty in ("fp32", "f32"):
+        return struct.unpack("<I", struct.pack("<f", value))[0]
+    if ty == "fp64":
+        return struct.unpack("<Q", struct.pack("<d", value))[0]
+    return False
 
 
 def _encode(make: Any, describe: Any, meta: Any, tensor: torch.Tensor) -> tuple:

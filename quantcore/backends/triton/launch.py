@@ -27,7 +27,7 @@ except ImportError:  # older Triton: pointer loads only
 from ... import capability
 from ...errors import InvalidInputError
 from .. import splitk
-from ..base import allocator, by_address, compose, eagerly, prepared, prepared_quant_linear
+from ..base import allocator, by_address, compose, eagerly, prepared, prepared_quant_linear, transposed
 from . import configs
 from .direct import Launcher
 from .gluon import TILE_N as GLUON_TILE_N
@@ -97,11 +97,6 @@ def _blocks_quantizer(params, src, src_scale, new_q, new_scale, *, block, ue8m0,
                                       "_q, _scale"))
 
 
-def _transposed(new: Callable[[], torch.Tensor]) -> torch.Tensor:
-    """The transpose of a fresh tensor from the allocator `new` (an M-major scale's buffer)."""
-    return new().t()
-
-
 def _blocks_dequantizer(q, scale, *, block, out_dtype, profile):
     """A function (q, scale) -> fp32(q) * scale per block[0]×block[1], as a new out_dtype tensor."""
     (R, C), device = q.shape, q.device
@@ -129,7 +124,7 @@ def act_quant(x, *, qdtype, group_size, ue8m0, eps, scale_m_major, profile):
     new_q, new_scale = allocator((M, K), qdtype, device), allocator((kb, M) if scale_m_major else (M, kb),
                                                                      torch.float32, device)
     if scale_m_major:
-        new_scale = functools.partial(_transposed, new_scale)
+        new_scale = transposed(new_scale)
     return _blocks_quantizer(("x",), x, None, new_q, new_scale, block=(1, group_size), ue8m0=ue8m0, eps=eps,
                              activation="none", profile=profile)
 

@@ -1,0 +1,149 @@
+"""The native launch path: kept plans replayed in C++.
+
+A `quantcore.ops` call whose plan is kept (`quantcore.dispatch`) still spends its host time in Python:
+the prepared run's output allocations (`torch.empty_like`, ~0.9 µs each on the H100 host) and the
+backend's launcher (Triton's C launcher parses every argument, ~3.4 µs), and a `torch.ops.quantcore`
+call adds the dispatcher's boxing into Python and the Autograd kernel's questions (docs/performance.md,
+round 18). `replay.cpp` does those steps in C++:
+
+- `Replay(run, describe, device)` stands for a prepared run that allocates its outputs and launches
+  kernels whose parameters are constants, the run's inputs' addresses and its outputs' addresses
+  (`backends.base.compose` says which runs are so: `run.native`). Its first calls run `run`; once
+  `describe()` gives the description (Triton compiles a kernel on its first launch), it allocates with
+  `at::empty_strided` and launches with `cuLaunchKernel` itself. Each launch's parameter count and sizes
+  are checked against the driver's account of the kernel (`cuFuncGetParamInfo`) before it is taken.
+  A run that launches something else while a CUDA graph is being captured (`base.eagerly`) runs in
+  Python while the driver says the stream is being captured.
+- `install(...)` registers each custom op's CUDA and AutogradCUDA kernels: a call with no input requiring
+  grad, in the default selection state (no simulation or priority context), whose arguments' key has a
+  kept replay, runs it without entering Python; the others run the ops' Python kernels as before.
+
+The extension is compiled from source with `torch.utils.cpp_extension` into quantcore's cache folder,
+once per source and torch version (about a minute), the first time a CUDA plan is kept in a process;
+QUANTCORE_NATIVE=0 turns the path off (and the build with it). Where it cannot be built or loaded (no
+compiler, no CUDA driver), `reason()` says why and every call takes the Python path.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.util
+import os
+import threading
+import warnings
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from ... import userdirs
+from ..base import on_reset
+
+NATIVE_ENV = "QUANTCORE_NATIVE"
+_SOURCE = Path(__file__).with_name("replay.cpp")
+_lock = threading.Lock()
+_failure: str | None = None
+
+
+def enabled() -> bool:
+    """Whether the native path may be used in this process now (QUANTCORE_NATIVE is not "0")."""
+    return os.environ.get(NATIVE_ENV, "1") != "0"
+
+
+def _name() -> str:
+    """The extension's module name: one per source and torch version."""
+    digest = hashlib.sha256(_SOURCE.read_bytes() + torch.__version__.encode()).hexdigest()[:12]
+    return f"quantcore_native_{digest}"
+
+
+@functools.lru_cache(maxsize=None)
+def _build() -> Any:
+    """The compiled extension module (built first where it is not in the cache)."""
+    name = _name()
+    folder = userdirs.cache_dir() / "native" / name
+    built = next(iter(sorted(folder.glob(f"{name}*.so"))), None) if folder.is_dir() else None
+    if built is not None:  # load it without asking ninja whether it is up to date (the name says it is)
+        spec = importlib.util.spec_from_file_location(name, built)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    from torch.utils import cpp_extension
+
+    folder.mkdir(parents=True, exist_ok=True)
+    warnings.warn("quantcore: compiling its native launch path (once per torch version, about a minute); "
+                  f"{NATIVE_ENV}=0 skips it", stacklevel=4)
+    return cpp_extension.load(name=name, sources=[str(_SOURCE)], build_directory=str(folder),
+                              extra_cflags=["-O2"], verbose=False)
+
+
+def module() -> Any | None:
+    """The extension, built and loaded on first use; None where it is off or cannot be had (`reason`)."""
+    global _failure
+    if not enabled() or _failure is not None:
+        return None
+    with _lock:
+        if _failure is not None:
+            return None
+        try:
+            ext = _build()
+        except Exception as e:  # a missing compiler or headers, a failed build or load
+            _failure = f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"
+            return None
+        missing = ext.driver_missing()
+        if missing:
+            _failure = f"CUDA driver: {missing}"
+            return None
+        _configure(ext)
+        return ext
+
+
+def reason() -> str | None:
+    """Why the native path is not in use (None when it is, or has not been tried yet in this process)."""
+    if not enabled():
+        return f"{NATIVE_ENV}=0"
+    return _failure
+
+
+_configured: list[Callable[[Any], None]] = []
+
+
+def on_load(configure: Callable[[Any], None]) -> None:
+    """Have `configure(ext)` called once the extension is loaded (at once if it is): the custom ops'
+    kernels and the selection state are installed so, by the layers that own them."""
+    _configured.append(configure)
+    ext = _loaded()
+    if ext is not None:
+        configure(ext)
+
+
+def _loaded() -> Any | None:
+    return _build() if _build.cache_info().currsize and _failure is None else None
+
+
+@functools.lru_cache(maxsize=None)
+def _configure(ext: Any) -> None:
+    for configure in _configured:
+        configure(ext)
+
+
+def replay(run: Callable[..., Any], device: torch.device) -> Callable[..., Any]:
+    """`run` (a prepared run taking its inputs positionally) as a native `Replay` where it describes itself
+    (`run.native`) and the extension is at hand; else `run`."""
+    describe = getattr(run, "native", None)
+    if describe is None or device.type != "cuda":
+        return run
+    ext = module()
+    if ext is None:
+        return run
+    return ext.Replay(run, describe, device.index if device.index is not None else torch.cuda.current_device())
+
+
+def clear() -> None:
+    """Forget the custom ops' kept replays (the registry's selections changed)."""
+    ext = _loaded()
+    if ext is not None:
+        ext.clear()
+
+
+on_reset(clear)

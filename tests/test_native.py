@@ -1,0 +1,163 @@
+"""The native launch path's description of prepared runs (`backends.base.compose` and its combinations,
+`triton.direct`'s parameter slots) and its extension's fallbacks, on the CPU. Its launches run on the GPU
+(tests/gpu/test_native.py)."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+import torch
+
+from quantcore.backends import base, native
+from quantcore.backends.base import NativeLaunch
+from quantcore.backends.triton.direct import _slot
+
+
+def _run(params, outputs, launches, result):
+    return base.compose(params, outputs, "    pass\n", {}, result, launches)
+
+
+def test_a_composed_run_describes_its_launches_by_input_and_output():
+    outputs = {"_q": base.allocator((3, 256), torch.int8, torch.device("cpu")),
+               "_scale": base.transposed(base.allocator((2, 3), torch.float32, torch.device("cpu")))}
+    launch = NativeLaunch(77, (4, 1, 1), (128, 1, 1), 512, ("x", None, "_scale", 5, -1, "_q"))
+    run = _run("x, bias=None", outputs, lambda: [launch], "_q, _scale")
+    count, (outs, launches, results, as_tuple), python_while_capturing = run.native()
+    assert count == 2 and results == [0, 1] and as_tuple and not python_while_capturing
+    assert outs == [((3, 256), (256, 1), torch.int8), ((3, 2), (1, 3), torch.float32)]
+    assert launches == [(77, (4, 1, 1), (128, 1, 1), 512, [(1, 0), (0, 0), (2, 1), (0, 5), (0, 2**64 - 1), (2, 0)])]
+    single = _run("x", {"_out": outputs["_q"]}, lambda: [launch._replace(params=("x", "_out"))], "_out")
+    assert single.native()[1][3] is False  # one result, returned as it is
+
+
+@pytest.mark.parametrize("launches, expected", [(None, None), (False, False)])
+def test_a_run_not_yet_or_never_described(launches, expected):
+    run = _run("x", {"_out": base.allocator((2,), torch.float32, torch.device("cpu"))}, lambda: launches, "_out")
+    assert run.native() is expected
+
+
+@pytest.mark.parametrize("params, outputs, result", [
+    (("y",), {"_out": base.allocator((2,), torch.float32, torch.device("cpu"))}, "_out"),  # not a name of the run
+    (("x",), {"_out": lambda: torch.empty(2)}, "_out"),  # an output it cannot allocate
+    (("x",), {"_out": base.allocator((2,), torch.float32, torch.device("cpu"))}, "_out.t()"),  # a made result
+])
+def test_runs_the_native_path_cannot_make_are_never_described(params, outputs, result):
+    run = _run("x", outputs, lambda: [NativeLaunch(1, (1, 1, 1), (32, 1, 1), 0, params)], result)
+    assert run.native() is False
+
+
+def _described(count, outs, launches, results, as_tuple=False):
+    run = lambda *a: None  # noqa: E731
+    run.native = lambda: (count, (outs, launches, results, as_tuple), False)
+    return run
+
+
+def test_a_composed_quant_linear_routes_the_gemm_to_act_quants_results():
+    q_out = [((1, 256), (256, 1), torch.int8), ((1, 2), (2, 1), torch.float32)]
+    quantize = _described(1, q_out, [(1, (1, 1, 1), (32, 1, 1), 0, [(1, 0), (2, 0), (2, 1)])], [0, 1], True)
+    g_out = [((1, 64), (64, 1), torch.bfloat16)]
+    gemm_params = [(1, 0), (1, 1), (1, 2), (1, 3), (1, 4), (2, 0), (0, 9)]
+    gemm = _described(5, g_out, [(2, (1, 1, 1), (32, 1, 1), 0, gemm_params)], [0])
+    count, (outs, launches, results, as_tuple), capture = base._chained(quantize, gemm)
+    assert count == 4 and outs == q_out + g_out and results == [2] and not as_tuple and not capture
+    assert launches[1][4] == [(2, 0), (2, 1), (1, 1), (1, 2), (1, 3), (2, 2), (0, 9)]
+    never = lambda *a: None  # noqa: E731
+    assert base._chained(quantize, never) is False  # a run without a description
+    pending = _described(5, g_out, [], [0])
+    pending.native = lambda: None
+    assert base._chained(quantize, pending) is None
+
+
+def test_an_eager_only_launch_runs_in_python_while_captured():
+    one = _described(4, [((1, 8), (8, 1), torch.float32)], [], [0])
+    assert base._eager(one)[2] is True
+    run = base.eagerly(one, one, torch.device("cpu"))
+    assert run.native()[2] is True
+
+
+@pytest.mark.parametrize("ty, value, slot", [
+    ("*fp32", "x", "x"), ("*i8", None, None), ("*fp32", 1234, 1234), ("i32", -3, -3), ("i64", 2**40, 2**40),
+    ("i1", True, 1), ("fp32", 1.5, struct.unpack("<I", struct.pack("<f", 1.5))[0]),
+    ("fp64", 0.1, struct.unpack("<Q", struct.pack("<d", 0.1))[0]),
+    ("fp16", 1.0, False), ("i32", "x", False), (("i32", "i32"), (1, 2), False)])
+def test_triton_arguments_as_parameter_slots(ty, value, slot):
+    assert _slot(ty, value) == slot
+
+
+def test_without_the_extension_a_run_stays_python(monkeypatch):
+    run = _run("x", {"_out": base.allocator((2,), torch.float32, torch.device("cpu"))}, lambda: [], "_out")
+    assert native.replay(run, torch.device("cpu")) is run  # nothing to launch on the CPU
+    monkeypatch.setenv(native.NATIVE_ENV, "0")
+    assert native.module() is None and native.reason() == f"{native.NATIVE_ENV}=0"
+    assert native.replay(run, torch.device("cuda", 0)) is run
+
+
+@pytest.fixture(scope="module")
+def ext(tmp_path_factory):
+    """The extension, built here from source into a fresh cache (the CPU machine has no CUDA driver)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("QUANTCORE_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
+        native._build.cache_clear()
+        try:
+            yield native._build()
+        finally:
+            native._build.cache_clear()
+
+
+def test_the_extension_runs_python_until_a_run_is_described(ext):
+    """A replay calls its run, and asks for its description after each call until it gets one; None means
+    not yet, anything else ends the asking, and without a driver none is taken."""
+    assert isinstance(ext.driver_missing(), str)
+    calls, answers = [], [None, None, (1, ([], [], [], False), False)]
+
+    def run(x):
+        calls.append(x)
+        return x + 1
+
+    replay = ext.Replay(run, lambda: answers.pop(0), 0)
+    assert [replay(i) for i in range(5)] == [1, 2, 3, 4, 5] and calls == [0, 1, 2, 3, 4]
+    assert answers == [] and replay.run is run
+    assert replay.ready is (ext.driver_missing() == "")
+
+
+def test_the_native_kernels_hand_python_what_its_kernels_get(ext):
+    """The custom ops' native kernels, installed for the CPU on a copy of act_quant's schema: a call without
+    a kept replay (CPU tensors never have one) reaches the Python kernel with the schema's arguments as
+    Python's kernels get them (dtypes as torch.dtype, lists, floats), its result pushed as the op's; a
+    call that needs autograd reaches the Autograd kernel instead."""
+    import quantcore
+    from quantcore import ops
+
+    lib = torch.library.Library("qcnative_test", "DEF")
+    schema = str(torch.ops.quantcore.act_quant.default._schema).split("::", 1)[1]
+    lib.define(schema)
+    seen = []
+
+    def miss(args):
+        seen.append(("miss", args))
+        return ops.act_quant(args[0], dtype=args[1], group_size=args[2]), None, 0
+
+    def record(args):
+        seen.append(("record", args))
+        return ops.act_quant(args[0].detach(), dtype=args[1], group_size=args[2])
+    ext.install("qcnative_test", "act_quant", miss, record, 2, "CPU", "AutogradCPU")
+    x = torch.randn(3, 256)
+    q, s = torch.ops.qcnative_test.act_quant(x, dtype=torch.int8, group_size=64, eps=1e-3)
+    expected = ops.act_quant(x, dtype=torch.int8, group_size=64)
+    assert torch.equal(q, expected[0]) and torch.equal(s, expected[1])
+    (kind, args), = seen
+    names = [a.name for a in torch.ops.quantcore.act_quant.default._schema.arguments]
+    given = dict(zip(names, args))
+    assert kind == "miss" and given["x"] is not None and torch.equal(given["x"], x)
+    assert given["dtype"] is torch.int8 and given["group_size"] == 64 and given["eps"] == 1e-3
+    assert given["backend"] is None and isinstance(given["scale_layout"], str)
+    seen.clear()
+    torch.ops.qcnative_test.act_quant(x.requires_grad_(True))
+    with torch.no_grad():
+        torch.ops.qcnative_test.act_quant(x)
+    assert [k for k, _ in seen] == ["record", "miss"]
+    ext.install("qcnative_test", "act_quant", lambda args: ops.act_quant(args[0], group_size=0), record, 2,
+                "CPU", "AutogradCPU")
+    with pytest.raises(quantcore.InvalidInputError, match="group_size"):  # the Python kernel's error, as raised
+        torch.ops.qcnative_test.act_quant(x.detach())
