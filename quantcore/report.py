@@ -12,6 +12,7 @@ import textwrap
 from pydantic import BaseModel
 
 from . import capability, measured, opdef, registry
+from .backends import native
 from .opdefs import BUILTIN
 
 SCHEMA = 2  # the JSON's layout version: bumped whenever a field changes meaning or is removed
@@ -70,6 +71,7 @@ class Report(BaseModel):
     rows: list[Row]
     plugins: list[registry.Plugin]  # out-of-tree backends found through entry points, loaded or not
     by_m: list[MRange]  # per M, from the measured tables (for a simulated GPU: real GPUs of its architecture)
+    launch_path: str  # how kept plans are launched here (`backends.native.status`)
 
 
 def build(simulate: str | None = None) -> Report:
@@ -93,7 +95,8 @@ def build(simulate: str | None = None) -> Report:
     return Report(device=profile, simulated=simulated, python=platform.python_version(), priority=list(priority),
                   priority_source=source, measured_table=own.path if own else None, rows=rows,
                   by_m=[r for table in tables for r in _by_m(profile, table)],
-                  plugins=list(registry.plugin_status()))
+                  plugins=list(registry.plugin_status()),
+                  launch_path=native.status("cuda" if capability.cuda_available() else "cpu"))
 
 
 def _priority_in_force(profile: capability.DeviceProfile) -> tuple[tuple[str, ...], str]:
@@ -148,7 +151,8 @@ def render(report: Report) -> str:
            f"bf16 MMA: {'yes' if d.bf16_mma else 'no'}, smem/block: {d.smem_per_block // 1024} KiB"
     vers = ", ".join(f"{k} {v or 'none'}" for k, v in d.versions.items())
     source = {"default": f"default for {d.kind}"}.get(report.priority_source, f"from {report.priority_source}")
-    lines = [title, caps, f"python {report.python}, {vers}", f"priority: {' > '.join(report.priority)} ({source})"]
+    lines = [title, caps, f"python {report.python}, {vers}", f"priority: {' > '.join(report.priority)} ({source})",
+             f"launch path: {report.launch_path}"]
     if report.measured_table:
         lines.append(f"measured table: {report.measured_table} (refines the priority per op and M: below; the "
                      "rows show the smallest M)")

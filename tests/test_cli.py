@@ -47,7 +47,8 @@ def test_report_json_is_stable():
     a, b = report.build(simulate="sm90"), report.build(simulate="sm90")
     assert a.model_dump_json() == b.model_dump_json()
     assert list(json.loads(a.model_dump_json())) == ["schema_version", "device", "simulated", "python", "priority",
-                                                     "priority_source", "measured_table", "rows", "plugins", "by_m"]
+                                                     "priority_source", "measured_table", "rows", "plugins", "by_m",
+                                                     "launch_path"]
 
 
 @pytest.mark.parametrize("profile", ["cpu", "sm70", "sm75", "sm80", "sm86", "sm89", "sm90", "sm100"])

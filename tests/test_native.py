@@ -94,15 +94,32 @@ def test_without_the_extension_a_run_stays_python(monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def ext(tmp_path_factory):
+def cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("cache")
+
+
+@pytest.fixture(scope="module")
+def ext(cache):
     """The extension, built here from source into a fresh cache (the CPU machine has no CUDA driver)."""
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("QUANTCORE_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
+        mp.setenv("QUANTCORE_CACHE_DIR", str(cache))
         native._build.cache_clear()
         try:
             yield native._build()
         finally:
             native._build.cache_clear()
+
+
+def test_the_report_says_how_kept_plans_are_launched(ext, cache, tmp_path, monkeypatch):
+    """Without building or loading the extension: whether it is in the cache folder."""
+    native._build.cache_clear()  # `ext` stays built in `cache`, not loaded
+    assert native.status("cpu").startswith("Python")
+    monkeypatch.setenv("QUANTCORE_CACHE_DIR", str(tmp_path))
+    assert native.status("cuda").startswith("native once built")
+    monkeypatch.setenv("QUANTCORE_CACHE_DIR", str(cache))  # where `ext` was built
+    assert native.status("cuda").startswith("native (")
+    monkeypatch.setenv(native.NATIVE_ENV, "0")
+    assert native.status("cuda") == f"Python ({native.NATIVE_ENV}=0)"
 
 
 def test_the_extension_runs_python_until_a_run_is_described(ext):

@@ -57,12 +57,20 @@ def _name() -> str:
     return f"quantcore_native_{digest}"
 
 
+def _folder() -> Path:
+    return userdirs.cache_dir() / "native" / _name()
+
+
+def _built() -> Path | None:
+    """The compiled extension in the cache, if it is there."""
+    folder = _folder()
+    return next(iter(sorted(folder.glob(f"{folder.name}*.so"))), None) if folder.is_dir() else None
+
+
 @functools.lru_cache(maxsize=None)
 def _build() -> Any:
     """The compiled extension module (built first where it is not in the cache)."""
-    name = _name()
-    folder = userdirs.cache_dir() / "native" / name
-    built = next(iter(sorted(folder.glob(f"{name}*.so"))), None) if folder.is_dir() else None
+    name, folder, built = _name(), _folder(), _built()
     if built is not None:  # load it without asking ninja whether it is up to date (the name says it is)
         spec = importlib.util.spec_from_file_location(name, built)
         module = importlib.util.module_from_spec(spec)
@@ -96,6 +104,18 @@ def module() -> Any | None:
             return None
         _configure(ext)
         return ext
+
+
+def status(kind: str) -> str:
+    """How kept plans are launched on a device of `kind` ("cuda", "cpu"), for the report: without building
+    the extension."""
+    if kind != "cuda":
+        return "Python (the native path launches CUDA kernels only)"
+    if not enabled() or _failure is not None:
+        return f"Python ({reason()})"
+    if _loaded() is not None or _built() is not None:
+        return "native (kept plans replayed in C++, quantcore/backends/native)"
+    return "native once built (compiled on the first CUDA call, about 30 s; then kept in the cache folder)"
 
 
 def reason() -> str | None:

@@ -8,6 +8,7 @@
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/library.h>
+#include <ATen/EmptyTensor.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/core/impl/TorchDispatchModeTLS.h>
@@ -33,6 +34,7 @@ using CUfunction = void*;
 using CUstream = void*;
 using CUcontext = void*;
 constexpr CUresult kSuccess = 0;
+constexpr c10::DispatchKeySet kCudaKeys(c10::DispatchKey::CUDA);
 constexpr size_t kMaxParams = 128;
 
 // The driver's entry points, looked up once in libcuda (the one torch and the backends use).
@@ -206,10 +208,14 @@ class Replay {
     c10::DeviceGuard guard(c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(device_)));
     CUstream stream = current_stream(device_);
     const Variant* v = &*variant_;
-    auto options = at::TensorOptions().device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(device_));
+    // What at::empty_strided does on CUDA, without its dispatch and options (act_quant's two outputs: 3.0 us
+    // through it, 1.6 so, on the H100 host: docs/bench/round20/native_parts*.txt): the current allocator of
+    // CUDA devices (torch's caching allocator, or one that replaced it), on the guard's device.
+    c10::Allocator* allocator = c10::GetAllocator(c10::DeviceType::CUDA);
     std::vector<at::Tensor> outputs;
     outputs.reserve(v->outputs.size());
-    for (const auto& o : v->outputs) outputs.push_back(at::empty_strided(o.sizes, o.strides, options.dtype(o.dtype)));
+    for (const auto& o : v->outputs)
+      outputs.emplace_back(at::detail::empty_strided_generic(o.sizes, o.strides, allocator, kCudaKeys, o.dtype));
     std::array<uint64_t, kMaxParams> slots;
     std::array<void*, kMaxParams> params;
     for (const auto& l : v->launches) {
