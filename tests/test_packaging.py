@@ -53,3 +53,16 @@ def test_version_flag(capsys):
     with pytest.raises(SystemExit) as exit_:
         cli.main(["--version"])
     assert exit_.value.code == 0 and capsys.readouterr().out == f"quantcore {quantcore.__version__}\n"
+
+
+def test_package_data_covers_every_source_file_the_package_reads():
+    """The CUDA kernels and the native extension's C++ are read at run time from the installed package:
+    each non-Python file under quantcore/ matches a package-data pattern of pyproject.toml."""
+    import fnmatch
+    import tomllib
+
+    patterns = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["*"]
+    files = [p for p in (ROOT / "quantcore").rglob("*") if p.is_file() and p.suffix not in (".py", ".pyc")
+             and "__pycache__" not in p.parts]
+    assert any(p.suffix == ".cpp" for p in files)
+    assert [p.name for p in files if not any(fnmatch.fnmatch(p.name, pat) for pat in patterns)] == []

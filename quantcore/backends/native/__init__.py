@@ -72,10 +72,13 @@ def _build() -> Any:
     """The compiled extension module (built first where it is not in the cache)."""
     name, folder, built = _name(), _folder(), _built()
     if built is not None:  # load it without asking ninja whether it is up to date (the name says it is)
-        spec = importlib.util.spec_from_file_location(name, built)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
+        try:
+            spec = importlib.util.spec_from_file_location(name, built)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            return module
+        except ImportError:  # still being written by another process: build under its lock below
+            pass
     from torch.utils import cpp_extension
 
     folder.mkdir(parents=True, exist_ok=True)
