@@ -1,5 +1,6 @@
 """`quantcore` command line: `quantcore report [--json] [--simulate PROFILE]`, `quantcore bench [...]`
-(the ops beside their baselines) and `quantcore bench --e2e [...]` (decode tokens/s of a model)."""
+(the ops beside their baselines), `quantcore bench --e2e [...]` (decode tokens/s of a model) and
+`quantcore native` (compile the native launch path ahead of its first use)."""
 
 from __future__ import annotations
 
@@ -31,6 +32,8 @@ def _parser() -> argparse.ArgumentParser:
                           "profile)")
     rep.add_argument("--simulate", metavar="PROFILE",
                      help=f"describe another device: cpu, {', '.join(capability.SIMULATED)}")
+    sub.add_parser("native", help="compile the native launch path now (else done on the first CUDA call; no GPU "
+                                  "needed) and say how kept plans are launched here")
     bench = sub.add_parser("bench", help="time every op and backend on this GPU beside the baselines")
     bench.add_argument("--quick", action="store_true", help="a small shape set")
     bench.add_argument("--ops", nargs="+", default=(), choices=OPS, metavar="OP",
@@ -98,6 +101,8 @@ def _main(argv: list[str] | None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "bench":
         return _bench(args, argv)
+    if args.command == "native":
+        return _native()
     from . import report
 
     try:
@@ -106,6 +111,21 @@ def _main(argv: list[str] | None) -> int:
         print(f"quantcore: {err}", file=sys.stderr)
         return 2
     print(result.model_dump_json(indent=2) if args.json else report.render(result))
+    return 0
+
+
+def _native() -> int:
+    from .backends import native
+
+    if not native.enabled():
+        print(f"quantcore: {native.NATIVE_ENV}=0 turns the native launch path off", file=sys.stderr)
+        return 2
+    try:
+        path = native.build()
+    except Exception as err:  # the compiler's or the loader's error, whatever it is
+        print(f"quantcore: the native launch path could not be built: {err}", file=sys.stderr)
+        return 1
+    print(f"built {path}\nlaunch path: {native.status('cuda' if capability.cuda_available() else 'cpu')}")
     return 0
 
 

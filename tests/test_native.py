@@ -178,3 +178,14 @@ def test_the_native_kernels_hand_python_what_its_kernels_get(ext):
                 "CPU", "AutogradCPU")
     with pytest.raises(quantcore.InvalidInputError, match="group_size"):  # the Python kernel's error, as raised
         torch.ops.qcnative_test.act_quant(x.detach())
+
+
+def test_the_cli_builds_the_extension_ahead(ext, cache, monkeypatch, capsys):
+    from quantcore import cli
+
+    monkeypatch.setenv("QUANTCORE_CACHE_DIR", str(cache))  # where `ext` was built: found, loaded
+    assert cli.main(["native"]) == 0
+    out = capsys.readouterr().out
+    assert f"built {cache}" in out and "launch path: Python" in out  # no GPU here
+    monkeypatch.setenv(native.NATIVE_ENV, "0")
+    assert cli.main(["native"]) == 2 and "QUANTCORE_NATIVE=0" in capsys.readouterr().err

@@ -19,8 +19,8 @@ round 18). `replay.cpp` does those steps in C++:
   kept replay, runs it without entering Python; the others run the ops' Python kernels as before.
 
 The extension is compiled from source with `torch.utils.cpp_extension` into quantcore's cache folder,
-once per source and torch version (about a minute), the first time a CUDA plan is kept in a process;
-QUANTCORE_NATIVE=0 turns the path off (and the build with it). Where it cannot be built or loaded (no
+once per source and torch version (about 30 s), the first time a CUDA plan is kept in a process, or
+ahead by `quantcore native`; QUANTCORE_NATIVE=0 turns the path off (and the build with it). Where it cannot be built or loaded (no
 compiler, no CUDA driver), `reason()` says why and every call takes the Python path.
 """
 
@@ -86,6 +86,14 @@ def _build() -> Any:
                   f"{NATIVE_ENV}=0 skips it", stacklevel=4)
     return cpp_extension.load(name=name, sources=[str(_SOURCE)], build_directory=str(folder),
                               extra_cflags=["-O2"], verbose=False)
+
+
+def build() -> Path:
+    """Compile the extension into the cache folder now, where it is not there yet (where an image is made,
+    say; it needs no GPU), and load it; its path. Raises what the build raises."""
+    with _lock:
+        _build()
+    return _built() or _folder()
 
 
 def module() -> Any | None:
