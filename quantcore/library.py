@@ -176,7 +176,7 @@ def _native_kernels(op: OpDef, custom: CustomOp, overload: torch._ops.OpOverload
         same = out is unlaid or (isinstance(out, tuple) and all(a is b for a, b in zip(out, unlaid)))
         plan = kept(op.name, tensors, {k: v for k, v in options.items() if k != "backend"},
                     _backend(options.get("backend"))) if same else None
-        if plan is None or plan.direct is None or plan.finish is not None:
+        if plan is None or plan.direct is None or plan.finish is not None or not native.replayed(plan.launch):
             return out, None, 0
         return out, plan.launch, plan.direct
 

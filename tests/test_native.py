@@ -136,6 +136,7 @@ def test_the_extension_runs_python_until_a_run_is_described(ext):
     assert [replay(i) for i in range(5)] == [1, 2, 3, 4, 5] and calls == [0, 1, 2, 3, 4]
     assert answers == [] and replay.run is run
     assert replay.ready is (ext.driver_missing() == "")
+    assert not native.replayed(run)  # a Python run, which the custom ops' kernels must not keep
 
 
 def test_the_native_kernels_hand_python_what_its_kernels_get(ext):

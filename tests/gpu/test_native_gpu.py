@@ -106,6 +106,22 @@ def test_custom_ops_replay_kept_plans_without_python(backend):
         assert dispatch._plans, name
 
 
+def test_custom_ops_whose_plans_stay_python(monkeypatch):
+    """Calls whose kept plan is a Python run (the tiled GEMM at 300 rows; any plan made with the path turned
+    off after the extension was loaded) run through the Python kernels, call after call."""
+    assert native.module() is not None, native.reason()
+    w, ws = ops.weight_quant(torch.randn(512, 1024, device="cuda", dtype=torch.bfloat16))
+    for rows, mode in ((300, "1"), (1, "0")):
+        monkeypatch.setenv(native.NATIVE_ENV, mode)
+        registry.clear_caches()
+        x = torch.randn(rows, 1024, device="cuda", dtype=torch.bfloat16)
+        expected = ops.quant_linear(x, w, ws)
+        for _ in range(3):
+            assert torch.equal(torch.ops.quantcore.quant_linear(x, w, ws, None), expected)
+        plan = dispatch.kept("quant_linear", (x, w, ws, None), {}, None)
+        assert plan is not None and not native.replayed(plan.launch)
+
+
 def test_custom_ops_raise_the_python_errors_and_record_gradients():
     assert native.module() is not None, native.reason()
     x = torch.randn(2, 1024, device="cuda", dtype=torch.bfloat16)
@@ -148,3 +164,28 @@ def test_every_op_has_a_custom_op_with_a_native_kernel():
             name = f"quantcore::{custom.name}"
             assert torch._C._dispatch_has_kernel_for_dispatch_key(name, "CUDA"), name
             assert torch._C._dispatch_has_kernel_for_dispatch_key(name, "AutogradCUDA"), name
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_native_replays_on_a_device_that_is_not_the_current_one(monkeypatch, backend):
+    """With GPU 0 current, calls on GPU 1 allocate and launch on GPU 1 (the replay's device guard), natively
+    as in Python, through `quantcore.ops` and `torch.ops.quantcore`, and leave GPU 0 current."""
+    assert native.module() is not None, native.reason()
+    torch.cuda.set_device(0)
+    x = torch.randn(1, 1024, device="cuda:1", dtype=torch.bfloat16)
+    w, ws = ops.weight_quant(torch.randn(512, 1024, device="cuda:1", dtype=torch.bfloat16), backend="torch")
+    calls = [lambda: ops.act_quant(x, backend=backend), lambda: ops.quant_linear(x, w, ws, backend=backend),
+             lambda: torch.ops.quantcore.quant_linear(x, w, ws, None, backend=backend)]
+    results = {}
+    for mode in ("0", "1"):
+        monkeypatch.setenv(native.NATIVE_ENV, mode)
+        registry.clear_caches()
+        results[mode] = [[_bits(call()) for _ in range(3)] for call in calls]
+        assert torch.cuda.current_device() == 0
+    for python, replayed in zip(results["0"], results["1"]):
+        for a, b in zip(python, replayed):
+            assert all(t.device == torch.device("cuda:1") for t in b)
+            assert all(torch.equal(p, r) for p, r in zip(a, b, strict=True))
+    plan = dispatch.kept("act_quant", (x,), {}, backend)
+    assert type(plan.launch).__name__ == "Replay" and plan.launch.ready

@@ -170,6 +170,13 @@ def replay(run: Callable[..., Any], device: torch.device) -> Callable[..., Any]:
     return ext.Replay(run, describe, device.index if device.index is not None else torch.cuda.current_device())
 
 
+def replayed(launch: Any) -> bool:
+    """Whether a plan's `launch` is a native replay that launches by itself (not a Python run: a plan made
+    with the path off, or one whose run does not describe itself)."""
+    ext = _loaded()
+    return ext is not None and isinstance(launch, ext.Replay) and launch.ready
+
+
 def clear() -> None:
     """Forget the custom ops' kept replays (the registry's selections changed)."""
     ext = _loaded()

@@ -439,7 +439,7 @@ class OpKernel : public c10::OperatorKernel {
     }
     py::tuple got = miss_(python_arguments(op, *stack, n)).cast<py::tuple>();
     push_result(op, stack, n, got[0]);
-    if (keyed && !got[1].is_none()) {
+    if (keyed && py::isinstance<Replay>(got[1])) {
       auto replay = got[1].cast<std::shared_ptr<Replay>>();
       size_t inputs = got[2].cast<size_t>();
       if (replay->ready() && inputs <= n && inputs <= replay->inputs() && replay->results() == returns_) {

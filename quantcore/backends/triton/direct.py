@@ -83,6 +83,7 @@ def enabled() -> bool:
 _data_ptr = torch.Tensor.data_ptr
 # Looked up once, not per launch (absent from CPU builds, where nothing launches directly).
 _current_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+_current_device = getattr(torch._C, "_cuda_getDevice", None)
 
 _KERNEL_VIEW = {torch.bfloat16: torch.int16, torch.float8_e4m3fn: torch.uint8}
 
@@ -107,17 +108,26 @@ class Launcher:
     `launch(*tensors, *scalars)` built and split a longer one each time."""
 
     __slots__ = ("fn", "grid", "constants", "device", "descriptors", "fixed", "_run", "_function", "_packed",
-                 "_tail", "_raw", "_head", "_tensors", "_encoded", "_rest", "_compiled", "_launched")
+                 "_tail", "_raw", "_head", "_tensors", "_encoded", "_rest", "_compiled", "_launched", "_cuda")
 
     def __init__(self, fn, grid: tuple[int, ...], constants: dict[str, Any], device: torch.device,
                  descriptors: dict[int, Any] | None = None, fixed: tuple = ()):
         self.fn, self.constants, self.descriptors, self.fixed = fn, constants, descriptors or {}, tuple(fixed)
         self.grid = (tuple(grid) + (1, 1))[:3]
         self.device = device.index if device.index is not None else 0
+        self._cuda = device.type == "cuda"
         self._run = self._raw = self._encoded = self._compiled = None
         self._launched = False
 
     def __call__(self, *args: Any) -> None:
+        # Triton compiles, loads and launches on the current device: the launcher's must be current.
+        if self._cuda and _current_device() != self.device:
+            with torch.cuda.device(self.device):
+                self._launch(*args)
+            return
+        self._launch(*args)
+
+    def _launch(self, *args: Any) -> None:
         if self._raw is not None:
             n = self._tensors
             leading = map(_data_ptr, args[:n]) if self._encoded is None else self._addresses(args[:n])
@@ -145,15 +155,16 @@ class Launcher:
         raw = ", ".join("0" if e is None else f"_data_ptr({e})" for e in leading)
         grid = ", ".join(map(str, self.grid))
         namespace: dict[str, Any] = {"_raw": None, "_head": None, "_rest": None, "_stream": _current_stream,
-                                     "_data_ptr": _data_ptr}
+                                     "_data_ptr": _data_ptr, "_device": _current_device, "_on": torch.cuda.device}
 
         def first(*tensors: Any) -> None:
             self(*tensors)
             if self._raw is not None and self._encoded is None:
                 namespace.update(_raw=self._raw, _head=self._head, _rest=self._rest)
         namespace["_first"] = first
-        source = (f"    if _raw is None:\n        _first({jit})\n    else:\n"
-                  f"        _raw({grid}, _stream({self.device}), *_head, {raw}, *_rest)\n")
+        launch = f"_raw({grid}, _stream({self.device}), *_head, {raw}, *_rest)"
+        source = (f"    if _raw is None:\n        _first({jit})\n    elif _device() == {self.device}:\n"
+                  f"        {launch}\n    else:\n        with _on({self.device}):\n            {launch}\n")
         return source, namespace
 
     def function(self, params: str, leading: tuple[str | None, ...], outputs: dict[str, Any],
