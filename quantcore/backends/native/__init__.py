@@ -9,8 +9,8 @@ round 18). `replay.cpp` does those steps in C++:
 - `Replay(run, describe, device)` stands for a prepared run that allocates its outputs and launches
   kernels whose parameters are constants, the run's inputs' addresses and its outputs' addresses
   (`backends.base.compose` says which runs are so: `run.native`). Its first calls run `run`; once
-  `describe()` gives the description (Triton compiles a kernel on its first launch), it allocates with
-  `at::empty_strided` and launches with `cuLaunchKernel` itself. Each launch's parameter count and sizes
+  `describe()` gives the description (Triton compiles a kernel on its first launch), it allocates as
+  `at::empty_strided` does on CUDA, without its dispatch, and launches with `cuLaunchKernel` itself. Each launch's parameter count and sizes
   are checked against the driver's account of the kernel (`cuFuncGetParamInfo`) before it is taken.
   A run that launches something else while a CUDA graph is being captured (`base.eagerly`) runs in
   Python while the driver says the stream is being captured.
@@ -20,8 +20,9 @@ round 18). `replay.cpp` does those steps in C++:
 
 The extension is compiled from source with `torch.utils.cpp_extension` into quantcore's cache folder,
 once per source and torch version (about 30 s), the first time a CUDA plan is kept in a process, or
-ahead by `quantcore native`; QUANTCORE_NATIVE=0 turns the path off (and the build with it). Where it cannot be built or loaded (no
-compiler, no CUDA driver), `reason()` says why and every call takes the Python path.
+ahead by `quantcore native`; QUANTCORE_NATIVE=0 turns the path off (and the build with it). Where it
+cannot be built or loaded (no compiler, no CUDA driver), `reason()` says why and every call takes the
+Python path.
 """
 
 from __future__ import annotations
