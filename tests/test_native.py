@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import struct
+import warnings
 
 import pytest
 import torch
@@ -190,3 +191,17 @@ def test_the_cli_builds_the_extension_ahead(ext, cache, monkeypatch, capsys):
     assert f"built {cache}" in out and "launch path: Python" in out  # no GPU here
     monkeypatch.setenv(native.NATIVE_ENV, "0")
     assert cli.main(["native"]) == 2 and "QUANTCORE_NATIVE=0" in capsys.readouterr().err
+
+
+def test_a_failed_build_warns_once_and_leaves_calls_in_python(monkeypatch):
+    def fail():
+        raise OSError("no C++ compiler\ncc: not found")
+    monkeypatch.setattr(native, "_build", fail)
+    monkeypatch.setattr(native, "_failure", None)
+    run = _run("x", {"_out": base.allocator((2,), torch.float32, torch.device("cpu"))}, lambda: [], "_out")
+    with pytest.warns(UserWarning, match="could not be built .OSError: cc: not found"):
+        assert native.replay(run, torch.device("cuda", 0)) is run
+    assert native.reason() == "OSError: cc: not found" and native.status("cuda") == "Python (OSError: cc: not found)"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # not again
+        assert native.replay(run, torch.device("cuda", 0)) is run
