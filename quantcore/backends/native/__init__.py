@@ -10,8 +10,9 @@ round 18). `replay.cpp` does those steps in C++:
   kernels whose parameters are constants, the run's inputs' addresses and its outputs' addresses
   (`backends.base.compose` says which runs are so: `run.native`). Its first calls run `run`; once
   `describe()` gives the description (Triton compiles a kernel on its first launch), it allocates as
-  `at::empty_strided` does on CUDA, without its dispatch, and launches with `cuLaunchKernel` itself. Each launch's parameter count and sizes
-  are checked against the driver's account of the kernel (`cuFuncGetParamInfo`) before it is taken.
+  `at::empty_strided` does on CUDA, without its dispatch, and launches with `cuLaunchKernel` itself.
+  Each launch's parameter count and sizes are checked against the driver's account of the kernel
+  (`cuFuncGetParamInfo`) before it is taken.
   A run that launches something else while a CUDA graph is being captured (`base.eagerly`) runs in
   Python while the driver says the stream is being captured.
 - `install(...)` registers each custom op's CUDA and AutogradCUDA kernels: a call with no input requiring
@@ -83,7 +84,7 @@ def _build() -> Any:
     from torch.utils import cpp_extension
 
     folder.mkdir(parents=True, exist_ok=True)
-    warnings.warn("quantcore: compiling its native launch path (once per torch version, about a minute); "
+    warnings.warn("quantcore: compiling its native launch path (once per torch version, about 30 s); "
                   f"{NATIVE_ENV}=0 skips it", stacklevel=4)
     return cpp_extension.load(name=name, sources=[str(_SOURCE)], build_directory=str(folder),
                               extra_cflags=["-O2"], verbose=False)
