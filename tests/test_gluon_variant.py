@@ -92,19 +92,34 @@ def test_it_can_re_quantize_its_output_in_groups_within_its_tile(installed, fmt,
     assert registry.select(q, backend=GLUON).label == GLUON
 
 
-@pytest.mark.parametrize("config", [dict(block_n=64), dict(sub_n=64)])
-def test_a_config_whose_sub_tile_a_group_does_not_divide_is_refused(config):
-    """An explicit GluonConfig (the probes') whose column sub-tile the re-quantization group does not divide."""
+@pytest.mark.parametrize("config, message", [
+    (dict(block_n=64), "must divide the tile's N sub-tile (64) or, with the epilogue in registers (epi_rows 0), be "
+                       "a multiple of it dividing block_n (64)"),
+    (dict(block_n=192, sub_n=64), "dividing block_n (192)"),
+    (dict(sub_n=64, epi_rows=8), "must divide the tile's N sub-tile (64)"),
+])
+def test_a_config_whose_tile_cannot_hold_whole_groups_is_refused(config, message):
+    """An explicit GluonConfig (the probes') whose column sub-tile the re-quantization group does not divide,
+    and which either stages its epilogue or has tiles that the group does not divide."""
     gluon_launch = pytest.importorskip("quantcore.backends.triton.gluon_launch")
     import torch
 
     a, b = torch.zeros(256, 256, dtype=torch.int8), torch.zeros(256, 256, dtype=torch.int8)
     scales = torch.ones(256, 2), torch.ones(2, 2)
-    with pytest.raises(InvalidInputError, match=re.escape("out_group_size 128 must divide the tile's N sub-tile (64)")):
+    with pytest.raises(InvalidInputError, match="out_group_size 128 .*" + re.escape(message)):
         gluon_launch.scaled_mm(a, scales[0], b, scales[1], block_n=128, block_k=128, bias=None, activation=None,
                                out_dtype=torch.bfloat16, out_quant=torch.int8, out_group=128, ue8m0_out=False,
                                eps=1e-4, profile=capability.simulated_profile("sm90"),
                                config=gluon_launch.GluonConfig(**config))
+
+
+def test_groups_over_whole_sub_tiles_of_one_tile_are_held_in_registers_only():
+    gluon_launch = pytest.importorskip("quantcore.backends.triton.gluon_launch")
+    wide = gluon_launch.GluonConfig(block_n=256, sub_n=64)
+    assert all(wide.holds_groups(g, staged=False) for g in (None, 8, 64, 128, 256))
+    assert [g for g in (None, 8, 64, 128, 256) if wide.holds_groups(g, staged=True)] == [None, 8, 64]
+    assert not gluon_launch.GluonConfig(block_n=192, sub_n=64).holds_groups(128, staged=False)
+    assert gluon_launch.DEFAULT.holds_groups(128, staged=True) and not gluon_launch.DEFAULT.holds_groups(256, False)
 
 
 @pytest.mark.parametrize("fields, message", [
@@ -159,15 +174,25 @@ def test_the_consumers_share_what_the_producer_leaves():
 @pytest.mark.parametrize("M, N, block_n, out_group, wide", [
     (4096, 7168, 128, None, 256), (16384, 2112, 128, None, 192), (4096, 1000, 128, None, None),
     (2048, 7168, 128, None, None), (4096, 7168, 96, None, None), (4096, 7168, 128, 64, 256),
-    (4096, 7168, 128, 128, None),
+    (4096, 7168, 128, 128, 256), (16384, 2112, 128, 128, None), (16384, 2112, 128, 64, 192),
 ])
 def test_wide_tiles_only_where_n_fills_them_at_large_m(M, N, block_n, out_group, wide):
     """128x256 where N is a multiple of 256, else 128x192 where of 192, from M = 4096; never where a
-    sub-tile would straddle a weight-scale block or split a re-quantization group."""
+    sub-tile would straddle a weight-scale block or a tile split a re-quantization group."""
     gluon_launch = pytest.importorskip("quantcore.backends.triton.gluon_launch")
     cfg = gluon_launch.config_for(M, N, 7168, block_n, out_group)
     assert cfg == (gluon_launch.DEFAULT if wide is None else next(c for c in gluon_launch.WIDE if c.block_n == wide))
-    assert out_group is None or cfg.sub % out_group == 0
+    assert out_group is None or cfg.sub % out_group == 0 or cfg.block_n % out_group == 0
+
+
+@pytest.mark.parametrize("K, int8_out, wide", [(7168, False, True), (2049, False, True), (2048, False, False),
+                                               (512, False, False), (512, True, True), (2048, True, True)])
+def test_groups_over_sub_tiles_take_the_wide_tile_for_int8_or_past_short_k(K, int8_out, wide):
+    """Groups of 128 over two 64-column sub-tiles: the wide tile for INT8 codes at every K, for FP8 ones only
+    past SPANNING_FP8_K (the measured rule); groups within one sub-tile take it at every K."""
+    gluon_launch = pytest.importorskip("quantcore.backends.triton.gluon_launch")
+    assert (gluon_launch.config_for(4096, 7168, K, 128, 128, int8_out=int8_out).block_n == 256) == wide
+    assert gluon_launch.config_for(4096, 7168, K, 128, 64, int8_out=int8_out).block_n == 256
 
 
 @pytest.mark.parametrize("M, N, K, group_m", [(4096, 32768, 512, 32), (4096, 7168, 2048, 32), (16384, 2112, 1536, 32),

@@ -178,6 +178,25 @@ def test_a_re_quantized_output_lowers_on_the_main_path(qdtype, group, ue8m0, con
     assert "C7514" not in k["ptxas"] and "C7515" not in k["ptxas"], k["ptxas"]
 
 
+@pytest.mark.parametrize("qdtype", ["float8_e4m3fn", "int8"])
+def test_a_re_quantized_group_over_column_sub_tiles_lowers(qdtype):
+    """config_for's wide tile at 4096 rows for groups of 128 (128x256 in 64-column sub-tiles, two sub-tiles a
+    group): codes through one TMA store per sub-tile and consumer; per group and row one scale and one
+    reciprocal (two IEEE divisions, two rows a thread); one scale store per group and row; spills as the
+    plain wide tile's (`test_column_sub_tiles_lower`)."""
+    k = compiled(M=4096, N=7168, K=2048, qdtype=qdtype, out_quant=qdtype, out_group=128,
+                 config=dict(block_n=256, sub_n=64, producer_regs=24))
+    assert k["scale_shape"] == [4096, 56]
+    c = k["constants"]
+    assert c["OUT_GROUP"] == 128 and c["BLOCK_N"] == 256 and c["TMA_OUT"] and c["PIPELINE"]
+    assert count(k, r"cp\.async\.bulk\.tensor\.2d\.global\.shared") == 2 * 4
+    assert count(k, r"div\.rn\.f32") == 2 * 2 * 2 * 2  # consumers × groups × rows a thread × (scale, reciprocal)
+    assert count(k, r"st\.global\.b32") == 2 * 2 * 2
+    assert count(k, r"cvt\.rn\.satfinite\.e4m3x2\.f32") == (2 * 4 * 16 if qdtype == "float8_e4m3fn" else 0)
+    assert spill_bytes(k) <= 32
+    assert "C7514" not in k["ptxas"] and "C7515" not in k["ptxas"], k["ptxas"]
+
+
 def test_a_re_quantized_output_staged_without_an_activation_lowers():
     """Asked for (epi_rows), INT8 codes without an activation go through the epilogue partition: the codes
     and scales with masked stores, no TMA store, a stage fewer, nothing spilled."""

@@ -10,11 +10,14 @@ Run on a GPU machine: `python3 -m pytest -m gpu tests/gpu/test_gluon.py`.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
 from helpers import activation_inputs, check_activation, tail_gemm_operands
 from quantcore import capability, ops
+from quantcore.errors import InvalidInputError
 from quantcore.specs.tolerances import gemm_tolerance, rel_error
 
 from test_parity import FMTS, GEMM_SHAPES, gemm_case, rand, run, same_q, same_scale
@@ -144,6 +147,29 @@ def test_re_quantized_output_is_act_quant_of_the_fp32_result(qdtype, scale_fmt, 
         assert same_q(q, own_q) and same_scale(s, own_s), backend
 
 
+@pytest.mark.parametrize("qdtype", list(FMTS))
+def test_re_quantized_groups_over_sub_tiles_confine_non_finite_values(qdtype):
+    """Where config_for picks a wide tile for a re-quantized output (4096 rows, N a multiple of 256, K past
+    2048: 128×256 in 64-column sub-tiles, groups of 128 over two of them), codes and scales equal act_quant's of the
+    kernel's fp32 result, with a NaN bias in one sub-tile's column, an infinite activation scale in one row
+    and a NaN one in another: each group holding one is non-finite as a whole, the others not."""
+    a, a_s, b, b_s, _ = gemm_case(4096, 4096, 2560, qdtype)
+    a_s = a_s.clone()  # gemm_case's tensors are shared between tests
+    a_s[5, 2], a_s[2000, 0] = float("inf"), float("nan")
+    bias = rand((4096,), seed=4)
+    bias[700] = float("nan")  # column 700: the first sub-tile (640-703) of the group of columns 640-767
+    f32 = gluon(ops.scaled_mm, a, a_s, b, b_s, bias=bias, out_dtype=torch.float32)
+    from quantcore.backends.triton import gluon_launch  # Gluon's Hopper API is there: the call above ran it
+    assert gluon_launch.config_for(4096, 4096, 2560, 128, 128, int8_out=qdtype == torch.int8).block_n == 256
+    for scale_fmt in ("fp32", "ue8m0"):
+        q, s = gluon(ops.scaled_mm, a, a_s, b, b_s, bias=bias, out_quant=qdtype, out_group_size=128,
+                     out_scale_fmt=scale_fmt)
+        own_q, own_s = ops.act_quant(f32, dtype=qdtype, group_size=128, scale_fmt=scale_fmt, backend="triton")
+        assert same_q(q, own_q) and same_scale(s, own_s), scale_fmt
+        assert s[:, 5].isnan().all() and s[5].isinf().any() and s[2000].isnan().all()
+        assert s[100, :5].isfinite().all() and s[100, 6:].isfinite().all()
+
+
 # The wide-tile configurations (not the default; docs/bench/round4/gluon_probe2.py times them).
 VARIANTS = {"128x128/64": dict(sub_n=64), "128x192/64": dict(block_n=192, sub_n=64),
             "128x256/64": dict(block_n=256, sub_n=64, producer_regs=24)}
@@ -166,14 +192,27 @@ def test_column_sub_tiles_compute_the_default_bit_for_bit(qdtype, config, mnk):
     from quantcore.backends.triton import gluon_launch  # Gluon's Hopper API is there: the call above ran it
 
     def launch(cfg, **kw):
-        options = dict(out_dtype=torch.float32, out_quant=None, out_group=128, ue8m0_out=False) | kw
-        return gluon_launch.scaled_mm(a, a_s, b, b_s, block_n=128, block_k=128, bias=bias, activation="silu", eps=1e-4,
+        options = dict(out_dtype=torch.float32, out_quant=None, out_group=128, ue8m0_out=False,
+                       activation="silu") | kw
+        return gluon_launch.scaled_mm(a, a_s, b, b_s, block_n=128, block_k=128, bias=bias, eps=1e-4,
                                       profile=capability.profile_for(a.device), config=cfg, **options)
     wide = gluon_launch.GluonConfig(**config)
     assert torch.equal(launch(wide), default)
     requant = dict(out_quant=qdtype, out_group=64, ue8m0_out=True)
     (q, s), (q0, s0) = launch(wide, **requant), launch(gluon_launch.DEFAULT, **requant)
     assert same_q(q, q0) and same_scale(s, s0)
+    # Groups of 128 over two 64-column sub-tiles (their amaxes combined in registers), with and without an
+    # activation, against the default tile's groups within one sub-tile; a tile of 192 columns cannot hold them.
+    requant = dict(out_quant=qdtype, out_group=128, ue8m0_out=False)
+    for activation in (None, "silu"):
+        regs = replace(wide, epi_rows=0)
+        if not regs.holds_groups(128, staged=False):
+            with pytest.raises(InvalidInputError, match="out_group_size 128"):
+                launch(regs, **requant, activation=activation)
+            continue
+        (q, s), (q0, s0) = launch(regs, **requant, activation=activation), \
+            launch(gluon_launch.DEFAULT, **requant, activation=activation)
+        assert same_q(q, q0) and same_scale(s, s0), activation
 
 
 @pytest.mark.parametrize("qdtype", list(FMTS))

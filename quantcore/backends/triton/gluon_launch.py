@@ -81,6 +81,13 @@ class GluonConfig:
             if regs is not None and (regs % 8 or not low <= regs <= high):
                 raise InvalidInputError(f"GluonConfig: {name} must be a multiple of 8 from {low} to {high}, got {regs}")
 
+    def holds_groups(self, out_group: int | None, staged: bool) -> bool:
+        """Whether a re-quantized output's 1×out_group groups (None: no re-quantization) fit this tile's
+        epilogue: within one column sub-tile, or, from the MMA's registers (not `staged`), over whole
+        sub-tiles of one tile (their amaxes combined: `gluon_gemm._requantized`)."""
+        return (out_group is None or self.sub % out_group == 0
+                or not staged and out_group % self.sub == 0 and self.block_n % out_group == 0)
+
     @property
     def sub(self) -> int:
         """The columns of one B box, one wgmma and its fp32 partial."""
@@ -121,6 +128,12 @@ WIDE_M_MIN = 4096
 # six bench shapes of K ≤ 2048 at 4096 and 16384 rows; at longer K, 16 and 32 moved times by under 1 % either
 # way and 8 stays (docs/bench/round18/group_probe.txt).
 SHORT_K, SHORT_K_GROUP_M = 2048, 32
+# K above which a re-quantized FP8 output in groups wider than a sub-tile takes the wide tile. Measured on
+# the H100 at 4096 rows (docs/bench/round21/requant_ab.txt, groups of 128, time over the plain GEMM, the
+# default tile → 128×256 in 64-column sub-tiles): FP8 1.060 → 1.091 at K = 2048, 1.204 → 1.223 at 512,
+# 1.085 → 1.081 at 1536, 1.024 → 1.027 at 7168, 1.052 → 1.022 at 16384; INT8 at least as fast on the wide
+# tile at every K (1.406 → 1.290 at 512, 1.087 → 1.026 at 16384).
+SPANNING_FP8_K = SHORT_K
 _MAX_STAGES = 6
 # Rows of a staged epilogue's step (`GluonConfig.epi_rows`): two per warp. Measured on the H100 over the
 # six bench shapes at M = 512 and 4096 (docs/bench/round9/gluon_staged.txt), time over the plain GEMM with
@@ -147,16 +160,20 @@ def own_rows_for(tiles_per_program: int, num_kb: int) -> int:
     return 0 if num_kb >= 48 else 32
 
 
-def config_for(M: int, N: int, K: int, block_n: int, out_group: int | None, staged: bool = False) -> GluonConfig:
+def config_for(M: int, N: int, K: int, block_n: int, out_group: int | None, staged: bool = False,
+               int8_out: bool = False) -> GluonConfig:
     """The configuration for an M×N output over K with weight-scale blocks `block_n` wide and, when the
-    output is re-quantized, groups of `out_group`: a wide tile that N fills exactly at large M, where the
-    sub-tiles lie within one weight-scale block and hold whole groups (walked in groups of SHORT_K_GROUP_M
-    row tiles where K is at most SHORT_K), else the default. A `staged` epilogue takes the default tile: the
-    epilogue partition's one fp32 buffer per consumer holds one column sub-tile, and a wide tile's consumers
-    would wait for it sub-tile after sub-tile (2.1x the default tile's time with bias + GELU at
-    4096×7168×2048 FP8, docs/bench/round14/epilogue_first.txt)."""
-    if not staged and M >= WIDE_M_MIN and block_n % 64 == 0 and (out_group is None or 64 % out_group == 0):
-        wide = next((cfg for cfg in WIDE if N % cfg.block_n == 0), None)
+    output is re-quantized (to INT8 codes when `int8_out`), groups of `out_group`: a wide tile that N fills
+    exactly at large M, where the sub-tiles lie within one weight-scale block and a tile holds whole groups
+    (walked in groups of SHORT_K_GROUP_M row tiles where K is at most SHORT_K), else the default. A group
+    wider than a sub-tile takes the wide tile for INT8 codes, and for FP8 ones only where K exceeds SHORT_K
+    (`SPANNING_FP8_K`). A `staged` epilogue takes the default tile: the epilogue partition's one fp32 buffer
+    per consumer holds one column sub-tile, and a wide tile's consumers would wait for it sub-tile after
+    sub-tile (2.1x the default tile's time with bias + GELU at 4096×7168×2048 FP8,
+    docs/bench/round14/epilogue_first.txt)."""
+    if not staged and M >= WIDE_M_MIN and block_n % 64 == 0:
+        wide = next((cfg for cfg in WIDE if N % cfg.block_n == 0 and cfg.holds_groups(out_group, staged)
+                     and (out_group is None or out_group <= cfg.sub or int8_out or K > SPANNING_FP8_K)), None)
         if wide is not None:
             return replace(wide, group_m=SHORT_K_GROUP_M) if K <= SHORT_K else wide
     return DEFAULT
@@ -198,17 +215,24 @@ def scaled_mm(a, a_scale, b, b_scale, *, block_n, block_k, bias, activation, out
     b_scale [ceil(N/Bn), ceil(K/Bk)] fp32 (any strides), bias [N] bf16/fp16/fp32 or None, activation
     None/"gelu"/"gelu_tanh"/"silu" -> out [M, N] out_dtype (bf16/fp16/fp32), or with out_quant
     (fp8_e4m3fn/int8) (q [M, N] out_quant, scale [M, ceil(N/out_group)] fp32) re-quantized per
-    1×out_group (a power of two dividing the config's sub-tile; scales rounded up to powers of two when
+    1×out_group (a power of two dividing the config's sub-tile, or with the epilogue in registers a multiple
+    of it dividing its block_n: `GluonConfig.holds_groups`; scales rounded up to powers of two when
     ue8m0_out, floored at eps). block_k (the K tile) a power of two from 32 to 128. `config` picks the
     tile, ring and schedule (`GluonConfig`; None: `config_for` the call).
     """
     M, K = a.shape
     N = b.shape[0]
-    config = config or config_for(M, N, K, block_n, None if out_quant is None else out_group, activation is not None)
-    if out_quant is not None and config.sub % out_group:
+    config = config or config_for(M, N, K, block_n, None if out_quant is None else out_group, activation is not None,
+                                  out_quant == torch.int8)
+    if config.epi_rows is not None:
+        epi_rows = config.epi_rows
+    else:
+        epi_rows = EPI_ROWS if activation is not None else 0
+    if not config.holds_groups(None if out_quant is None else out_group, bool(epi_rows)):
         raise InvalidInputError(f"triton[gluon] scaled_mm: out_group_size {out_group} must divide the tile's N "
-                                f"sub-tile ({config.sub}); use a GluonConfig whose sub-tile it divides, or "
-                                f"backend='triton'")
+                                f"sub-tile ({config.sub}) or, with the epilogue in registers (epi_rows 0), be a "
+                                f"multiple of it dividing block_n ({config.block_n}); use a GluonConfig whose tile "
+                                f"holds whole groups, or backend='triton'")
     outputs = _gemm_outputs(M, N, a.device, out_dtype, out_quant, out_group)
     new_out, new_scale = outputs["_out"], outputs.get("_scale")
     if M == 0 or N == 0:
@@ -216,10 +240,6 @@ def scaled_mm(a, a_scale, b, b_scale, *, block_n, block_k, bias, activation, out
     kind = out_quant or out_dtype
     out_bits = {torch.bfloat16: torch.int16, torch.float8_e4m3fn: torch.uint8}.get(kind, kind)  # bf16, FP8 as bits
     out_bytes = out_bits.itemsize
-    if config.epi_rows is not None:
-        epi_rows = config.epi_rows
-    else:
-        epi_rows = EPI_ROWS if activation is not None else 0
     # The output is fresh and contiguous: its row stride decides. A staged epilogue stores with masks.
     tma_out = (N * out_bytes) % 16 == 0 and not epi_rows
     stages, pipeline = _fitted(config, block_k, out_bytes if tma_out else 0, block_n, profile, bool(epi_rows))

@@ -126,12 +126,17 @@ def fp8e4m3_decode_f16_lanes(bits):
 
 
 @triton.jit
+def absmax_bits(x, axis: tl.constexpr):
+    """max |x| of an fp32 tensor along `axis` as int32 bits: sign-cleared fp32 patterns order like |x| with
+    every NaN above +Inf, so an integer max propagates NaN, which tl.max on floats does not reliably do;
+    maxima of several parts combine with an integer maximum."""
+    return tl.max(x.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=axis)
+
+
+@triton.jit
 def nan_absmax(x, axis: tl.constexpr):
     """max |x| of an fp32 tensor along `axis`: NaN if any element is NaN, else +Inf if any is infinite."""
-    # Sign-cleared fp32 patterns order like |x| with every NaN above +Inf, so an integer max
-    # propagates NaN, which tl.max on floats does not reliably do.
-    bits = x.to(tl.int32, bitcast=True) & 0x7FFFFFFF
-    return tl.max(bits, axis=axis).to(tl.float32, bitcast=True)
+    return absmax_bits(x, axis).to(tl.float32, bitcast=True)
 
 
 @triton.jit

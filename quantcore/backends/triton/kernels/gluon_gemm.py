@@ -35,7 +35,8 @@ block-wise kernel and DeepGEMM hide it by giving the work to different warps. So
   runs ahead into the next tile while the consumers run the epilogue.
 - Epilogue, per consumer warpgroup: + bias, activation, then the cast or a re-quantization per
   1×OUT_GROUP group of its rows (`quant.group_quantize`, the tiled kernel's own formulas: the same
-  fp32 values give the same codes and scales). Without an activation, from the MMA's registers into
+  fp32 values give the same codes and scales; a group wider than a column sub-tile spans several, their
+  amaxes combined before the one scale per row, `_requantized`). Without an activation, from the MMA's registers into
   shared memory and out through a TMA store that completes during the next tile's main loop (masked
   stores where the output's rows are not 16-byte aligned). With one (EPI_ROWS), the consumer hands
   its fp32 sub-tile over through shared memory to an epilogue partition of 4 warps (`_epilogue`), which
@@ -63,7 +64,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 
 from .cast import to_f32
 from .epilogue import activate
-from .quant import group_quantize
+from .fp8 import absmax_bits
+from .quant import block_scale, group_quantize, quantize
 
 # Triton 3.6 names the TMA copies async_copy_global_to_shared / async_copy_shared_to_global; later
 # versions call them async_load / async_store (and keep the old names only to raise).
@@ -287,31 +289,69 @@ def _bf16_bits(x):
 
 
 @gluon.jit
-def _finished(acc, row0, col0, M, N, bias, out_scale_ptr, stride_osm, eps, BIAS: gl.constexpr,
-              ACTIVATION: gl.constexpr, OUT: gl.constexpr, OUT_GROUP: gl.constexpr, UE8M0_OUT: gl.constexpr):
-    """(values to store, rows, columns, mask) of the epilogue of `acc` [R, C] fp32 (any layout) at
-    output rows row0…, columns col0…: + bias (its C elements as `_bias_cols` loaded them, in any
-    layout), activation, then the cast or the re-quantization per 1×OUT_GROUP (its scales stored here)."""
+def _activated(acc, row0, col0, M, N, bias, BIAS: gl.constexpr, ACTIVATION: gl.constexpr, QUANTIZED: gl.constexpr):
+    """(values, rows, columns, mask) of `acc` [R, C] fp32 (any layout) at output rows row0…, columns col0…,
+    + bias (its C elements as `_bias_cols` loaded them, in any layout), activated; zero past M and N where
+    QUANTIZED, so that they never reach a group's amax."""
     layout: gl.constexpr = acc.type.layout
     rows = row0 + gl.arange(0, acc.shape[0], layout=gl.SliceLayout(1, layout))
     cols = col0 + gl.arange(0, acc.shape[1], layout=gl.SliceLayout(0, layout))
-    n_mask = cols < N
-    mask = (rows < M)[:, None] & n_mask[None, :]
+    mask = (rows < M)[:, None] & (cols < N)[None, :]
     if BIAS != "none":
         # Converted to fp32 before its layout: one conversion per element loaded, not per element held.
         acc = acc + gl.convert_layout(to_f32(bias, BIAS), gl.SliceLayout(0, layout))[None, :]
     acc = activate(acc, ACTIVATION)
-    if OUT == "fp8" or OUT == "int8":
-        # Elements past M and N must not reach a group's amax; the codes come back to acc's layout (the
-        # reshapes' round trip: no data moves) for the stores.
-        res, scale = group_quantize(gl.where(mask, acc, 0.0), eps, OUT_GROUP, OUT, UE8M0_OUT, True)
-        res = gl.convert_layout(res, layout)
+    if QUANTIZED:
+        acc = gl.where(mask, acc, 0.0)
+    return acc, rows, cols, mask
+
+
+@gluon.jit
+def _finished(acc, row0, col0, M, N, bias, out_scale_ptr, stride_osm, eps, BIAS: gl.constexpr,
+              ACTIVATION: gl.constexpr, OUT: gl.constexpr, OUT_GROUP: gl.constexpr, UE8M0_OUT: gl.constexpr):
+    """(values to store, rows, columns, mask) of the epilogue of `acc` [R, C] fp32 (any layout) at
+    output rows row0…, columns col0…: `_activated`, then the cast or the re-quantization per 1×OUT_GROUP,
+    OUT_GROUP dividing C (its scales stored here)."""
+    QUANTIZED: gl.constexpr = OUT == "fp8" or OUT == "int8"
+    acc, rows, cols, mask = _activated(acc, row0, col0, M, N, bias, BIAS, ACTIVATION, QUANTIZED)
+    if QUANTIZED:
+        # The codes come back to acc's layout (the reshapes' round trip: no data moves) for the stores.
+        res, scale = group_quantize(acc, eps, OUT_GROUP, OUT, UE8M0_OUT, True)
+        res = gl.convert_layout(res, acc.type.layout)
         _store_scales(out_scale_ptr, scale, row0, col0, M, N, stride_osm, OUT_GROUP)
     elif OUT == "bf16":
         res = _bf16_bits(acc)
     else:
         res = acc
     return res, rows, cols, mask
+
+
+@gluon.jit
+def _requantized(accs, biases, g: gl.constexpr, row0, col0, M, N, out_scale_ptr, stride_osm, eps, BIAS: gl.constexpr,
+                 ACTIVATION: gl.constexpr, OUT: gl.constexpr, OUT_GROUP: gl.constexpr, UE8M0_OUT: gl.constexpr):
+    """The re-quantized epilogue of group g of column sub-tiles, OUT_GROUP wider than one (SPAN of them, the
+    group's first at output column col0): per sub-tile of `accs` (fp32 [R, SUB_N], in the MMA's layout)
+    `_activated`, one scale per row from their joint amax (stored here), and per sub-tile (codes, rows,
+    columns, mask). The same formulas on the same values as `quant.group_quantize` over the whole group."""
+    SUB_N: gl.constexpr = accs[0].shape[1]
+    SPAN: gl.constexpr = OUT_GROUP // SUB_N
+    vals = ()
+    for i in gl.static_range(SPAN):
+        vals = vals + (_activated(accs[g * SPAN + i], row0, col0 + i * SUB_N, M, N, biases[g * SPAN + i], BIAS,
+                                  ACTIVATION, True), )
+    amax = absmax_bits(vals[0][0], 1)
+    for i in gl.static_range(1, SPAN):
+        amax = gl.maximum(amax, absmax_bits(vals[i][0], 1))
+    scale = block_scale(amax.to(gl.float32, bitcast=True), eps, OUT, UE8M0_OUT)
+    # Stored from its own 1-D layout: widened to [R, 1] in the MMA's, each thread held 16 copies of its rows'
+    # scales and stored every one (2.1 M store instructions against 0.26 M at 4096×32768×512, Nsight Compute).
+    rows = row0 + gl.arange(0, scale.shape[0], layout=scale.type.layout)
+    gl.store(out_scale_ptr + rows * stride_osm + col0 // OUT_GROUP, scale, mask=(rows < M) & (col0 < N))
+    done = ()
+    for i in gl.static_range(SPAN):
+        v, rows, cols, mask = vals[i]
+        done = done + ((quantize(v, scale[:, None], OUT, True), rows, cols, mask), )
+    return done
 
 
 @gluon.jit
@@ -403,6 +443,8 @@ def _consume(a_bufs, b_bufs, ready, empty, out_desc, c_smem, acc_ready, acc_free
     NSUB: gl.constexpr = BLOCK_N // SUB_N
     UNIFORM_BS: gl.constexpr = SCALE_BN % SUB_N == 0
     EPI: gl.constexpr = c_smem.type.shape[0] // 2  # output buffers per warpgroup (with TMA_OUT)
+    # Column sub-tiles per re-quantization group (1 where a group lies within one, or without one).
+    SPAN: gl.constexpr = OUT_GROUP // SUB_N if OUT_GROUP > SUB_N else 1
     # One warpgroup, m64nSUB_Nk32 instructions (k is 32 for 8-bit operands), repeated over ROWS.
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                   instr_shape=[16, SUB_N, 256 // a_bufs.dtype.primitive_bitwidth])
@@ -432,9 +474,9 @@ def _consume(a_bufs, b_bufs, ready, empty, out_desc, c_smem, acc_ready, acc_free
         accs, it = _mainloop(a_bufs, b_bufs, ready, empty, it, num_kb, a_s_ptrs, b_s_ptrs, stride_ask, stride_bsk,
                              zero, C, UNIFORM_BS, PIPELINE)
 
-        for j in gl.static_range(NSUB):
-            col0 = pid_n * BLOCK_N + j * SUB_N
-            if EPI_ROWS:
+        if EPI_ROWS:
+            for j in gl.static_range(NSUB):
+                col0 = pid_n * BLOCK_N + j * SUB_N
                 _hand_over(accs[j], c_smem.index(C), acc_free.index(C), acc_ready.index(C), h)
                 h += 1
                 # This warpgroup's own share, while the epilogue partition runs the rest.
@@ -442,20 +484,30 @@ def _consume(a_bufs, b_bufs, ready, empty, out_desc, c_smem, acc_ready, acc_free
                              stride_om, out_scale_ptr, stride_osm, eps, BIAS, ACTIVATION, OUT, OUT_GROUP, UE8M0_OUT,
                              EPI_ROWS)
                 _barrier()  # every own row read before the next sub-tile is stored
-            else:
-                res, rows, cols, mask = _finished(accs[j], row0, col0, M, N, biases[j], out_scale_ptr, stride_osm,
-                                                  eps, BIAS, ACTIVATION, OUT, OUT_GROUP, UE8M0_OUT)
-                if TMA_OUT:
-                    # Stores complete in order, and NSUB is a multiple of EPI: with at most EPI - 1 of them
-                    # pending, the one that last read this buffer (this tile's or the previous one's) is done.
-                    tma.store_wait(pendings=EPI - 1)
-                    buf = c_smem.index(C * EPI + j % EPI)
-                    buf.store(res.to(buf.dtype))
-                    fence_async_shared()
-                    _tma_store(out_desc, [row0, col0], buf)
+        else:
+            # Sub-tiles in groups of SPAN: one re-quantization group each where it spans several.
+            for g in gl.static_range(NSUB // SPAN):
+                col0 = pid_n * BLOCK_N + g * SPAN * SUB_N
+                if SPAN == 1:
+                    done = (_finished(accs[g], row0, col0, M, N, biases[g], out_scale_ptr, stride_osm, eps, BIAS,
+                                      ACTIVATION, OUT, OUT_GROUP, UE8M0_OUT), )
                 else:
-                    gl.store(out_ptr + rows[:, None] * stride_om + cols[None, :], res.to(out_ptr.dtype.element_ty),
-                             mask=mask)
+                    done = _requantized(accs, biases, g, row0, col0, M, N, out_scale_ptr, stride_osm, eps, BIAS,
+                                        ACTIVATION, OUT, OUT_GROUP, UE8M0_OUT)
+                for i in gl.static_range(SPAN):
+                    res, rows, cols, mask = done[i]
+                    j = g * SPAN + i
+                    if TMA_OUT:
+                        # Stores complete in order, and NSUB is a multiple of EPI: with at most EPI - 1 of them
+                        # pending, the one that last read this buffer (this tile's or the previous one's) is done.
+                        tma.store_wait(pendings=EPI - 1)
+                        buf = c_smem.index(C * EPI + j % EPI)
+                        buf.store(res.to(buf.dtype))
+                        fence_async_shared()
+                        _tma_store(out_desc, [row0, col0 + i * SUB_N], buf)
+                    else:
+                        gl.store(out_ptr + rows[:, None] * stride_om + cols[None, :],
+                                 res.to(out_ptr.dtype.element_ty), mask=mask)
     if TMA_OUT:
         tma.store_wait(pendings=0)
 
@@ -476,7 +528,7 @@ def block_scaled_mm_ws_kernel(
     and b_scale [ceil(N/SCALE_BN), ceil(K/BLOCK_K)] fp32 with the given strides; bias [N] of kind BIAS
     ("none", "fp32", "fp16", "bf16"); ACTIVATION as `epilogue.activate`; out [M, N] of kind OUT ("fp32",
     "fp16", "bf16" as int16 bits; or "fp8" as uint8 bits, "int8": codes re-quantized per 1×OUT_GROUP,
-    OUT_GROUP dividing SUB_N, with scales max(amax, eps) / qmax, rounded up to a power of two when
+    OUT_GROUP dividing SUB_N (or without EPI_ROWS a multiple of it dividing BLOCK_N), with scales max(amax, eps) / qmax, rounded up to a power of two when
     UE8M0_OUT, into out_scale [M, ceil(N/OUT_GROUP)] fp32 with row stride stride_osm), written through
     out_desc (blocks [BLOCK_M / 2, SUB_N]) when TMA_OUT, else through out_ptr with row stride
     stride_om. Launched with num_warps=4 (the default partition, consumer 0) and a grid of at most
