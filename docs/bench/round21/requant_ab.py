@@ -14,8 +14,9 @@ interleaved with the plain GEMM of the same shape (CUDA events, L2 flushed, medi
 of the output's bits, which the two trees must share.
 
 Usage: PYTHONPATH=<tree> python3 docs/bench/round21/requant_ab.py TAG >> out.jsonl; `--parallel-warm`
-compiles every case first (12 processes).
+compiles every case first (12 processes). PROBE_FMTS=int8 (or fp8) times one format only.
 """
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -23,6 +24,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "round19"))
 import epilogue_ab  # noqa: E402
 
+if os.environ.get("PROBE_FMTS"):
+    epilogue_ab.FMTS = {f: epilogue_ab.FMTS[f] for f in os.environ["PROBE_FMTS"].split(",")}
 epilogue_ab.EPILOGUES = {"plain": dict(), "bias": dict(bias=True), "requant": dict(requant=True),
                          "bias+requant": dict(bias=True, requant=True)}
 
