@@ -164,6 +164,10 @@ def test_a_re_quantized_output_lowers_on_the_main_path(qdtype, group, ue8m0, con
     c = k["constants"]
     assert c["OUT"] == ("fp8" if qdtype == "float8_e4m3fn" else "int8") and c["OUT_GROUP"] == group
     assert c["UE8M0_OUT"] == ue8m0 and c["PIPELINE"] and c["TMA_OUT"] and c["STAGES"] == 6
+    # Where a group crosses N (2112 is not a multiple of 128), one select an element keeps its columns past N
+    # out of the amax; else none (rows past M need none: their groups are their own and never stored).
+    assert c["GROUP_TAIL"] == (2112 % group != 0)
+    assert (count(k, r"selp\.f32") >= 2 * 64) == c["GROUP_TAIL"]
     assert k["shared"] <= k["smem_per_block"]
     assert count(k, r"wgmma\.mma_async\.sync\.aligned\.m64n128k32") == 2 * 3 * 4
     assert count(k, r"cp\.async\.bulk\.tensor\.2d\.global\.shared") == 2  # each consumer's codes

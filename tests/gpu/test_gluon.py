@@ -129,12 +129,14 @@ def test_quant_linear_is_its_two_ops(qdtype, m):
 
 @pytest.mark.parametrize("qdtype", list(FMTS))
 @pytest.mark.parametrize("scale_fmt", ["fp32", "ue8m0"])
-@pytest.mark.parametrize("mnk, group", [((4096, 2112, 7168), 128), ((300, 1000, 1040), 64), ((520, 264, 7296), 32)],
+@pytest.mark.parametrize("mnk, group", [((4096, 2112, 7168), 128), ((300, 1000, 1040), 64), ((520, 264, 7296), 32),
+                                        ((300, 1024, 1000), 64)],
                          ids=lambda c: "x".join(map(str, c)) if isinstance(c, tuple) else str(c))
 def test_re_quantized_output_is_act_quant_of_the_fp32_result(qdtype, scale_fmt, mnk, group):
     """Codes and scales of a re-quantized output (bias and activation before it) equal act_quant's of the
     kernel's own fp32 result, on the Gluon kernel and on the tiled Triton kernel: the same formulas on the
-    same fp32 values. Tails in M, N (masked stores where rows are not 16-byte aligned) and K. (The two
+    same fp32 values. Tails in M, N (masked stores where rows are not 16-byte aligned) and K, groups crossing N
+    and not (then nothing is masked before the amax: rows past M hold their own groups). (The two
     kernels' fp32 results differ where the tiled one splits K: 300 and 520 rows on sm_90.)"""
     a, a_s, b, b_s, _ = gemm_case(*mnk, qdtype)
     epilogue = dict(bias=rand((mnk[1],), seed=4), activation="silu")

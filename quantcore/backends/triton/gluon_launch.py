@@ -255,7 +255,8 @@ def scaled_mm(a, a_scale, b, b_scale, *, block_n, block_k, bias, activation, out
                    for i, (box, layout, bits) in enumerate(zip(boxes, layouts, (a.dtype, b.dtype, out_bits)))}
     launch = Launcher(block_scaled_mm_ws_kernel, (programs,), dict(
         SCALE_BN=block_n, BIAS=_bias_kind(bias), ACTIVATION=activation or "none", OUT=_KIND[kind],
-        OUT_GROUP=out_group if out_quant is not None else 1, UE8M0_OUT=bool(ue8m0_out), BLOCK_N=bn,
+        OUT_GROUP=out_group if out_quant is not None else 1, UE8M0_OUT=bool(ue8m0_out),
+        GROUP_TAIL=out_quant is not None and N % out_group != 0, BLOCK_N=bn,
         STAGES=stages, GROUP_M=config.group_m, PIPELINE=pipeline, TMA_OUT=tma_out,
         CONSUMER_REGS=config.consumer_regs(bool(epi_rows)), PRODUCER_REGS=config.producer(bool(epi_rows)),
         EPI_ROWS=epi_rows, EPILOGUE_REGS=config.epilogue_regs, num_warps=_WARPS,

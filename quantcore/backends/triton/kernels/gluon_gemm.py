@@ -289,10 +289,11 @@ def _bf16_bits(x):
 
 
 @gluon.jit
-def _activated(acc, row0, col0, M, N, bias, BIAS: gl.constexpr, ACTIVATION: gl.constexpr, QUANTIZED: gl.constexpr):
+def _activated(acc, row0, col0, M, N, bias, BIAS: gl.constexpr, ACTIVATION: gl.constexpr, QUANTIZED: gl.constexpr,
+               GROUP_TAIL: gl.constexpr):
     """(values, rows, columns, mask) of `acc` [R, C] fp32 (any layout) at output rows row0…, columns col0…,
-    + bias (its C elements as `_bias_cols` loaded them, in any layout), activated; zero past M and N where
-    QUANTIZED, so that they never reach a group's amax."""
+    + bias (its C elements as `_bias_cols` loaded them, in any layout), activated; where QUANTIZED and a group
+    crosses N (GROUP_TAIL), zero past N, so that those columns never reach its amax."""
     layout: gl.constexpr = acc.type.layout
     rows = row0 + gl.arange(0, acc.shape[0], layout=gl.SliceLayout(1, layout))
     cols = col0 + gl.arange(0, acc.shape[1], layout=gl.SliceLayout(0, layout))
@@ -301,19 +302,23 @@ def _activated(acc, row0, col0, M, N, bias, BIAS: gl.constexpr, ACTIVATION: gl.c
         # Converted to fp32 before its layout: one conversion per element loaded, not per element held.
         acc = acc + gl.convert_layout(to_f32(bias, BIAS), gl.SliceLayout(0, layout))[None, :]
     acc = activate(acc, ACTIVATION)
-    if QUANTIZED:
-        acc = gl.where(mask, acc, 0.0)
+    if QUANTIZED and GROUP_TAIL:
+        # Rows past M need no mask: a group lies within one row, and theirs are never stored. Nor do columns
+        # past N where N is a multiple of the group: their groups lie wholly past N. (Two selects an element,
+        # of about eleven instructions an FP8 element's re-quantization takes.)
+        acc = gl.where((cols < N)[None, :], acc, 0.0)
     return acc, rows, cols, mask
 
 
 @gluon.jit
 def _finished(acc, row0, col0, M, N, bias, out_scale_ptr, stride_osm, eps, BIAS: gl.constexpr,
-              ACTIVATION: gl.constexpr, OUT: gl.constexpr, OUT_GROUP: gl.constexpr, UE8M0_OUT: gl.constexpr):
+              ACTIVATION: gl.constexpr, OUT: gl.constexpr, OUT_GROUP: gl.constexpr, UE8M0_OUT: gl.constexpr,
+              GROUP_TAIL: gl.constexpr):
     """(values to store, rows, columns, mask) of the epilogue of `acc` [R, C] fp32 (any layout) at
     output rows row0…, columns col0…: `_activated`, then the cast or the re-quantization per 1×OUT_GROUP,
     OUT_GROUP dividing C (its scales stored here)."""
     QUANTIZED: gl.constexpr = OUT == "fp8" or OUT == "int8"
-    acc, rows, cols, mask = _activated(acc, row0, col0, M, N, bias, BIAS, ACTIVATION, QUANTIZED)
+    acc, rows, cols, mask = _activated(acc, row0, col0, M, N, bias, BIAS, ACTIVATION, QUANTIZED, GROUP_TAIL)
     if QUANTIZED:
         # The codes come back to acc's layout (the reshapes' round trip: no data moves) for the stores.
         res, scale = group_quantize(acc, eps, OUT_GROUP, OUT, UE8M0_OUT, True)
@@ -328,7 +333,8 @@ def _finished(acc, row0, col0, M, N, bias, out_scale_ptr, stride_osm, eps, BIAS:
 
 @gluon.jit
 def _requantized(accs, biases, g: gl.constexpr, row0, col0, M, N, out_scale_ptr, stride_osm, eps, BIAS: gl.constexpr,
-                 ACTIVATION: gl.constexpr, OUT: gl.constexpr, OUT_GROUP: gl.constexpr, UE8M0_OUT: gl.constexpr):
+                 ACTIVATION: gl.constexpr, OUT: gl.constexpr, OUT_GROUP: gl.constexpr, UE8M0_OUT: gl.constexpr,
+                 GROUP_TAIL: gl.constexpr):
     """The re-quantized epilogue of group g of column sub-tiles, OUT_GROUP wider than one (SPAN of them, the
     group's first at output column col0): per sub-tile of `accs` (fp32 [R, SUB_N], in the MMA's layout)
     `_activated`, one scale per row from their joint amax (stored here), and per sub-tile (codes, rows,
@@ -338,7 +344,7 @@ def _requantized(accs, biases, g: gl.constexpr, row0, col0, M, N, out_scale_ptr,
     vals = ()
     for i in gl.static_range(SPAN):
         vals = vals + (_activated(accs[g * SPAN + i], row0, col0 + i * SUB_N, M, N, biases[g * SPAN + i], BIAS,
-                                  ACTIVATION, True), )
+                                  ACTIVATION, True, GROUP_TAIL), )
     amax = absmax_bits(vals[0][0], 1)
     for i in gl.static_range(1, SPAN):
         amax = gl.maximum(amax, absmax_bits(vals[i][0], 1))
@@ -369,7 +375,7 @@ def _hand_over(acc, scratch, free, ready, h):
 @gluon.jit
 def _staged_rows(scratch, first, last, row0, col0, M, N, bias_ptr, stride_bias, out_ptr, stride_om, out_scale_ptr,
                  stride_osm, eps, BIAS: gl.constexpr, ACTIVATION: gl.constexpr, OUT: gl.constexpr,
-                 OUT_GROUP: gl.constexpr, UE8M0_OUT: gl.constexpr, EPI_ROWS: gl.constexpr):
+                 OUT_GROUP: gl.constexpr, UE8M0_OUT: gl.constexpr, GROUP_TAIL: gl.constexpr, EPI_ROWS: gl.constexpr):
     """The epilogue of steps [first, last) of a consumer's sub-tile in `scratch` (fp32 [ROWS, SUB_N],
     output rows row0…, columns col0…), EPI_ROWS rows a step in a loop that stays a loop, with masked
     stores, by the calling partition's 4 warps."""
@@ -387,14 +393,14 @@ def _staged_rows(scratch, first, last, row0, col0, M, N, bias_ptr, stride_bias, 
         bias = _bias_cols(bias_ptr, stride_bias, col0, N, SUB_N, BIAS, gl.SliceLayout(0, layout))
         res, rows, cols, mask = _finished(steps.index(i).load(layout), row0 + i * EPI_ROWS, col0, M, N, bias,
                                           out_scale_ptr, stride_osm, eps, BIAS, ACTIVATION, OUT, OUT_GROUP,
-                                          UE8M0_OUT)
+                                          UE8M0_OUT, GROUP_TAIL)
         gl.store(out_ptr + rows[:, None] * stride_om + cols[None, :], res.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 @gluon.jit
 def _epilogue(c_smem, acc_ready, acc_free, params, BIAS: gl.constexpr, ACTIVATION: gl.constexpr, OUT: gl.constexpr,
-              OUT_GROUP: gl.constexpr, UE8M0_OUT: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr,
-              EPI_ROWS: gl.constexpr):
+              OUT_GROUP: gl.constexpr, UE8M0_OUT: gl.constexpr, GROUP_TAIL: gl.constexpr, BLOCK_N: gl.constexpr,
+              GROUP_M: gl.constexpr, EPI_ROWS: gl.constexpr):
     """The epilogue partition (EPI_ROWS > 0): of every sub-tile the consumers hand over through c_smem
     (per consumer one fp32 [BLOCK_M / 2, SUB_N] buffer), in the consumers' order, the steps from
     own_steps on (`_staged_rows`), while the consumers run their own first own_steps and then the next
@@ -415,7 +421,8 @@ def _epilogue(c_smem, acc_ready, acc_free, params, BIAS: gl.constexpr, ACTIVATIO
                 mbarrier.wait(acc_ready.index(c), h & 1)
                 _staged_rows(c_smem.index(c), own_steps, ROWS // EPI_ROWS, pid_m * BLOCK_M + c * ROWS,
                              pid_n * BLOCK_N + j * SUB_N, M, N, bias_ptr, stride_bias, out_ptr, stride_om,
-                             out_scale_ptr, stride_osm, eps, BIAS, ACTIVATION, OUT, OUT_GROUP, UE8M0_OUT, EPI_ROWS)
+                             out_scale_ptr, stride_osm, eps, BIAS, ACTIVATION, OUT, OUT_GROUP, UE8M0_OUT, GROUP_TAIL,
+                             EPI_ROWS)
                 _barrier()  # every row read before the buffer is handed back
                 mbarrier.arrive(acc_free.index(c), count=1)
             h += 1
@@ -424,8 +431,8 @@ def _epilogue(c_smem, acc_ready, acc_free, params, BIAS: gl.constexpr, ACTIVATIO
 @gluon.jit
 def _consume(a_bufs, b_bufs, ready, empty, out_desc, c_smem, acc_ready, acc_free, params, C: gl.constexpr,
              SCALE_BN: gl.constexpr, BIAS: gl.constexpr, ACTIVATION: gl.constexpr, OUT: gl.constexpr,
-             OUT_GROUP: gl.constexpr, UE8M0_OUT: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr,
-             PIPELINE: gl.constexpr, TMA_OUT: gl.constexpr, EPI_ROWS: gl.constexpr):
+             OUT_GROUP: gl.constexpr, UE8M0_OUT: gl.constexpr, GROUP_TAIL: gl.constexpr, BLOCK_N: gl.constexpr,
+             GROUP_M: gl.constexpr, PIPELINE: gl.constexpr, TMA_OUT: gl.constexpr, EPI_ROWS: gl.constexpr):
     """Consumer warpgroup C: rows [C·ROWS, (C+1)·ROWS) of every tile of this program, K block by K
     block from the slot ring, in column sub-tiles of SUB_N, then the epilogue sub-tile by sub-tile:
     handed over to the epilogue partition (EPI_ROWS > 0: c_smem holds this warpgroup's fp32 sub-tile,
@@ -482,7 +489,7 @@ def _consume(a_bufs, b_bufs, ready, empty, out_desc, c_smem, acc_ready, acc_free
                 # This warpgroup's own share, while the epilogue partition runs the rest.
                 _staged_rows(c_smem.index(C), 0, own_steps, row0, col0, M, N, bias_ptr, stride_bias, out_ptr,
                              stride_om, out_scale_ptr, stride_osm, eps, BIAS, ACTIVATION, OUT, OUT_GROUP, UE8M0_OUT,
-                             EPI_ROWS)
+                             GROUP_TAIL, EPI_ROWS)
                 _barrier()  # every own row read before the next sub-tile is stored
         else:
             # Sub-tiles in groups of SPAN: one re-quantization group each where it spans several.
@@ -490,10 +497,10 @@ def _consume(a_bufs, b_bufs, ready, empty, out_desc, c_smem, acc_ready, acc_free
                 col0 = pid_n * BLOCK_N + g * SPAN * SUB_N
                 if SPAN == 1:
                     done = (_finished(accs[g], row0, col0, M, N, biases[g], out_scale_ptr, stride_osm, eps, BIAS,
-                                      ACTIVATION, OUT, OUT_GROUP, UE8M0_OUT), )
+                                      ACTIVATION, OUT, OUT_GROUP, UE8M0_OUT, GROUP_TAIL), )
                 else:
                     done = _requantized(accs, biases, g, row0, col0, M, N, out_scale_ptr, stride_osm, eps, BIAS,
-                                        ACTIVATION, OUT, OUT_GROUP, UE8M0_OUT)
+                                        ACTIVATION, OUT, OUT_GROUP, UE8M0_OUT, GROUP_TAIL)
                 for i in gl.static_range(SPAN):
                     res, rows, cols, mask = done[i]
                     j = g * SPAN + i
@@ -517,9 +524,9 @@ def block_scaled_mm_ws_kernel(
         a_desc, b_desc, out_desc, a_scale_ptr, b_scale_ptr, bias_ptr, out_ptr, out_scale_ptr, M, N, K,
         stride_asm, stride_ask, stride_bsn, stride_bsk, stride_bias, stride_om, stride_osm, eps, own_steps,
         SCALE_BN: gl.constexpr, BIAS: gl.constexpr, ACTIVATION: gl.constexpr, OUT: gl.constexpr,
-        OUT_GROUP: gl.constexpr, UE8M0_OUT: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-        GROUP_M: gl.constexpr, PIPELINE: gl.constexpr, TMA_OUT: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-        PRODUCER_REGS: gl.constexpr, EPI_ROWS: gl.constexpr, EPILOGUE_REGS: gl.constexpr):
+        OUT_GROUP: gl.constexpr, UE8M0_OUT: gl.constexpr, GROUP_TAIL: gl.constexpr, BLOCK_N: gl.constexpr,
+        STAGES: gl.constexpr, GROUP_M: gl.constexpr, PIPELINE: gl.constexpr, TMA_OUT: gl.constexpr,
+        CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, EPI_ROWS: gl.constexpr, EPILOGUE_REGS: gl.constexpr):
     """a [M, K] @ b [N, K]^T with block scales and a fused epilogue, on sm_90.
 
     a_desc / b_desc: Gluon TMA descriptors over a and b (e4m3 or int8, both alike) with blocks
@@ -528,14 +535,15 @@ def block_scaled_mm_ws_kernel(
     and b_scale [ceil(N/SCALE_BN), ceil(K/BLOCK_K)] fp32 with the given strides; bias [N] of kind BIAS
     ("none", "fp32", "fp16", "bf16"); ACTIVATION as `epilogue.activate`; out [M, N] of kind OUT ("fp32",
     "fp16", "bf16" as int16 bits; or "fp8" as uint8 bits, "int8": codes re-quantized per 1×OUT_GROUP,
-    OUT_GROUP dividing SUB_N (or without EPI_ROWS a multiple of it dividing BLOCK_N), with scales max(amax, eps) / qmax, rounded up to a power of two when
-    UE8M0_OUT, into out_scale [M, ceil(N/OUT_GROUP)] fp32 with row stride stride_osm), written through
-    out_desc (blocks [BLOCK_M / 2, SUB_N]) when TMA_OUT, else through out_ptr with row stride
-    stride_om. Launched with num_warps=4 (the default partition, consumer 0) and a grid of at most
-    one program per SM; STAGES slots in the ring; PIPELINE as in the module docstring; CONSUMER_REGS /
-    PRODUCER_REGS / EPILOGUE_REGS the registers per thread of the worker partitions; EPI_ROWS > 0 hands
-    the epilogue to a partition of its own (4 warps), that many rows a step (`_epilogue`; TMA_OUT must
-    then be off), each consumer keeping its first own_steps steps of every sub-tile.
+    OUT_GROUP dividing SUB_N (or without EPI_ROWS a multiple of it dividing BLOCK_N), with scales
+    max(amax, eps) / qmax, rounded up to a power of two when UE8M0_OUT, into out_scale [M, ceil(N/OUT_GROUP)]
+    fp32 with row stride stride_osm; GROUP_TAIL: N is not a multiple of OUT_GROUP), written through out_desc
+    (blocks [BLOCK_M / 2, SUB_N]) when TMA_OUT, else through out_ptr with row stride stride_om. Launched with
+    num_warps=4 (the default partition, consumer 0) and a grid of at most one program per SM; STAGES slots in
+    the ring; PIPELINE as in the module docstring; CONSUMER_REGS / PRODUCER_REGS / EPILOGUE_REGS the registers
+    per thread of the worker partitions; EPI_ROWS > 0 hands the epilogue to a partition of its own (4 warps),
+    that many rows a step (`_epilogue`; TMA_OUT must then be off), each consumer keeping its first own_steps
+    steps of every sub-tile.
     """
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
     NSUB: gl.constexpr = BLOCK_N // b_desc.block_type.shape[0]
@@ -572,18 +580,22 @@ def block_scaled_mm_ws_kernel(
     if EPI_ROWS:
         gl.warp_specialize([
             (_consume, (a_bufs, b_bufs, ready, empty, out_desc, c_smem, acc_ready, acc_free, params, 0, SCALE_BN,
-                        BIAS, ACTIVATION, OUT, OUT_GROUP, UE8M0_OUT, BLOCK_N, GROUP_M, PIPELINE, TMA_OUT, EPI_ROWS)),
+                        BIAS, ACTIVATION, OUT, OUT_GROUP, UE8M0_OUT, GROUP_TAIL, BLOCK_N, GROUP_M, PIPELINE, TMA_OUT,
+                        EPI_ROWS)),
             (_consume, (a_bufs, b_bufs, ready, empty, out_desc, c_smem, acc_ready, acc_free, params, 1, SCALE_BN,
-                        BIAS, ACTIVATION, OUT, OUT_GROUP, UE8M0_OUT, BLOCK_N, GROUP_M, PIPELINE, TMA_OUT, EPI_ROWS)),
+                        BIAS, ACTIVATION, OUT, OUT_GROUP, UE8M0_OUT, GROUP_TAIL, BLOCK_N, GROUP_M, PIPELINE, TMA_OUT,
+                        EPI_ROWS)),
             (_produce, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, BLOCK_N, GROUP_M)),
-            (_epilogue, (c_smem, acc_ready, acc_free, params, BIAS, ACTIVATION, OUT, OUT_GROUP, UE8M0_OUT, BLOCK_N,
-                         GROUP_M, EPI_ROWS)),
+            (_epilogue, (c_smem, acc_ready, acc_free, params, BIAS, ACTIVATION, OUT, OUT_GROUP, UE8M0_OUT, GROUP_TAIL,
+                         BLOCK_N, GROUP_M, EPI_ROWS)),
         ], [4, 1, 4], [CONSUMER_REGS, PRODUCER_REGS, EPILOGUE_REGS])
     else:
         gl.warp_specialize([
             (_consume, (a_bufs, b_bufs, ready, empty, out_desc, c_smem, acc_ready, acc_free, params, 0, SCALE_BN,
-                        BIAS, ACTIVATION, OUT, OUT_GROUP, UE8M0_OUT, BLOCK_N, GROUP_M, PIPELINE, TMA_OUT, EPI_ROWS)),
+                        BIAS, ACTIVATION, OUT, OUT_GROUP, UE8M0_OUT, GROUP_TAIL, BLOCK_N, GROUP_M, PIPELINE, TMA_OUT,
+                        EPI_ROWS)),
             (_consume, (a_bufs, b_bufs, ready, empty, out_desc, c_smem, acc_ready, acc_free, params, 1, SCALE_BN,
-                        BIAS, ACTIVATION, OUT, OUT_GROUP, UE8M0_OUT, BLOCK_N, GROUP_M, PIPELINE, TMA_OUT, EPI_ROWS)),
+                        BIAS, ACTIVATION, OUT, OUT_GROUP, UE8M0_OUT, GROUP_TAIL, BLOCK_N, GROUP_M, PIPELINE, TMA_OUT,
+                        EPI_ROWS)),
             (_produce, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, BLOCK_N, GROUP_M)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
