@@ -36,9 +36,9 @@ block-wise kernel and DeepGEMM hide it by giving the work to different warps. So
 - Epilogue, per consumer warpgroup: + bias, activation, then the cast or a re-quantization per
   1×OUT_GROUP group of its rows (`quant.group_quantize`, the tiled kernel's own formulas: the same
   fp32 values give the same codes and scales; a group wider than a column sub-tile spans several, their
-  amaxes combined before the one scale per row, `_requantized`). Without an activation, from the MMA's registers into
-  shared memory and out through a TMA store that completes during the next tile's main loop (masked
-  stores where the output's rows are not 16-byte aligned). With one (EPI_ROWS), the consumer hands
+  amaxes combined before the one scale per row, `_requantized`). Without an activation, from the MMA's
+  registers into shared memory and out through a TMA store that completes during the next tile's main
+  loop (masked stores where the output's rows are not 16-byte aligned). With one (EPI_ROWS), the consumer hands
   its fp32 sub-tile over through shared memory to an epilogue partition of 4 warps (`_epilogue`), which
   runs it a few rows at a time in a loop with masked stores while the consumers go on to the next
   tile; each consumer runs the first own_steps steps itself, where the next main loop is too short
