@@ -159,9 +159,8 @@ class Site:
 def kept(op: str, args: tuple, options: dict[str, Any], backend: BackendChoice) -> _Plan | None:
     """The kept plan of a call of `op` with tensors `args`, the options `options` (the others at the
     public function's defaults) and `backend`, if any."""
-    definition = opdef.get(op)
     try:
-        return _plans.get(definition.key(*args, **{**definition.defaults, **options}, backend=backend))
+        return _plans.get(_key(op, args, {**opdef.get(op).defaults, **options}, backend))
     except _UNKEPT:
         return None
 
