@@ -159,6 +159,12 @@ def quantizer_scales() -> torch.Tensor:
     return bits.to(torch.int32).view(torch.float32)
 
 
+def powers_of_two(s: torch.Tensor) -> torch.Tensor:
+    """The scales of s that a ue8m0 quantizer makes: normal powers of two, +Inf and NaN."""
+    bits = s.view(torch.int32)
+    return s[((bits & 0x7FFFFF) == 0) & ((bits >> 23) >= 1) | ~torch.isfinite(s)]
+
+
 def quantizer_values(s: torch.Tensor, per_scale: int, g: torch.Generator) -> torch.Tensor:
     """`per_scale` values for each scale of s [S] (on s's device, drawn from `g` there) -> [S, per_scale] fp32
     within the quantizers' domain, |x| up to about 448·s: uniform, log-uniform, near FP8's and INT8's

@@ -135,8 +135,9 @@ _COMPILE = textwrap.dedent('''
     def gemm_ttgir(cc):
         names = block_scaled_mm_kernel.arg_names
         consts = dict(QFMT="fp8", USE_FP8_MMA=False, TMA=False, SCALE_BN=128, BIAS="none", ACTIVATION="none",
-                      OUT="bf16", OUT_GROUP=1, UE8M0_OUT=False, HW_FP8=False, BLOCK_M=128, BLOCK_N=128,
-                      BLOCK_K=128, K_STEP=1, BLOCK_KS=128, GROUP_M=8, SPLIT=False, a_desc=None, b_desc=None)
+                      OUT="bf16", OUT_GROUP=1, UE8M0_OUT=False, TINY_SCALES=True, HW_FP8=False, BLOCK_M=128,
+                      BLOCK_N=128, BLOCK_K=128, K_STEP=1, BLOCK_KS=128, GROUP_M=8, SPLIT=False, a_desc=None,
+                      b_desc=None)
         sig, attrs = {}, {}
         for i, n in enumerate(names):
             if n in consts:

@@ -33,8 +33,8 @@ from binding import LaunchSpy, check_binding, kernel_mma, simulate_on_cpu, spy_t
 
 from helpers import (  # noqa: E402
     DIFFERENTIABLE, TAIL_EPS, activation_inputs, assert_same_q, check_activation, judge_quantized_gelu,
-    outputs_of_every_op_on_grad_inputs, quantizer_scales, quantizer_values, randn, reference_quant_linear,
-    tail_blocks, tail_gemm_operands)
+    outputs_of_every_op_on_grad_inputs, powers_of_two, quantizer_scales, quantizer_values, randn,
+    reference_quant_linear, tail_blocks, tail_gemm_operands)
 from quantcore import InvalidInputError, opdef, ops  # noqa: E402
 from quantcore.backends import torch as ref  # noqa: E402
 from quantcore.backends import splitk  # noqa: E402
@@ -187,22 +187,24 @@ def test_fp8_encode_matches_torch_cast_bit_for_bit():
 
 
 @triton.jit
-def _divide_kernel(x_ptr, s_ptr, out_ptr, n, BLOCK: tl.constexpr):
+def _divide_kernel(x_ptr, s_ptr, out_ptr, n, POW2: tl.constexpr, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    tl.store(out_ptr + offs, divide(tl.load(x_ptr + offs, mask=offs < n), tl.load(s_ptr + offs, mask=offs < n)),
-             mask=offs < n)
+    tl.store(out_ptr + offs, divide(tl.load(x_ptr + offs, mask=offs < n), tl.load(s_ptr + offs, mask=offs < n),
+                                    POW2), mask=offs < n)
 
 
-def test_quantizer_division_rounds_as_ieee_division():
-    """`quant.divide` (a reciprocal per group, a product, an FMA's exact remainder and one correction) gives
-    IEEE division's quotient wherever that is at least 2^-17, and the same FP8 and INT8 codes everywhere
-    (below, both are ±0), on ~2,000 scales over every exponent below 2^123 × 256 values each; the
-    interpreter's FMA rounds once, as the GPU's (tests/gpu/test_quantize_division.py checks it compiled)."""
-    scales = quantizer_scales()
+@pytest.mark.parametrize("pow2", [False, True])
+def test_quantizer_division_rounds_as_ieee_division(pow2):
+    """`quant.divide` (a reciprocal per group, a product, an FMA's exact remainder and one correction; for
+    power-of-two scales, `pow2`, the product alone) gives IEEE division's quotient wherever that is at least
+    2^-17, and the same FP8 and INT8 codes everywhere (below, both are ±0), on ~2,000 scales over every
+    exponent below 2^123 (their powers of two where `pow2`) × 256 values each; the interpreter's FMA rounds
+    once, as the GPU's (tests/gpu/test_quantize_division.py checks it compiled)."""
+    scales = powers_of_two(quantizer_scales()) if pow2 else quantizer_scales()
     x = quantizer_values(scales, 256, torch.Generator().manual_seed(1)).flatten()
     s = scales[:, None].expand(-1, 256).flatten().contiguous()
     got = torch.empty_like(x)
-    _divide_kernel[(triton.cdiv(x.numel(), 4096),)](x, s, got, x.numel(), BLOCK=4096)
+    _divide_kernel[(triton.cdiv(x.numel(), 4096),)](x, s, got, x.numel(), POW2=pow2, BLOCK=4096)
     expected = x / s
     big = ~(expected.abs() < 2.0**-17)  # NaN and ±Inf count as big
     differ = (got.view(torch.int32) != expected.view(torch.int32)) & ~(got.isnan() & expected.isnan()) & big

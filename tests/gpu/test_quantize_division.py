@@ -5,8 +5,8 @@ exponents below 2^123 (subnormal, all-ones and power-of-two significands, +Inf, 
 within the quantizers' domain (|x| up to 448 scales: uniform, log-uniform, near the FP8 and INT8 rounding
 boundaries, ±0, and ±Inf beside an infinite scale): the quotient has IEEE division's bits wherever that is
 at least 2^-17 (below, its FP8 and INT8 codes are ±0 both ways), and its FP8 and INT8 codes are those of
-IEEE division's quotient everywhere. Also: act_quant keeps −0's code, and the compiled INT8 encoders (a
-conversion instruction and an integer clamp) give the reference's codes.
+IEEE division's quotient everywhere; for power-of-two scales (ue8m0) Triton's one product an element
+likewise. Also: act_quant keeps −0's code, and the compiled INT8 encoders give the reference's codes.
 
 Run on a GPU machine: `python3 -m pytest -m gpu tests/gpu/test_quantize_division.py`.
 """
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import quantizer_scales, quantizer_values
+from helpers import powers_of_two, quantizer_scales, quantizer_values
 
 pytestmark = pytest.mark.gpu
 
@@ -23,9 +23,10 @@ BLOCK = 1024
 PER_SCALE = 2**16
 
 
-def _triton_kernel():
-    """(x [n], s [n], out [6, n] int32) -> None: out[0] / out[1] the quotients' bits by `quant.divide` /
-    `tl.div_rn`, out[2] / out[3] their FP8 codes, out[4] / out[5] their INT8 codes."""
+def _triton_kernel(pow2: bool):
+    """(x [n], s [n], out [6, n] int32) -> None: out[0] / out[1] the quotients' bits by `quant.divide` (its
+    path for power-of-two scales where `pow2`) / `tl.div_rn`, out[2] / out[3] their FP8 codes, out[4] /
+    out[5] their INT8 codes."""
     import triton
     import triton.language as tl
 
@@ -33,12 +34,12 @@ def _triton_kernel():
     from quantcore.backends.triton.kernels.quant import divide, int8_encode
 
     @triton.jit
-    def both(x_ptr, s_ptr, out_ptr, BLOCK: tl.constexpr):
+    def both(x_ptr, s_ptr, out_ptr, POW2: tl.constexpr, BLOCK: tl.constexpr):
         offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
         n = tl.num_programs(0).to(tl.int64) * BLOCK
         x = tl.load(x_ptr + offs)
         s = tl.load(s_ptr + offs)
-        new = divide(x, s)
+        new = divide(x, s, POW2)
         old = tl.div_rn(x, s)
         tl.store(out_ptr + offs, new.to(tl.int32, bitcast=True))
         tl.store(out_ptr + n + offs, old.to(tl.int32, bitcast=True))
@@ -46,7 +47,7 @@ def _triton_kernel():
         tl.store(out_ptr + 3 * n + offs, fp8e4m3_encode_as(old, True).to(tl.int32))
         tl.store(out_ptr + 4 * n + offs, int8_encode(new).to(tl.int32))
         tl.store(out_ptr + 5 * n + offs, int8_encode(old).to(tl.int32))
-    return lambda x, s, out: both[(x.numel() // BLOCK,)](x, s, out, BLOCK=BLOCK)
+    return lambda x, s, out: both[(x.numel() // BLOCK,)](x, s, out, POW2=pow2, BLOCK=BLOCK)
 
 
 _CUDA_BOTH = r"""
@@ -97,10 +98,11 @@ def _cupy_kernel():
                                 (cupy.asarray(x), cupy.asarray(s), cupy.asarray(out), cupy.int64(x.numel())))
 
 
-@pytest.mark.parametrize("backend", ["triton", "cupy"])
-def test_divide_rounds_as_ieee_division_and_gives_its_codes(backend):
-    both = _triton_kernel() if backend == "triton" else _cupy_kernel()
-    scales = quantizer_scales().cuda()
+@pytest.mark.parametrize("backend, pow2", [("triton", False), ("triton", True), ("cupy", False)])
+def test_divide_rounds_as_ieee_division_and_gives_its_codes(backend, pow2):
+    both = _triton_kernel(pow2) if backend == "triton" else _cupy_kernel()
+    scales = quantizer_scales()
+    scales = (powers_of_two(scales) if pow2 else scales).cuda()
     g = torch.Generator(device="cuda").manual_seed(1)
     checked = 0
     for chunk in scales.split(256):
@@ -159,16 +161,21 @@ extern "C" __global__ void codes(const float* v, signed char* out, long long n) 
 
 @pytest.mark.parametrize("backend", ["triton", "cupy"])
 def test_int8_encode_rounds_and_clamps_as_the_reference(backend):
-    """`quant.int8_encode` and `qc::Int8::encode` compiled (cvt.rni with an integer clamp) give the
-    reference's INT8 codes: ties to even, ±127 past the range (±Inf included), 0 for NaN, on specials and
-    2^20 random values."""
+    """`quant.int8_encode` and `qc::Int8::encode` compiled (cvt.rni) give the reference's INT8 codes: ties
+    to even and 0 for NaN over every quotient a group's scale allows (|v| at most 127·(1 + 2^-23): the
+    Triton encoder has no clamp, docs/numerics.md), and the CUDA one, which clamps, ±127 past the range
+    (±Inf included); on specials and 2^20 random values."""
     from quantcore.backends.torch.quant import encode
 
-    halves = torch.arange(-130, 131, dtype=torch.float32) + 0.5
-    specials = torch.tensor([float("nan"), float("inf"), float("-inf"), -0.0, 0.0, 1e30, -1e30, 127.49, -127.51])
+    edge = torch.tensor(127.0).nextafter(torch.tensor(200.0))  # 127 + 1 ulp, above any quotient of amax / scale
+    halves = torch.arange(-127, 127, dtype=torch.float32) + 0.5
+    specials = torch.tensor([float("nan"), -0.0, 0.0, 127.49, -127.49, 127.0, -127.0, edge, -edge])
     g = torch.Generator().manual_seed(2)
-    rand = (torch.rand(2**20, generator=g) * 300 - 150).float()
+    rand = (torch.rand(2**20, generator=g) * 254 - 127).float()
     v = torch.cat([halves, specials, rand])
+    if backend == "cupy":
+        past = torch.tensor([float("inf"), float("-inf"), 1e30, -1e30, 127.51, -127.51, 128.5, -130.5])
+        v = torch.cat([v, past, (torch.rand(2**16, generator=g) * 300 - 150).float()])
     v = torch.cat([v, torch.zeros(-v.numel() % BLOCK)]).cuda()
     out = torch.empty(v.numel(), dtype=torch.int8, device="cuda")
     if backend == "triton":

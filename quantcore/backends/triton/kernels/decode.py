@@ -36,9 +36,9 @@ def decode_mm_kernel(
         stride_bsk, stride_bias, stride_om, stride_osm, eps, a_eps,
         A: tl.constexpr, QFMT: tl.constexpr, USE_FP8_MMA: tl.constexpr, UE8M0_A: tl.constexpr,
         SCALE_BN: tl.constexpr, BIAS: tl.constexpr, ACTIVATION: tl.constexpr, OUT: tl.constexpr,
-        OUT_GROUP: tl.constexpr, UE8M0_OUT: tl.constexpr, HW_FP8: tl.constexpr, BLOCK_M: tl.constexpr,
-        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, STAGES: tl.constexpr,
-        QROWS: tl.constexpr, ONCE: tl.constexpr, KB_VEC: tl.constexpr):
+        OUT_GROUP: tl.constexpr, UE8M0_OUT: tl.constexpr, TINY_SCALES: tl.constexpr, HW_FP8: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
+        STAGES: tl.constexpr, QROWS: tl.constexpr, ONCE: tl.constexpr, KB_VEC: tl.constexpr):
     """out [M, N] = a [M, K] @ b [N, K]^T with block scales and the fused epilogue, for M ≤ BLOCK_M.
 
     A: "fp8"/"int8" reads codes a with a_scale [M, ceil(K/BLOCK_K)]; "bf16"/"fp16"/"fp32" reads a float
@@ -94,7 +94,7 @@ def decode_mm_kernel(
             x = to_f32(x_next, A)  # converted here, where it is used, so the load is waited for here
             x_next = tl.load(x_ptrs + (kb + 1) * BLOCK_K, mask=offs_k[None, :] < K - (kb + 1) * BLOCK_K, other=0)
             x_s = block_scale(nan_absmax(x, 1), a_eps, QFMT, UE8M0_A)
-            x_q = quantize(x, x_s[:, None], QFMT, HW_FP8)
+            x_q = quantize(x, x_s[:, None], QFMT, HW_FP8, UE8M0_A)
             a = tl.reshape(tl.broadcast_to(x_q[None, :, :], (BLOCK_M // QROWS, QROWS, BLOCK_K)), (BLOCK_M, BLOCK_K))
             a_s = tl.reshape(tl.broadcast_to(x_s[None, :], (BLOCK_M // QROWS, QROWS)), (BLOCK_M,))
         part = block_dot(b, a, None, QFMT, USE_FP8_MMA, False).to(tl.float32)  # [BLOCK_N, BLOCK_M]
@@ -109,11 +109,11 @@ def decode_mm_kernel(
 
     if SPLIT_K == 1:
         finish_tile(tl.trans(acc), offs_m, offs_n, pid_n, M, N, bias_ptr, stride_bias, out_ptr, stride_om,
-                    out_scale_ptr, stride_osm, eps, BIAS, ACTIVATION, OUT, OUT_GROUP, UE8M0_OUT, HW_FP8, BLOCK_M,
-                    BLOCK_N)
+                    out_scale_ptr, stride_osm, eps, BIAS, ACTIVATION, OUT, OUT_GROUP, UE8M0_OUT, TINY_SCALES, HW_FP8,
+                    BLOCK_M, BLOCK_N)
     else:
         last, total = splits_summed(acc, ws_ptr, counter_ptr, pid_n, tl.cdiv(N, BLOCK_N), pid_k, SPLIT_K)
         if last:
             finish_tile(tl.trans(total), offs_m, offs_n, pid_n, M, N, bias_ptr, stride_bias, out_ptr, stride_om,
-                        out_scale_ptr, stride_osm, eps, BIAS, ACTIVATION, OUT, OUT_GROUP, UE8M0_OUT, HW_FP8,
-                        BLOCK_M, BLOCK_N)
+                        out_scale_ptr, stride_osm, eps, BIAS, ACTIVATION, OUT, OUT_GROUP, UE8M0_OUT, TINY_SCALES,
+                        HW_FP8, BLOCK_M, BLOCK_N)

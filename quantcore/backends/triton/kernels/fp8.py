@@ -126,17 +126,17 @@ def fp8e4m3_decode_f16_lanes(bits):
 
 
 @triton.jit
-def absmax_bits(x, axis: tl.constexpr):
-    """max |x| of an fp32 tensor along `axis` as int32 bits: sign-cleared fp32 patterns order like |x| with
-    every NaN above +Inf, so an integer max propagates NaN, which tl.max on floats does not reliably do;
-    maxima of several parts combine with an integer maximum."""
-    return tl.max(x.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=axis)
+def nan_maximum(a, b):
+    """max(a, b) of fp32 tensors, NaN where either is: `max.NaN` (sm_80+), where tl.max's combine drops NaN."""
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
 
 
 @triton.jit
 def nan_absmax(x, axis: tl.constexpr):
-    """max |x| of an fp32 tensor along `axis`: NaN if any element is NaN, else +Inf if any is infinite."""
-    return absmax_bits(x, axis).to(tl.float32, bitcast=True)
+    """max |x| of an fp32 tensor along `axis`: NaN if any element is NaN, else +Inf if any is infinite.
+    One instruction an element on sm_90 (the absolute value folds into FMNMX.NAN), where an integer
+    maximum of the sign-cleared bits took two; maxima of several parts combine with `nan_maximum`."""
+    return tl.reduce(tl.abs(x), axis, nan_maximum)
 
 
 @triton.jit

@@ -93,10 +93,11 @@ def tile_pointers(a_ptr, b_ptr, a_scale_ptr, b_scale_ptr, offs_m, offs_n, offs_k
 @triton.jit
 def finish_tile(acc, offs_m, offs_n, pid_n, M, N, bias_ptr, stride_bias, out_ptr, stride_om, out_scale_ptr,
                 stride_osm, eps, BIAS: tl.constexpr, ACTIVATION: tl.constexpr, OUT: tl.constexpr,
-                OUT_GROUP: tl.constexpr, UE8M0_OUT: tl.constexpr, HW_FP8: tl.constexpr, BLOCK_M: tl.constexpr,
-                BLOCK_N: tl.constexpr):
+                OUT_GROUP: tl.constexpr, UE8M0_OUT: tl.constexpr, TINY_SCALES: tl.constexpr, HW_FP8: tl.constexpr,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """The epilogue of a [BLOCK_M, BLOCK_N] fp32 tile at rows offs_m, columns offs_n (column tile pid_n):
-    + bias, activation, then a cast to OUT or a 1×OUT_GROUP re-quantization; OUT_GROUP divides BLOCK_N."""
+    + bias, activation, then a cast to OUT or a 1×OUT_GROUP re-quantization; OUT_GROUP divides BLOCK_N.
+    TINY_SCALES: a re-quantization scale may lie below `quant.TINY_SCALE` (`quant.divide`)."""
     n_mask = offs_n < N
     mask = (offs_m < M)[:, None] & n_mask[None, :]
     if BIAS != "none":
@@ -106,7 +107,7 @@ def finish_tile(acc, offs_m, offs_n, pid_n, M, N, bias_ptr, stride_bias, out_ptr
     if OUT == "fp8" or OUT == "int8":
         GROUPS: tl.constexpr = BLOCK_N // OUT_GROUP
         # Columns past N must not reach a group's amax.
-        q, scale = group_quantize(tl.where(mask, acc, 0.0), eps, OUT_GROUP, OUT, UE8M0_OUT, HW_FP8)
+        q, scale = group_quantize(tl.where(mask, acc, 0.0), eps, OUT_GROUP, OUT, UE8M0_OUT, HW_FP8, TINY_SCALES)
         tl.store(out_ptrs, q, mask=mask)
         groups = pid_n * GROUPS + tl.arange(0, GROUPS)
         tl.store(out_scale_ptr + offs_m[:, None] * stride_osm + groups[None, :], scale,
@@ -148,9 +149,9 @@ def block_scaled_mm_kernel(
         stride_bias, stride_om, stride_osm, eps,
         QFMT: tl.constexpr, USE_FP8_MMA: tl.constexpr, TMA: tl.constexpr, SCALE_BN: tl.constexpr,
         BIAS: tl.constexpr, ACTIVATION: tl.constexpr, OUT: tl.constexpr, OUT_GROUP: tl.constexpr,
-        UE8M0_OUT: tl.constexpr, HW_FP8: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-        BLOCK_K: tl.constexpr, K_STEP: tl.constexpr, BLOCK_KS: tl.constexpr, GROUP_M: tl.constexpr,
-        SPLIT: tl.constexpr):
+        UE8M0_OUT: tl.constexpr, TINY_SCALES: tl.constexpr, HW_FP8: tl.constexpr, BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, K_STEP: tl.constexpr, BLOCK_KS: tl.constexpr,
+        GROUP_M: tl.constexpr, SPLIT: tl.constexpr):
     """a [M, K] @ b [N, K]^T with block scales, fused epilogue.
 
     QFMT "fp8" or "int8". USE_FP8_MMA multiplies FP8 on FP8 tensor cores (sm_89+); without it FP8
@@ -165,7 +166,7 @@ def block_scaled_mm_kernel(
     same shared memory. BIAS is the bias kind or "none"; OUT is
     "fp32"/"fp16"/"bf16" for a cast, or "fp8"/"int8" to re-quantize per 1×OUT_GROUP (OUT_GROUP must
     divide BLOCK_N) into out and out_scale [M, ceil(N/OUT_GROUP)], encoding FP8 with the conversion
-    instructions when HW_FP8 (sm_89+). SPLIT: program (tile, pid_k) of a (tiles, splits) grid
+    instructions when HW_FP8 (sm_89+); TINY_SCALES as `finish_tile`'s. SPLIT: program (tile, pid_k) of a (tiles, splits) grid
     multiplies K blocks pid_k·kb_per_split… (at most kb_per_split of them) and `splits_summed` meets
     the splits in ws_ptr / counter_ptr (splits × tiles fp32 tiles of BLOCK_M × BLOCK_N, one int32 per
     tile); otherwise kb_per_split is unused and K is walked whole. (The split count is the grid's, not a
@@ -221,11 +222,13 @@ def block_scaled_mm_kernel(
 
     if not SPLIT:
         finish_tile(acc, offs_m, offs_n, pid_n, M, N, bias_ptr, stride_bias, out_ptr, stride_om, out_scale_ptr,
-                    stride_osm, eps, BIAS, ACTIVATION, OUT, OUT_GROUP, UE8M0_OUT, HW_FP8, BLOCK_M, BLOCK_N)
+                    stride_osm, eps, BIAS, ACTIVATION, OUT, OUT_GROUP, UE8M0_OUT, TINY_SCALES, HW_FP8, BLOCK_M,
+                    BLOCK_N)
     else:
         last, total = splits_summed(acc, ws_ptr, counter_ptr, pid, num_m * num_n, tl.program_id(1),
                                     tl.num_programs(1))
         if last:
             finish_tile(total, offs_m, offs_n, pid_n, M, N, bias_ptr, stride_bias, out_ptr, stride_om, out_scale_ptr,
-                        stride_osm, eps, BIAS, ACTIVATION, OUT, OUT_GROUP, UE8M0_OUT, HW_FP8, BLOCK_M, BLOCK_N)
+                        stride_osm, eps, BIAS, ACTIVATION, OUT, OUT_GROUP, UE8M0_OUT, TINY_SCALES, HW_FP8, BLOCK_M,
+                    BLOCK_N)
 

@@ -64,7 +64,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 
 from .cast import to_f32
 from .epilogue import activate
-from .fp8 import absmax_bits
+from .fp8 import nan_absmax, nan_maximum
 from .quant import block_scale, group_quantize, quantize
 
 # Triton 3.6 names the TMA copies async_copy_global_to_shared / async_copy_shared_to_global; later
@@ -313,7 +313,7 @@ def _activated(acc, row0, col0, M, N, bias, BIAS: gl.constexpr, ACTIVATION: gl.c
 @gluon.jit
 def _finished(acc, row0, col0, M, N, bias, out_scale_ptr, stride_osm, eps, BIAS: gl.constexpr,
               ACTIVATION: gl.constexpr, OUT: gl.constexpr, OUT_GROUP: gl.constexpr, UE8M0_OUT: gl.constexpr,
-              GROUP_TAIL: gl.constexpr):
+              GROUP_TAIL: gl.constexpr, TINY_SCALES: gl.constexpr):
     """(values to store, rows, columns, mask) of the epilogue of `acc` [R, C] fp32 (any layout) at
     output rows row0…, columns col0…: `_activated`, then the cast or the re-quantization per 1×OUT_GROUP,
     OUT_GROUP dividing C (its scales stored here)."""
@@ -321,7 +321,7 @@ def _finished(acc, row0, col0, M, N, bias, out_scale_ptr, stride_osm, eps, BIAS:
     acc, rows, cols, mask = _activated(acc, row0, col0, M, N, bias, BIAS, ACTIVATION, QUANTIZED, GROUP_TAIL)
     if QUANTIZED:
         # The codes come back to acc's layout (the reshapes' round trip: no data moves) for the stores.
-        res, scale = group_quantize(acc, eps, OUT_GROUP, OUT, UE8M0_OUT, True)
+        res, scale = group_quantize(acc, eps, OUT_GROUP, OUT, UE8M0_OUT, True, TINY_SCALES)
         res = gl.convert_layout(res, acc.type.layout)
         _store_scales(out_scale_ptr, scale, row0, col0, M, N, stride_osm, OUT_GROUP)
     elif OUT == "bf16":
@@ -334,7 +334,7 @@ def _finished(acc, row0, col0, M, N, bias, out_scale_ptr, stride_osm, eps, BIAS:
 @gluon.jit
 def _requantized(accs, biases, g: gl.constexpr, row0, col0, M, N, out_scale_ptr, stride_osm, eps, BIAS: gl.constexpr,
                  ACTIVATION: gl.constexpr, OUT: gl.constexpr, OUT_GROUP: gl.constexpr, UE8M0_OUT: gl.constexpr,
-                 GROUP_TAIL: gl.constexpr):
+                 GROUP_TAIL: gl.constexpr, TINY_SCALES: gl.constexpr):
     """The re-quantized epilogue of group g of column sub-tiles, OUT_GROUP wider than one (SPAN of them, the
     group's first at output column col0): per sub-tile of `accs` (fp32 [R, SUB_N], in the MMA's layout)
     `_activated`, one scale per row from their joint amax (stored here), and per sub-tile (codes, rows,
@@ -345,10 +345,10 @@ def _requantized(accs, biases, g: gl.constexpr, row0, col0, M, N, out_scale_ptr,
     for i in gl.static_range(SPAN):
         vals = vals + (_activated(accs[g * SPAN + i], row0, col0 + i * SUB_N, M, N, biases[g * SPAN + i], BIAS,
                                   ACTIVATION, True, GROUP_TAIL), )
-    amax = absmax_bits(vals[0][0], 1)
+    amax = nan_absmax(vals[0][0], 1)
     for i in gl.static_range(1, SPAN):
-        amax = gl.maximum(amax, absmax_bits(vals[i][0], 1))
-    scale = block_scale(amax.to(gl.float32, bitcast=True), eps, OUT, UE8M0_OUT)
+        amax = nan_maximum(amax, nan_absmax(vals[i][0], 1))
+    scale = block_scale(amax, eps, OUT, UE8M0_OUT)
     # Stored from its own 1-D layout: widened to [R, 1] in the MMA's, each thread held 16 copies of its rows'
     # scales and stored every one (2.1 M store instructions against 0.26 M at 4096×32768×512, Nsight Compute).
     rows = row0 + gl.arange(0, scale.shape[0], layout=scale.type.layout)
@@ -356,7 +356,7 @@ def _requantized(accs, biases, g: gl.constexpr, row0, col0, M, N, out_scale_ptr,
     done = ()
     for i in gl.static_range(SPAN):
         v, rows, cols, mask = vals[i]
-        done = done + ((quantize(v, scale[:, None], OUT, True), rows, cols, mask), )
+        done = done + ((quantize(v, scale[:, None], OUT, True, UE8M0_OUT, TINY_SCALES), rows, cols, mask), )
     return done
 
 
@@ -375,7 +375,8 @@ def _hand_over(acc, scratch, free, ready, h):
 @gluon.jit
 def _staged_rows(scratch, first, last, row0, col0, M, N, bias_ptr, stride_bias, out_ptr, stride_om, out_scale_ptr,
                  stride_osm, eps, BIAS: gl.constexpr, ACTIVATION: gl.constexpr, OUT: gl.constexpr,
-                 OUT_GROUP: gl.constexpr, UE8M0_OUT: gl.constexpr, GROUP_TAIL: gl.constexpr, EPI_ROWS: gl.constexpr):
+                 OUT_GROUP: gl.constexpr, UE8M0_OUT: gl.constexpr, GROUP_TAIL: gl.constexpr, TINY_SCALES: gl.constexpr,
+                 EPI_ROWS: gl.constexpr):
     """The epilogue of steps [first, last) of a consumer's sub-tile in `scratch` (fp32 [ROWS, SUB_N],
     output rows row0…, columns col0…), EPI_ROWS rows a step in a loop that stays a loop, with masked
     stores, by the calling partition's 4 warps."""
@@ -393,14 +394,14 @@ def _staged_rows(scratch, first, last, row0, col0, M, N, bias_ptr, stride_bias, 
         bias = _bias_cols(bias_ptr, stride_bias, col0, N, SUB_N, BIAS, gl.SliceLayout(0, layout))
         res, rows, cols, mask = _finished(steps.index(i).load(layout), row0 + i * EPI_ROWS, col0, M, N, bias,
                                           out_scale_ptr, stride_osm, eps, BIAS, ACTIVATION, OUT, OUT_GROUP,
-                                          UE8M0_OUT, GROUP_TAIL)
+                                          UE8M0_OUT, GROUP_TAIL, TINY_SCALES)
         gl.store(out_ptr + rows[:, None] * stride_om + cols[None, :], res.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 @gluon.jit
 def _epilogue(c_smem, acc_ready, acc_free, params, BIAS: gl.constexpr, ACTIVATION: gl.constexpr, OUT: gl.constexpr,
-              OUT_GROUP: gl.constexpr, UE8M0_OUT: gl.constexpr, GROUP_TAIL: gl.constexpr, BLOCK_N: gl.constexpr,
-              GROUP_M: gl.constexpr, EPI_ROWS: gl.constexpr):
+              OUT_GROUP: gl.constexpr, UE8M0_OUT: gl.constexpr, GROUP_TAIL: gl.constexpr, TINY_SCALES: gl.constexpr,
+              BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr, EPI_ROWS: gl.constexpr):
     """The epilogue partition (EPI_ROWS > 0): of every sub-tile the consumers hand over through c_smem
     (per consumer one fp32 [BLOCK_M / 2, SUB_N] buffer), in the consumers' order, the steps from
     own_steps on (`_staged_rows`), while the consumers run their own first own_steps and then the next
@@ -422,7 +423,7 @@ def _epilogue(c_smem, acc_ready, acc_free, params, BIAS: gl.constexpr, ACTIVATIO
                 _staged_rows(c_smem.index(c), own_steps, ROWS // EPI_ROWS, pid_m * BLOCK_M + c * ROWS,
                              pid_n * BLOCK_N + j * SUB_N, M, N, bias_ptr, stride_bias, out_ptr, stride_om,
                              out_scale_ptr, stride_osm, eps, BIAS, ACTIVATION, OUT, OUT_GROUP, UE8M0_OUT, GROUP_TAIL,
-                             EPI_ROWS)
+                             TINY_SCALES, EPI_ROWS)
                 _barrier()  # every row read before the buffer is handed back
                 mbarrier.arrive(acc_free.index(c), count=1)
             h += 1
@@ -431,8 +432,9 @@ def _epilogue(c_smem, acc_ready, acc_free, params, BIAS: gl.constexpr, ACTIVATIO
 @gluon.jit
 def _consume(a_bufs, b_bufs, ready, empty, out_desc, c_smem, acc_ready, acc_free, params, C: gl.constexpr,
              SCALE_BN: gl.constexpr, BIAS: gl.constexpr, ACTIVATION: gl.constexpr, OUT: gl.constexpr,
-             OUT_GROUP: gl.constexpr, UE8M0_OUT: gl.constexpr, GROUP_TAIL: gl.constexpr, BLOCK_N: gl.constexpr,
-             GROUP_M: gl.constexpr, PIPELINE: gl.constexpr, TMA_OUT: gl.constexpr, EPI_ROWS: gl.constexpr):
+             OUT_GROUP: gl.constexpr, UE8M0_OUT: gl.constexpr, GROUP_TAIL: gl.constexpr, TINY_SCALES: gl.constexpr,
+             BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr, PIPELINE: gl.constexpr, TMA_OUT: gl.constexpr,
+             EPI_ROWS: gl.constexpr):
     """Consumer warpgroup C: rows [C·ROWS, (C+1)·ROWS) of every tile of this program, K block by K
     block from the slot ring, in column sub-tiles of SUB_N, then the epilogue sub-tile by sub-tile:
     handed over to the epilogue partition (EPI_ROWS > 0: c_smem holds this warpgroup's fp32 sub-tile,
@@ -489,7 +491,7 @@ def _consume(a_bufs, b_bufs, ready, empty, out_desc, c_smem, acc_ready, acc_free
                 # This warpgroup's own share, while the epilogue partition runs the rest.
                 _staged_rows(c_smem.index(C), 0, own_steps, row0, col0, M, N, bias_ptr, stride_bias, out_ptr,
                              stride_om, out_scale_ptr, stride_osm, eps, BIAS, ACTIVATION, OUT, OUT_GROUP, UE8M0_OUT,
-                             GROUP_TAIL, EPI_ROWS)
+                             GROUP_TAIL, TINY_SCALES, EPI_ROWS)
                 _barrier()  # every own row read before the next sub-tile is stored
         else:
             # Sub-tiles in groups of SPAN: one re-quantization group each where it spans several.
@@ -497,10 +499,10 @@ def _consume(a_bufs, b_bufs, ready, empty, out_desc, c_smem, acc_ready, acc_free
                 col0 = pid_n * BLOCK_N + g * SPAN * SUB_N
                 if SPAN == 1:
                     done = (_finished(accs[g], row0, col0, M, N, biases[g], out_scale_ptr, stride_osm, eps, BIAS,
-                                      ACTIVATION, OUT, OUT_GROUP, UE8M0_OUT, GROUP_TAIL), )
+                                      ACTIVATION, OUT, OUT_GROUP, UE8M0_OUT, GROUP_TAIL, TINY_SCALES), )
                 else:
                     done = _requantized(accs, biases, g, row0, col0, M, N, out_scale_ptr, stride_osm, eps, BIAS,
-                                        ACTIVATION, OUT, OUT_GROUP, UE8M0_OUT, GROUP_TAIL)
+                                        ACTIVATION, OUT, OUT_GROUP, UE8M0_OUT, GROUP_TAIL, TINY_SCALES)
                 for i in gl.static_range(SPAN):
                     res, rows, cols, mask = done[i]
                     j = g * SPAN + i
@@ -524,9 +526,10 @@ def block_scaled_mm_ws_kernel(
         a_desc, b_desc, out_desc, a_scale_ptr, b_scale_ptr, bias_ptr, out_ptr, out_scale_ptr, M, N, K,
         stride_asm, stride_ask, stride_bsn, stride_bsk, stride_bias, stride_om, stride_osm, eps, own_steps,
         SCALE_BN: gl.constexpr, BIAS: gl.constexpr, ACTIVATION: gl.constexpr, OUT: gl.constexpr,
-        OUT_GROUP: gl.constexpr, UE8M0_OUT: gl.constexpr, GROUP_TAIL: gl.constexpr, BLOCK_N: gl.constexpr,
-        STAGES: gl.constexpr, GROUP_M: gl.constexpr, PIPELINE: gl.constexpr, TMA_OUT: gl.constexpr,
-        CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, EPI_ROWS: gl.constexpr, EPILOGUE_REGS: gl.constexpr):
+        OUT_GROUP: gl.constexpr, UE8M0_OUT: gl.constexpr, GROUP_TAIL: gl.constexpr, TINY_SCALES: gl.constexpr,
+        BLOCK_N: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr, PIPELINE: gl.constexpr,
+        TMA_OUT: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, EPI_ROWS: gl.constexpr,
+        EPILOGUE_REGS: gl.constexpr):
     """a [M, K] @ b [N, K]^T with block scales and a fused epilogue, on sm_90.
 
     a_desc / b_desc: Gluon TMA descriptors over a and b (e4m3 or int8, both alike) with blocks
@@ -537,7 +540,8 @@ def block_scaled_mm_ws_kernel(
     "fp16", "bf16" as int16 bits; or "fp8" as uint8 bits, "int8": codes re-quantized per 1×OUT_GROUP,
     OUT_GROUP dividing SUB_N (or without EPI_ROWS a multiple of it dividing BLOCK_N), with scales
     max(amax, eps) / qmax, rounded up to a power of two when UE8M0_OUT, into out_scale [M, ceil(N/OUT_GROUP)]
-    fp32 with row stride stride_osm; GROUP_TAIL: N is not a multiple of OUT_GROUP), written through out_desc
+    fp32 with row stride stride_osm; GROUP_TAIL: N is not a multiple of OUT_GROUP; TINY_SCALES: a scale may lie
+    below `quant.TINY_SCALE`, eps being that small), written through out_desc
     (blocks [BLOCK_M / 2, SUB_N]) when TMA_OUT, else through out_ptr with row stride stride_om. Launched with
     num_warps=4 (the default partition, consumer 0) and a grid of at most one program per SM; STAGES slots in
     the ring; PIPELINE as in the module docstring; CONSUMER_REGS / PRODUCER_REGS / EPILOGUE_REGS the registers
@@ -580,22 +584,22 @@ def block_scaled_mm_ws_kernel(
     if EPI_ROWS:
         gl.warp_specialize([
             (_consume, (a_bufs, b_bufs, ready, empty, out_desc, c_smem, acc_ready, acc_free, params, 0, SCALE_BN,
-                        BIAS, ACTIVATION, OUT, OUT_GROUP, UE8M0_OUT, GROUP_TAIL, BLOCK_N, GROUP_M, PIPELINE, TMA_OUT,
-                        EPI_ROWS)),
+                        BIAS, ACTIVATION, OUT, OUT_GROUP, UE8M0_OUT, GROUP_TAIL, TINY_SCALES, BLOCK_N, GROUP_M,
+                        PIPELINE, TMA_OUT, EPI_ROWS)),
             (_consume, (a_bufs, b_bufs, ready, empty, out_desc, c_smem, acc_ready, acc_free, params, 1, SCALE_BN,
-                        BIAS, ACTIVATION, OUT, OUT_GROUP, UE8M0_OUT, GROUP_TAIL, BLOCK_N, GROUP_M, PIPELINE, TMA_OUT,
-                        EPI_ROWS)),
+                        BIAS, ACTIVATION, OUT, OUT_GROUP, UE8M0_OUT, GROUP_TAIL, TINY_SCALES, BLOCK_N, GROUP_M,
+                        PIPELINE, TMA_OUT, EPI_ROWS)),
             (_produce, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, BLOCK_N, GROUP_M)),
             (_epilogue, (c_smem, acc_ready, acc_free, params, BIAS, ACTIVATION, OUT, OUT_GROUP, UE8M0_OUT, GROUP_TAIL,
-                         BLOCK_N, GROUP_M, EPI_ROWS)),
+                         TINY_SCALES, BLOCK_N, GROUP_M, EPI_ROWS)),
         ], [4, 1, 4], [CONSUMER_REGS, PRODUCER_REGS, EPILOGUE_REGS])
     else:
         gl.warp_specialize([
             (_consume, (a_bufs, b_bufs, ready, empty, out_desc, c_smem, acc_ready, acc_free, params, 0, SCALE_BN,
-                        BIAS, ACTIVATION, OUT, OUT_GROUP, UE8M0_OUT, GROUP_TAIL, BLOCK_N, GROUP_M, PIPELINE, TMA_OUT,
-                        EPI_ROWS)),
+                        BIAS, ACTIVATION, OUT, OUT_GROUP, UE8M0_OUT, GROUP_TAIL, TINY_SCALES, BLOCK_N, GROUP_M,
+                        PIPELINE, TMA_OUT, EPI_ROWS)),
             (_consume, (a_bufs, b_bufs, ready, empty, out_desc, c_smem, acc_ready, acc_free, params, 1, SCALE_BN,
-                        BIAS, ACTIVATION, OUT, OUT_GROUP, UE8M0_OUT, GROUP_TAIL, BLOCK_N, GROUP_M, PIPELINE, TMA_OUT,
-                        EPI_ROWS)),
+                        BIAS, ACTIVATION, OUT, OUT_GROUP, UE8M0_OUT, GROUP_TAIL, TINY_SCALES, BLOCK_N, GROUP_M,
+                        PIPELINE, TMA_OUT, EPI_ROWS)),
             (_produce, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, BLOCK_N, GROUP_M)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])

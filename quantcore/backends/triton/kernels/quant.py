@@ -10,24 +10,22 @@ import triton
 import triton.language as tl
 
 from .cast import load_f32, store_f32_as
-from .epilogue import PTX_MATH, activate
+from .epilogue import activate
 from .fp8 import fp8e4m3_decode_f16, fp8e4m3_decode_f32, fp8e4m3_encode_as, nan_absmax, ue8m0_round_up
 
 
 @triton.jit
 def int8_encode(v):
-    """fp32 -> int8: round half to even, clamp to [-127, 127], NaN -> 0."""
-    if PTX_MATH:
-        # cvt.rni.s32.f32 rounds half to even, saturates and gives 0 for NaN: with the integer clamp, three
-        # instructions where the route below takes about seven.
-        i = tl.inline_asm_elementwise("cvt.rni.s32.f32 $0, $1;", "=r,r", [v], dtype=tl.int32, is_pure=True, pack=1)
-        return tl.minimum(tl.maximum(i, -127), 127).to(tl.int8)
-    else:
-        v = tl.where(v != v, 0.0, v)
-        v = tl.minimum(tl.maximum(v, -127.0), 127.0)
-        # Adding and removing 1.5 * 2**23 leaves |v| <= 127 rounded to an integer by the FPU's
-        # round-to-nearest-even (the interpreter has no rint).
-        return ((v + 12582912.0) - 12582912.0).to(tl.int8)
+    """fp32 quotients of `divide` -> int8: round half to even, NaN -> 0. No clamp: a group's scale is at
+    least its amax / 127, so |v| is at most 127·(1 + 2^-23) and rounds to at most 127.
+
+    Two full-rate float instructions and no conversion: F2I (`cvt.rni`) issues at a quarter of the
+    FMA's rate per scheduler, and a GEMM's re-quantized INT8 epilogue runs one per element."""
+    # v + 1.5·2^23 lies in [2^23, 2^24), where the ulp is 1: the FPU rounds v half to even and the sum's low
+    # bits hold it in two's complement. A NaN sum becomes 1.5·2^23 − 256 (tl.maximum returns the number),
+    # whose low byte is 0.
+    w = tl.maximum(v + 12582912.0, 12582656.0)
+    return w.to(tl.int32, bitcast=True).to(tl.int8)
 
 
 @triton.jit
@@ -53,29 +51,47 @@ def block_scale(amax, eps, QFMT: tl.constexpr, UE8M0: tl.constexpr):
     return s
 
 
+# `divide` rescales where a scale lies below this: its reciprocal would overflow near the smallest subnormal.
+TINY_SCALE = tl.constexpr(2.0 ** -64)
+
+
+def scales_may_be_tiny(eps: float, qmax: float) -> bool:
+    """Whether a scale floored at eps (at least eps / qmax, rounded) can fall below TINY_SCALE; a factor of
+    two to spare covers fp32's rounding of eps and of the quotient. Where it cannot (eps ≥ about 2.5e-17 in
+    FP8, 6.9e-18 in INT8: the default 1e-4 included), a kernel compiles `divide` with TINY_SCALES off."""
+    return eps < qmax * TINY_SCALE.value * 2.0
+
+
 @triton.jit
-def divide(x, scale):
+def divide(x, scale, POW2: tl.constexpr, TINY_SCALES: tl.constexpr = True):
     """x / scale rounded as IEEE division rounds, for the quantizers: `scale` one per group (positive, or NaN
-    / +Inf for a group holding one), shaped to broadcast to x's, |x| at most about qmax·scale.
+    / +Inf for a group holding one), shaped to broadcast to x's, |x| at most about qmax·scale. POW2: every
+    scale is a power of two (ue8m0). TINY_SCALES off: no scale lies below TINY_SCALE (`scales_may_be_tiny`),
+    and the rescaling below is left out.
 
     Division by a divisor known per group (Markstein; J.-M. Muller, "Accelerating floating-point division
     when the divisor is known in advance", 2002): r = RN(1/s) once per group, then per element
     q0 = RN(x·r), the remainder x − s·q0 exactly by an FMA, and RN(q0 + remainder·r) = RN(x/s), as r is
-    within half an ulp of 1/s and q0 within one ulp of x/s. Four instructions an element where `tl.div_rn`
-    takes about eleven and a branch to its slow path (ptxas for sm_90a). Where the remainder would be
-    inexact (below 2^-126: |x| under about 2^-102 after the scaling below), the quotient is under 2^-17
-    and its code ±0 either way. tests/gpu/test_quantize_division.py compares it with `tl.div_rn`
-    (and the interpreter's tests with the reference's division)."""
-    # A scale below 2^-64 (eps allows down to the smallest subnormal, whose reciprocal overflows) is
-    # divided into as one 2^64 times larger, its group's values scaled alike: both exactly.
-    tiny = scale < 5.421010862427522e-20
-    f = tl.where(tiny, 18446744073709551616.0, 1.0)
-    s = scale * f
+    within half an ulp of 1/s and q0 within one ulp of x/s. Three instructions an element (four with
+    TINY_SCALES) where `tl.div_rn` takes about eleven and a branch to its slow path (ptxas for sm_90a).
+    Where the remainder would be inexact (below 2^-126: |x| under about 2^-102 after the scaling below), the
+    quotient is under 2^-17 and its code ±0 either way. tests/gpu/test_quantize_division.py compares it
+    with `tl.div_rn` (and the interpreter's tests with the reference's division)."""
+    if POW2:
+        # A power of two (a normal one: ue8m0 scales are at least 2^-126) has an exact reciprocal, so x·(1/s)
+        # is x/s rounded once, as the division rounds it (and ±0 or NaN where s is +Inf): one product an element.
+        return x * tl.broadcast_to(tl.div_rn(tl.where(True, 1.0, scale), scale), x.shape)
+    s = scale
+    if TINY_SCALES:
+        # A scale below 2^-64 (eps allows down to the smallest subnormal, whose reciprocal overflows) is
+        # divided into as one 2^64 times larger, its group's values scaled alike: both exactly.
+        f = tl.where(scale < TINY_SCALE, 18446744073709551616.0, 1.0)
+        s = scale * f
+        x = x * tl.broadcast_to(f, x.shape)
     r = tl.div_rn(tl.where(True, 1.0, s), s)
     # An infinite scale has r = 0: taken as s = 0 in the remainder, the result is q0 = x·0, which is ±0 for
     # finite x and NaN for ±Inf, as IEEE division by +Inf gives.
     s = tl.where(r == 0.0, 0.0, s)
-    x = x * tl.broadcast_to(f, x.shape)
     q0 = x * tl.broadcast_to(r, x.shape)
     # The remainder negated, s·q0 − x, and added times −r: a zero quotient then keeps x's sign (x − s·q0
     # is +0 for x = −0, and −0 + (+0)·r would be +0). Negated by multiplying by −1: a sign flip that folds
@@ -86,9 +102,11 @@ def divide(x, scale):
 
 
 @triton.jit
-def quantize(x, scale, QFMT: tl.constexpr, HW_FP8: tl.constexpr):
-    """Codes in QFMT of `divide(x, scale)` (HW_FP8: sm_89+ conversion instructions)."""
-    v = divide(x, scale)
+def quantize(x, scale, QFMT: tl.constexpr, HW_FP8: tl.constexpr, UE8M0: tl.constexpr,
+             TINY_SCALES: tl.constexpr = True):
+    """Codes in QFMT of `divide(x, scale, UE8M0, TINY_SCALES)` (HW_FP8: sm_89+ conversion instructions;
+    UE8M0: the scales are powers of two)."""
+    v = divide(x, scale, UE8M0, TINY_SCALES)
     if QFMT == "fp8":
         return fp8e4m3_encode_as(v, HW_FP8)
     else:
@@ -96,14 +114,15 @@ def quantize(x, scale, QFMT: tl.constexpr, HW_FP8: tl.constexpr):
 
 
 @triton.jit
-def group_quantize(x, eps, GROUP: tl.constexpr, QFMT: tl.constexpr, UE8M0: tl.constexpr, HW_FP8: tl.constexpr):
+def group_quantize(x, eps, GROUP: tl.constexpr, QFMT: tl.constexpr, UE8M0: tl.constexpr, HW_FP8: tl.constexpr,
+                   TINY_SCALES: tl.constexpr = True):
     """x [R, C] fp32 quantized per 1×GROUP block of its rows (GROUP divides C) -> (codes [R, C] in QFMT,
     scales [R, C // GROUP] fp32): the GEMMs' re-quantized output, in Triton's and Gluon's kernels alike."""
     R: tl.constexpr = x.shape[0]
     C: tl.constexpr = x.shape[1]
     x = tl.reshape(x, (R, C // GROUP, GROUP))
     scale = block_scale(nan_absmax(x, 2), eps, QFMT, UE8M0)
-    q = quantize(x, scale[:, :, None], QFMT, HW_FP8)
+    q = quantize(x, scale[:, :, None], QFMT, HW_FP8, UE8M0, TINY_SCALES)
     return tl.reshape(q, (R, C)), scale
 
 
@@ -153,7 +172,7 @@ def block_quant_kernel(src_ptr, src_scale_ptr, q_ptr, scale_ptr, R, C,
     # Masked lanes must not reach the amax (a dequantized 0 * Inf scale would be NaN).
     x = tl.where(mask, activate(x, ACTIVATION), 0.0)
     scale = block_scale(nan_absmax(nan_absmax(x, 3), 1), eps, QFMT, UE8M0)
-    q = quantize(x, scale[:, None, :, None], QFMT, HW_FP8)
+    q = quantize(x, scale[:, None, :, None], QFMT, HW_FP8, UE8M0)
     tl.store(q_ptr + rows * stride_q + cols, q, mask=mask)
     tl.store(scale_ptr + srow * stride_sr + scol * stride_sc, scale, mask=smask)
 

@@ -43,7 +43,7 @@ def _publish(x_ptr, stride_xm, q_ptr, qs_ptr, flags, kb, M, K, eps,
         x = to_f32(tl.load(x_ptr + rows[:, None] * stride_xm + cols[None, :],
                            mask=(rows < M)[:, None] & (cols < K)[None, :], other=0), A)
         s = block_scale(nan_absmax(x, 1), eps, QFMT, UE8M0)
-        q = quantize(x, s[:, None], QFMT, HW_FP8)
+        q = quantize(x, s[:, None], QFMT, HW_FP8, UE8M0)
         tl.store(q_ptr + rows[:, None] * (num_kb * BLOCK_K) + cols[None, :], q, mask=(rows < M)[:, None])
         tl.store(qs_ptr + kb * (tl.cdiv(M, 32) * 32) + rows, s, mask=rows < M)
     # Every thread's codes are written before the flag says so (release).
