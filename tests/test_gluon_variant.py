@@ -185,14 +185,17 @@ def test_wide_tiles_only_where_n_fills_them_at_large_m(M, N, block_n, out_group,
     assert out_group is None or cfg.sub % out_group == 0 or cfg.block_n % out_group == 0
 
 
-@pytest.mark.parametrize("K, int8_out, wide", [(7168, False, True), (2049, False, True), (2048, False, False),
-                                               (512, False, False), (512, True, True), (2048, True, True)])
-def test_groups_over_sub_tiles_take_the_wide_tile_for_int8_or_past_short_k(K, int8_out, wide):
-    """Groups of 128 over two 64-column sub-tiles: the wide tile for INT8 codes at every K, for FP8 ones only
-    past SPANNING_FP8_K (the measured rule); groups within one sub-tile take it at every K."""
+@pytest.mark.parametrize("M, N, K, wide", [(4096, 7168, 7168, True), (4096, 7168, 2048, True), (4096, 32768, 512, True),
+                                            (16384, 7168, 1536, True), (2048, 7168, 2048, False),
+                                            (4096, 2112, 7168, False)])
+def test_groups_over_sub_tiles_take_the_wide_tile(M, N, K, wide):
+    """Groups of 128 over two 64-column sub-tiles take the wide tile wherever the plain GEMM does (from
+    WIDE_M_MIN rows, N a multiple of 256) at every K, as groups within one sub-tile do; N = 2112, which
+    128×192 fills and no tile holding groups of 128 does, keeps the default tile."""
     gluon_launch = pytest.importorskip("quantcore.backends.triton.gluon_launch")
-    assert (gluon_launch.config_for(4096, 7168, K, 128, 128, int8_out=int8_out).block_n == 256) == wide
-    assert gluon_launch.config_for(4096, 7168, K, 128, 64, int8_out=int8_out).block_n == 256
+    assert (gluon_launch.config_for(M, N, K, 128, 128).block_n == 256) == wide
+    assert (gluon_launch.config_for(M, N, K, 128, 64).block_n == 256) == wide
+    assert gluon_launch.config_for(M, N, K, 128, None).block_n == (192 if N == 2112 else 256 if wide else 128)
 
 
 @pytest.mark.parametrize("M, N, K, group_m", [(4096, 32768, 512, 32), (4096, 7168, 2048, 32), (16384, 2112, 1536, 32),

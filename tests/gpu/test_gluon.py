@@ -151,8 +151,8 @@ def test_re_quantized_output_is_act_quant_of_the_fp32_result(qdtype, scale_fmt, 
 
 @pytest.mark.parametrize("qdtype", list(FMTS))
 def test_re_quantized_groups_over_sub_tiles_confine_non_finite_values(qdtype):
-    """Where config_for picks a wide tile for a re-quantized output (4096 rows, N a multiple of 256, K past
-    2048: 128×256 in 64-column sub-tiles, groups of 128 over two of them), codes and scales equal act_quant's of the
+    """Where config_for picks a wide tile for a re-quantized output (4096 rows, N a multiple of 256: 128×256 in
+    64-column sub-tiles, groups of 128 over two of them), codes and scales equal act_quant's of the
     kernel's fp32 result, with a NaN bias in one sub-tile's column, an infinite activation scale in one row
     and a NaN one in another: each group holding one is non-finite as a whole, the others not."""
     a, a_s, b, b_s, _ = gemm_case(4096, 4096, 2560, qdtype)
@@ -162,7 +162,7 @@ def test_re_quantized_groups_over_sub_tiles_confine_non_finite_values(qdtype):
     bias[700] = float("nan")  # column 700: the first sub-tile (640-703) of the group of columns 640-767
     f32 = gluon(ops.scaled_mm, a, a_s, b, b_s, bias=bias, out_dtype=torch.float32)
     from quantcore.backends.triton import gluon_launch  # Gluon's Hopper API is there: the call above ran it
-    assert gluon_launch.config_for(4096, 4096, 2560, 128, 128, int8_out=qdtype == torch.int8).block_n == 256
+    assert gluon_launch.config_for(4096, 4096, 2560, 128, 128).block_n == 256
     for scale_fmt in ("fp32", "ue8m0"):
         q, s = gluon(ops.scaled_mm, a, a_s, b, b_s, bias=bias, out_quant=qdtype, out_group_size=128,
                      out_scale_fmt=scale_fmt)

@@ -130,12 +130,6 @@ WIDE_M_MIN = 4096
 # six bench shapes of K ≤ 2048 at 4096 and 16384 rows; at longer K, 16 and 32 moved times by under 1 % either
 # way and 8 stays (docs/bench/round18/group_probe.txt).
 SHORT_K, SHORT_K_GROUP_M = 2048, 32
-# K above which a re-quantized FP8 output in groups wider than a sub-tile takes the wide tile. Measured on
-# the H100 at 4096 rows (docs/bench/round21/requant_ab.txt, groups of 128, time over the plain GEMM, the
-# default tile → 128×256 in 64-column sub-tiles): FP8 1.060 → 1.091 at K = 2048, 1.204 → 1.223 at 512,
-# 1.085 → 1.081 at 1536, 1.024 → 1.027 at 7168, 1.052 → 1.022 at 16384; INT8 at least as fast on the wide
-# tile at every K (1.406 → 1.290 at 512, 1.087 → 1.026 at 16384).
-SPANNING_FP8_K = SHORT_K
 _MAX_STAGES = 6
 # Rows of a staged epilogue's step (`GluonConfig.epi_rows`): two per warp. Measured on the H100 over the
 # six bench shapes at M = 512 and 4096 (docs/bench/round9/gluon_staged.txt), time over the plain GEMM with
@@ -162,20 +156,21 @@ def own_rows_for(tiles_per_program: int, num_kb: int) -> int:
     return 0 if num_kb >= 48 else 32
 
 
-def config_for(M: int, N: int, K: int, block_n: int, out_group: int | None, staged: bool = False,
-               int8_out: bool = False) -> GluonConfig:
+def config_for(M: int, N: int, K: int, block_n: int, out_group: int | None, staged: bool = False) -> GluonConfig:
     """The configuration for an M×N output over K with weight-scale blocks `block_n` wide and, when the
-    output is re-quantized (to INT8 codes when `int8_out`), groups of `out_group`: a wide tile that N fills
-    exactly at large M, where the sub-tiles lie within one weight-scale block and a tile holds whole groups
-    (walked in groups of SHORT_K_GROUP_M row tiles where K is at most SHORT_K), else the default. A group
-    wider than a sub-tile takes the wide tile for INT8 codes, and for FP8 ones only where K exceeds SHORT_K
-    (`SPANNING_FP8_K`). A `staged` epilogue takes the default tile: the epilogue partition's one fp32 buffer
+    output is re-quantized, groups of `out_group`: a wide tile that N fills exactly at large M, where the
+    sub-tiles lie within one weight-scale block and a tile holds whole groups (walked in groups of
+    SHORT_K_GROUP_M row tiles where K is at most SHORT_K), else the default. Groups wider than a sub-tile take
+    the wide tile at every K: measured on the H100 (docs/bench/round22/tile_probe_m*.txt, groups of 128, time
+    over the plain GEMM, default tile / 128×256), FP8 at 4096 rows 1.112 / 1.057 at K = 512, 1.028 / 1.033 at
+    1536, 1.012 / 1.023 at 2048, 1.024 / 1.008 at 16384; at 16384 rows 1.173 / 1.071, 1.052 / 1.033, 1.001 /
+    1.016, 1.046 / 1.014; INT8 alike or better (round 21 kept FP8 on the default tile to K = 2048, with a
+    heavier epilogue). A `staged` epilogue takes the default tile: the epilogue partition's one fp32 buffer
     per consumer holds one column sub-tile, and a wide tile's consumers would wait for it sub-tile after
     sub-tile (2.1x the default tile's time with bias + GELU at 4096×7168×2048 FP8,
     docs/bench/round14/epilogue_first.txt)."""
     if not staged and M >= WIDE_M_MIN and block_n % 64 == 0:
-        wide = next((cfg for cfg in WIDE if N % cfg.block_n == 0 and cfg.holds_groups(out_group, staged)
-                     and (out_group is None or out_group <= cfg.sub or int8_out or K > SPANNING_FP8_K)), None)
+        wide = next((cfg for cfg in WIDE if N % cfg.block_n == 0 and cfg.holds_groups(out_group, staged)), None)
         if wide is not None:
             return replace(wide, group_m=SHORT_K_GROUP_M) if K <= SHORT_K else wide
     return DEFAULT
@@ -224,8 +219,7 @@ def scaled_mm(a, a_scale, b, b_scale, *, block_n, block_k, bias, activation, out
     """
     M, K = a.shape
     N = b.shape[0]
-    config = config or config_for(M, N, K, block_n, None if out_quant is None else out_group, activation is not None,
-                                  out_quant == torch.int8)
+    config = config or config_for(M, N, K, block_n, None if out_quant is None else out_group, activation is not None)
     if config.epi_rows is not None:
         epi_rows = config.epi_rows
     else:
