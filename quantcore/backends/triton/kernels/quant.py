@@ -19,8 +19,9 @@ def int8_encode(v):
     """fp32 quotients of `divide` -> int8: round half to even, NaN -> 0. No clamp: a group's scale is at
     least its amax / 127, so |v| is at most 127·(1 + 2^-23) and rounds to at most 127.
 
-    Two full-rate float instructions and no conversion: F2I (`cvt.rni`) issues at a quarter of the
-    FMA's rate per scheduler, and a GEMM's re-quantized INT8 epilogue runs one per element."""
+    Two float instructions and no inline assembly, one route for compiled kernels and the interpreter; in
+    the GEMMs' re-quantized INT8 epilogue as fast as `cvt.rni` without a clamp (its one conversion an
+    element), docs/bench/round22/int8_route_ab.txt."""
     # v + 1.5·2^23 lies in [2^23, 2^24), where the ulp is 1: the FPU rounds v half to even and the sum's low
     # bits hold it in two's complement. A NaN sum becomes 1.5·2^23 − 256 (tl.maximum returns the number),
     # whose low byte is 0.
