@@ -5,7 +5,11 @@ and for each local store (STL) the instruction that last wrote its register. bia
 
 Usage (repository root, OUT a writable folder): PYTHONPATH=. OUT=dir python3 docs/bench/round22/bias_spill.py
 """
-import sys, re, json, subprocess, os
+import os
+import re
+import subprocess
+import sys
+
 sys.path.insert(0, "tests/backends")
 from test_gluon_compile import compiled
 from triton.backends.nvidia.compiler import get_ptxas
