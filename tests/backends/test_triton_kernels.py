@@ -32,9 +32,9 @@ import properties  # noqa: E402
 from binding import LaunchSpy, check_binding, kernel_mma, simulate_on_cpu, spy_triton_gemms  # noqa: E402
 
 from helpers import (  # noqa: E402
-    DIFFERENTIABLE, TAIL_EPS, activation_inputs, assert_same_q, check_activation, judge_quantized_gelu,
-    outputs_of_every_op_on_grad_inputs, powers_of_two, quantizer_scales, quantizer_values, randn,
-    reference_quant_linear, tail_blocks, tail_gemm_operands)
+    DIFFERENTIABLE, TAIL_EPS, activation_inputs, assert_same_q, assert_same_scale, check_activation,
+    judge_quantized_gelu, outputs_of_every_op_on_grad_inputs, powers_of_two, quantizer_scales, quantizer_values,
+    randn, reference_quant_linear, tail_blocks, tail_gemm_operands)
 from quantcore import InvalidInputError, opdef, ops  # noqa: E402
 from quantcore.backends import torch as ref  # noqa: E402
 from quantcore.backends import splitk  # noqa: E402
@@ -43,7 +43,7 @@ from quantcore.backends.triton.kernels.cast import bf16_encode  # noqa: E402
 from quantcore.backends.triton.kernels.epilogue import activate  # noqa: E402
 from quantcore.backends.triton.kernels.fp8 import (  # noqa: E402
     fp8e4m3_decode_f16, fp8e4m3_encode, ue8m0_round_up)
-from quantcore.backends.triton.kernels.quant import divide  # noqa: E402
+from quantcore.backends.triton.kernels.quant import divide, scales_may_be_tiny  # noqa: E402
 from quantcore.capability import SIMULATED, cpu_profile  # noqa: E402
 
 pytestmark = [
@@ -574,6 +574,33 @@ def test_scaled_mm_epilogue_requantize(gen, qdtype, out_quant, out_group, ue8m0_
     got = ref.act_dequant(q, s, group_size=out_group, out_dtype=torch.float32)
     want = ref.act_dequant(eq, es, group_size=out_group, out_dtype=torch.float32)
     assert rel_err(got, want) <= 1e-3
+
+
+def test_tiny_scales_are_ruled_out_from_eps_with_rounding_to_spare():
+    """`quant.scales_may_be_tiny`: the default eps rules scales below 2^-64 out, a tiny one does not; and
+    wherever it says no, eps / qmax in fp32 (the kernels' own division of eps, rounded) is at least 2^-64."""
+    for qmax in (448.0, 127.0):
+        assert not scales_may_be_tiny(1e-4, qmax) and scales_may_be_tiny(1e-30, qmax)
+        edge = qmax * 2.0**-63
+        for eps in np.nextafter(np.float32(edge), np.float32(0)) * np.float32(2.0) ** np.arange(-2, 3):
+            floor = torch.tensor(float(eps)) / torch.tensor(qmax)  # fp32 eps over fp32 qmax, correctly rounded
+            assert scales_may_be_tiny(float(eps), qmax) or float(floor) >= 2.0**-64, (qmax, float(eps))
+
+
+@pytest.mark.parametrize("out_quant", QDTYPES)
+def test_scaled_mm_requantizes_subnormal_scales_as_act_quant(gen, out_quant):
+    """Re-quantized outputs whose groups' scales are subnormal (operand scales times 2^-130, eps 1e-44): the
+    launch compiles `divide`'s rescaling in for such an eps (TINY_SCALES), so the codes and scales are the
+    reference act_quant's of the same GEMM's fp32 result; without it the reciprocal overflows."""
+    aq, a_s, bq, b_s = _gemm_inputs(gen, 7, 256, 128, FP8, 128, 128)
+    a_s = a_s * 2.0**-130
+    kw = dict(_gemm_kw(), eps=1e-44)
+    f32 = launch.scaled_mm(aq, a_s, bq, b_s, **_on("sm80", FP8), **kw)
+    q, s = launch.scaled_mm(aq, a_s, bq, b_s, **_on("sm80", FP8), **dict(kw, out_quant=out_quant))
+    eq, es = ref.act_quant(f32, qdtype=out_quant, group_size=128, ue8m0=False, eps=1e-44, scale_m_major=False)
+    assert bool((es < 2.0**-126).any())  # subnormal scales, whose reciprocals overflow fp32
+    assert_same_scale(s, es)
+    assert_same_q(q, eq)
 
 
 def test_scaled_mm_nan_block_poisons_only_its_rows(gen):
