@@ -589,15 +589,15 @@ def test_tiny_scales_are_ruled_out_from_eps_with_rounding_to_spare():
 
 @pytest.mark.parametrize("out_quant", QDTYPES)
 def test_scaled_mm_requantizes_subnormal_scales_as_act_quant(gen, out_quant):
-    """Re-quantized outputs whose groups' scales are subnormal (operand scales times 2^-130, eps 1e-44): the
+    """Re-quantized outputs whose groups' scales are subnormal (operand scales times 2^-130, eps 1e-40): the
     launch compiles `divide`'s rescaling in for such an eps (TINY_SCALES), so the codes and scales are the
     reference act_quant's of the same GEMM's fp32 result; without it the reciprocal overflows."""
     aq, a_s, bq, b_s = _gemm_inputs(gen, 7, 256, 128, FP8, 128, 128)
     a_s = a_s * 2.0**-130
-    kw = dict(_gemm_kw(), eps=1e-44)
+    kw = dict(_gemm_kw(), eps=1e-40)
     f32 = launch.scaled_mm(aq, a_s, bq, b_s, **_on("sm80", FP8), **kw)
     q, s = launch.scaled_mm(aq, a_s, bq, b_s, **_on("sm80", FP8), **dict(kw, out_quant=out_quant))
-    eq, es = ref.act_quant(f32, qdtype=out_quant, group_size=128, ue8m0=False, eps=1e-44, scale_m_major=False)
+    eq, es = ref.act_quant(f32, qdtype=out_quant, group_size=128, ue8m0=False, eps=1e-40, scale_m_major=False)
     assert bool((es < 2.0**-126).any())  # subnormal scales, whose reciprocals overflow fp32
     assert_same_scale(s, es)
     assert_same_q(q, eq)

@@ -150,6 +150,22 @@ def test_re_quantized_output_is_act_quant_of_the_fp32_result(qdtype, scale_fmt, 
 
 
 @pytest.mark.parametrize("qdtype", list(FMTS))
+def test_re_quantized_subnormal_scales_are_act_quant_of_the_fp32_result(qdtype):
+    """With an eps that allows scales below 2^-64 (1e-40: the launches compile `quant.divide`'s rescaling in,
+    TINY_SCALES) and activation scales times 2^-130, groups' scales are subnormal; the Gluon kernel's codes
+    and scales (the wide tile, groups over two sub-tiles) and the tiled kernel's still equal act_quant's of
+    their own fp32 result. Without the rescaling the reciprocals overflow."""
+    a, a_s, b, b_s, _ = gemm_case(4096, 7168, 2048, qdtype)
+    a_s = a_s * 2.0**-130
+    for backend in (GLUON, "triton"):
+        f32 = run(backend, None, ops.scaled_mm, a, a_s, b, b_s, out_dtype=torch.float32, eps=1e-40)
+        q, s = run(backend, None, ops.scaled_mm, a, a_s, b, b_s, out_quant=qdtype, out_group_size=128, eps=1e-40)
+        own_q, own_s = ops.act_quant(f32, dtype=qdtype, group_size=128, eps=1e-40, backend="triton")
+        assert bool((own_s < 2.0**-126).any()), backend  # subnormal scales, whose reciprocals overflow fp32
+        assert same_q(q, own_q) and same_scale(s, own_s), backend
+
+
+@pytest.mark.parametrize("qdtype", list(FMTS))
 def test_re_quantized_groups_over_sub_tiles_confine_non_finite_values(qdtype):
     """Where config_for picks a wide tile for a re-quantized output (4096 rows, N a multiple of 256: 128×256 in
     64-column sub-tiles, groups of 128 over two of them), codes and scales equal act_quant's of the
