@@ -579,12 +579,13 @@ def test_scaled_mm_epilogue_requantize(gen, qdtype, out_quant, out_group, ue8m0_
 def test_tiny_scales_are_ruled_out_from_eps_with_rounding_to_spare():
     """`quant.scales_may_be_tiny`: the default eps rules scales below 2^-64 out, a tiny one does not; and
     wherever it says no, eps / qmax in fp32 (the kernels' own division of eps, rounded) is at least 2^-64."""
-    for qmax in (448.0, 127.0):
-        assert not scales_may_be_tiny(1e-4, qmax) and scales_may_be_tiny(1e-30, qmax)
+    for dtype, qmax in ((FP8, 448.0), (I8, 127.0)):
+        assert not scales_may_be_tiny(1e-4, dtype) and scales_may_be_tiny(1e-30, dtype)
+        assert not scales_may_be_tiny(1e-30, None) and not scales_may_be_tiny(1e-30, torch.bfloat16)
         edge = qmax * 2.0**-63
         for eps in np.nextafter(np.float32(edge), np.float32(0)) * np.float32(2.0) ** np.arange(-2, 3):
             floor = torch.tensor(float(eps)) / torch.tensor(qmax)  # fp32 eps over fp32 qmax, correctly rounded
-            assert scales_may_be_tiny(float(eps), qmax) or float(floor) >= 2.0**-64, (qmax, float(eps))
+            assert scales_may_be_tiny(float(eps), dtype) or float(floor) >= 2.0**-64, (qmax, float(eps))
 
 
 @pytest.mark.parametrize("out_quant", QDTYPES)

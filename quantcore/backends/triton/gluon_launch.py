@@ -16,7 +16,6 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from ...errors import InvalidInputError
-from ...formats import format_of_dtype
 from ..base import prepared, prepared_quant_linear
 from .direct import Launcher
 from .gluon import TILE_N
@@ -252,9 +251,8 @@ def scaled_mm(a, a_scale, b, b_scale, *, block_n, block_k, bias, activation, out
     launch = Launcher(block_scaled_mm_ws_kernel, (programs,), dict(
         SCALE_BN=block_n, BIAS=_bias_kind(bias), ACTIVATION=activation or "none", OUT=_KIND[kind],
         OUT_GROUP=out_group if out_quant is not None else 1, UE8M0_OUT=bool(ue8m0_out),
-        GROUP_TAIL=out_quant is not None and N % out_group != 0,
-        TINY_SCALES=out_quant is not None and scales_may_be_tiny(eps, format_of_dtype(out_quant).qmax), BLOCK_N=bn,
-        STAGES=stages, GROUP_M=config.group_m, PIPELINE=pipeline, TMA_OUT=tma_out,
+        GROUP_TAIL=out_quant is not None and N % out_group != 0, TINY_SCALES=scales_may_be_tiny(eps, out_quant),
+        BLOCK_N=bn, STAGES=stages, GROUP_M=config.group_m, PIPELINE=pipeline, TMA_OUT=tma_out,
         CONSUMER_REGS=config.consumer_regs(bool(epi_rows)), PRODUCER_REGS=config.producer(bool(epi_rows)),
         EPI_ROWS=epi_rows, EPILOGUE_REGS=config.epilogue_regs, num_warps=_WARPS,
         # The promotion is one FMA per element, as the tiled kernel's under Triton 3.6's default (which

@@ -26,7 +26,6 @@ except ImportError:  # older Triton: pointer loads only
 
 from ... import capability
 from ...errors import InvalidInputError
-from ...formats import format_of_dtype
 from .. import splitk
 from ..base import allocator, by_address, compose, eagerly, prepared, prepared_quant_linear, transposed
 from . import configs
@@ -316,7 +315,7 @@ def _gemm(a, a_scale, b, b_scale, bias, out, out_scale, *, block_n, block_k, act
         QFMT=qfmt, USE_FP8_MMA=mma == "fp8", SCALE_BN=block_n,
         BIAS=_bias_kind(bias), ACTIVATION=activation or "none",
         OUT=_KIND[out.dtype], OUT_GROUP=out_group if quantized_out else 1, UE8M0_OUT=bool(ue8m0_out),
-        TINY_SCALES=quantized_out and scales_may_be_tiny(eps, format_of_dtype(out.dtype).qmax),
+        TINY_SCALES=scales_may_be_tiny(eps, out.dtype),
         HW_FP8=_hw_fp8(profile), BLOCK_K=block_k)
     bias_stride = 0 if bias is None else bias.stride(0)
     out_scale_stride = out_scale.stride(0) if quantized_out else 0

@@ -6,8 +6,11 @@ axes 3 and 1 and every block size, tail and stride is handled by the same code. 
 BR = 1 with several rows per program; weights are BR = Bn.
 """
 
+import torch
 import triton
 import triton.language as tl
+
+from ....formats import format_of_dtype
 
 from .cast import load_f32, store_f32_as
 from .epilogue import activate
@@ -56,11 +59,13 @@ def block_scale(amax, eps, QFMT: tl.constexpr, UE8M0: tl.constexpr):
 TINY_SCALE = tl.constexpr(2.0 ** -64)
 
 
-def scales_may_be_tiny(eps: float, qmax: float) -> bool:
-    """Whether a scale floored at eps (at least eps / qmax, rounded) can fall below TINY_SCALE; a factor of
-    two to spare covers fp32's rounding of eps and of the quotient. Where it cannot (eps ≥ about 2.5e-17 in
-    FP8, 6.9e-18 in INT8: the default 1e-4 included), a kernel compiles `divide` with TINY_SCALES off."""
-    return eps < qmax * TINY_SCALE.value * 2.0
+def scales_may_be_tiny(eps: float, dtype: torch.dtype | None) -> bool:
+    """Whether quantizing to `dtype` (a quantized format's, else no quantization: False) with scales floored
+    at eps (at least eps / qmax, rounded) can give a scale below TINY_SCALE; a factor of two to spare covers
+    fp32's rounding of eps and of the quotient. Where it cannot (eps ≥ about 2.5e-17 in FP8, 6.9e-18 in
+    INT8: the default 1e-4 included), a kernel compiles `divide` with TINY_SCALES off."""
+    fmt = format_of_dtype(dtype)
+    return fmt is not None and eps < fmt.qmax * TINY_SCALE.value * 2.0
 
 
 @triton.jit
