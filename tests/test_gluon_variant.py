@@ -155,6 +155,18 @@ def test_a_staged_epilogue_trades_the_output_buffers_for_fp32_ones():
     assert gluon_launch._fitted(cfg, 128, 2, 128, sm90, staged=True)[0] == 5
 
 
+def test_a_bias_in_registers_counts_two_tiles_of_fp32_and_keeps_the_wide_tiles_stages():
+    """The producer stages two tiles' bias in fp32 for an epilogue in the consumers' registers (none for a
+    staged one, which loads its own); the 128×256 tile with a bf16 output keeps its four stages."""
+    gluon_launch = pytest.importorskip("quantcore.backends.triton.gluon_launch")
+    wide = gluon_launch.GluonConfig(block_n=256, sub_n=64, producer_regs=24)
+    assert wide.smem_bytes(4, 128, 2, bias=True) - wide.smem_bytes(4, 128, 2) == 2 * 256 * 4
+    assert wide.smem_bytes(4, 128, 2, staged=True, bias=True) == wide.smem_bytes(4, 128, 2, staged=True)
+    sm90 = capability.simulated_profile("sm90")
+    assert gluon_launch._fitted(wide, 128, 2, 128, sm90, staged=False, bias=True)[0] == 4
+    assert gluon_launch._fitted(gluon_launch.DEFAULT, 128, 2, 128, sm90, staged=False, bias=True)[0] == 6
+
+
 def test_the_consumers_share_what_the_producer_leaves():
     """Triton 3.6 launches the partitions at 3 × 168 registers a thread (4 × 128 with the epilogue
     partition) and gives the default one (consumer 0) what the workers leave; consumer 1 takes half of

@@ -202,6 +202,22 @@ def test_a_re_quantized_group_over_column_sub_tiles_lowers(qdtype):
     assert "C7514" not in k["ptxas"] and "C7515" not in k["ptxas"], k["ptxas"]
 
 
+@pytest.mark.parametrize("out_quant", [None, "float8_e4m3fn"])
+def test_a_bias_on_the_wide_tile_is_staged_by_the_producer(out_quant):
+    """The wide tile's bias comes through shared memory from the producer, which converts it to fp32: four
+    stages still fit beside two tiles' of it, and the consumers spill no more than the plain wide tile's
+    addresses (`test_column_sub_tiles_lower`). Loaded by the consumers at the tile's start and held through
+    the main loop, it was spilled right after each load (56 bytes, docs/bench/round22/bias_spill.txt)."""
+    k = compiled(M=4096, N=32768, K=512, qdtype="float8_e4m3fn", bias="bfloat16", out_quant=out_quant,
+                 config=dict(block_n=256, sub_n=64, producer_regs=24))
+    c = k["constants"]
+    assert c["BIAS"] == "bf16" and c["BLOCK_N"] == 256 and c["TMA_OUT"] and c["STAGES"] == 4
+    assert k["shared"] <= k["smem_per_block"]
+    assert count(k, r"ld\.global(\.\w+)*\.b16") == 256 // 32  # the producer warp's: BLOCK_N over its 32 lanes
+    assert spill_bytes(k) <= 32
+    assert "C7514" not in k["ptxas"] and "C7515" not in k["ptxas"], k["ptxas"]
+
+
 def test_a_re_quantized_output_staged_without_an_activation_lowers():
     """Asked for (epi_rows), INT8 codes without an activation go through the epilogue partition: the codes
     and scales with masked stores, no TMA store, a stage fewer, nothing spilled."""

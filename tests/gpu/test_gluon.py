@@ -234,6 +234,38 @@ def test_column_sub_tiles_compute_the_default_bit_for_bit(qdtype, config, mnk):
 
 
 @pytest.mark.parametrize("qdtype", list(FMTS))
+@pytest.mark.parametrize("config", [dict(), dict(block_n=256, sub_n=64, producer_regs=24)],
+                         ids=["128x128", "128x256/64"])
+def test_a_bias_of_any_stride_and_dtype_reaches_every_tile(qdtype, config):
+    """The producer stages each tile's bias in fp32 through shared memory for the register epilogue
+    (`gluon_gemm._stage_bias`), in a ring of two tiles: over several tiles a program (K = 256) with an N tail,
+    a bf16 bias at stride 2 gives its contiguous copy's outputs bit for bit, plain and re-quantized, and the
+    same values as fp16 and fp32 biases give the fp32 bias's; within the contract of the reference."""
+    a, a_s, b, b_s, _ = gemm_case(2000, 1000, 256, qdtype)
+    gluon(ops.scaled_mm, a, a_s, b, b_s)  # skips where the variant cannot run
+    from quantcore.backends.triton import gluon_launch
+    cfg = gluon_launch.GluonConfig(**config)
+
+    def launch(bias, **kw):
+        options = dict(out_dtype=torch.float32, out_quant=None, out_group=128, ue8m0_out=False) | kw
+        return gluon_launch.scaled_mm(a, a_s, b, b_s, block_n=128, block_k=128, bias=bias, activation=None,
+                                      eps=1e-4, profile=capability.profile_for(a.device), config=cfg, **options)
+    # Values fp16 holds exactly too: bf16 roundings of fp16 ones.
+    strided = rand((1, 2 * 1000), torch.float16, seed=4).to(torch.bfloat16)[0, ::2]
+    bias = strided.contiguous()
+    assert strided.stride(0) == 2
+    out = launch(bias)
+    assert torch.equal(launch(strided), out)
+    ref = ops.scaled_mm(a, a_s, b, b_s, bias=bias, out_dtype=torch.float32, backend="torch")
+    assert rel_error(out, ref) <= tolerance(qdtype, torch.float32)
+    (q, s), (q0, s0) = launch(strided, out_quant=qdtype), launch(bias, out_quant=qdtype)
+    assert same_q(q, q0) and same_scale(s, s0)
+    for dtype in (torch.float16, torch.float32):
+        assert torch.equal(bias.to(dtype).to(torch.bfloat16), bias)
+        assert torch.equal(launch(bias.to(dtype)), out), dtype
+
+
+@pytest.mark.parametrize("qdtype", list(FMTS))
 @pytest.mark.parametrize("mnk", [(300, 1001, 1000), (520, 264, 7296), (4096, 7168, 2048)],
                          ids=lambda s: "x".join(map(str, s)))
 def test_staged_epilogue_is_the_register_epilogue_bit_for_bit(qdtype, mnk):

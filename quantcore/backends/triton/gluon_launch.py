@@ -104,14 +104,17 @@ class GluonConfig:
         beside the epilogue partition when `staged`."""
         return (_PARTITION_REGS[staged] - self.producer(staged) - staged * self.epilogue_regs) // 2 // 8 * 8
 
-    def smem_bytes(self, stages: int, block_k: int, out_bytes: int, staged: bool = False) -> int:
+    def smem_bytes(self, stages: int, block_k: int, out_bytes: int, staged: bool = False, bias: bool = False) -> int:
         """Shared memory: the ring's A and B tiles (8-bit), the epilogue's buffers (staged: one fp32
         sub-tile per consumer warpgroup; else for a TMA store, out_bytes 0 without: per consumer
-        warpgroup two sub-tiles where their count is even, else all), 1 KiB of barriers and slack: at
-        most 1 KiB above Triton 3.6's own count."""
+        warpgroup two sub-tiles where their count is even, else all, and with a `bias` two tiles' of it in
+        fp32), 1 KiB of barriers and slack: at most 1 KiB above Triton 3.6's own count."""
         subs = self.block_n // self.sub
         epi = 2 if subs % 2 == 0 else subs
-        buffers = self.block_m * self.sub * 4 if staged else self.block_m * epi * self.sub * out_bytes
+        if staged:
+            buffers = self.block_m * self.sub * 4
+        else:
+            buffers = self.block_m * epi * self.sub * out_bytes + bias * 2 * self.block_n * 4
         return stages * (self.block_m + self.block_n) * block_k + buffers + 1024
 
 
@@ -175,11 +178,12 @@ def config_for(M: int, N: int, K: int, block_n: int, out_group: int | None, stag
     return DEFAULT
 
 
-def _fitted(cfg: GluonConfig, block_k: int, out_bytes: int, block_n: int, profile, staged: bool) -> tuple[int, bool]:
+def _fitted(cfg: GluonConfig, block_k: int, out_bytes: int, block_n: int, profile, staged: bool,
+            bias: bool = False) -> tuple[int, bool]:
     """(stages, pipeline) of `cfg` for this call: its stages, or as many as fit `profile`'s shared memory."""
     limit = getattr(profile, "smem_per_block", 0) or 232448
     stages = cfg.stages or max(s for s in range(2, _MAX_STAGES + 1)
-                               if s == 2 or cfg.smem_bytes(s, block_k, out_bytes, staged) <= limit)
+                               if s == 2 or cfg.smem_bytes(s, block_k, out_bytes, staged, bias) <= limit)
     return stages, cfg.pipeline and block_n % cfg.sub == 0
 
 
@@ -237,7 +241,8 @@ def scaled_mm(a, a_scale, b, b_scale, *, block_n, block_k, bias, activation, out
     out_bytes = out_bits.itemsize
     # The output is fresh and contiguous: its row stride decides. A staged epilogue stores with masks.
     tma_out = (N * out_bytes) % 16 == 0 and not epi_rows
-    stages, pipeline = _fitted(config, block_k, out_bytes if tma_out else 0, block_n, profile, bool(epi_rows))
+    stages, pipeline = _fitted(config, block_k, out_bytes if tma_out else 0, block_n, profile, bool(epi_rows),
+                               bias is not None)
     bm, bn = config.block_m, config.block_n
     tiles = triton.cdiv(M, bm) * triton.cdiv(N, bn)
     programs = min(tiles, profile.sm_count or tiles)

@@ -11,7 +11,9 @@ block-wise kernel and DeepGEMM hide it by giving the work to different warps. So
 - Producer (one warp, `_produce`): walks this program's tiles and their K blocks and fills a ring
   of STAGES shared-memory slots with the A tile [BLOCK_M, BLOCK_K] and the B tile [BLOCK_N, BLOCK_K]
   (in boxes of SUB_N rows) through TMA (its zero fill masks the M, N and K tails), each slot guarded
-  by a `ready` mbarrier (TMA transaction bytes) and an `empty` one (both consumers release it).
+  by a `ready` mbarrier (TMA transaction bytes) and an `empty` one (both consumers release it). For an
+  epilogue in the consumers' registers it also stages each tile's bias in fp32 in shared memory
+  (`_stage_bias`, two tiles' slots), so that no consumer holds or waits for a global load of it.
 - Two consumer warpgroups (`_consume`, the default partition and a 4-warp worker), cooperative:
   both take the same tile and slot, consumer c the rows [c·BLOCK_M/2, (c+1)·BLOCK_M/2) of A, sharing
   the B tile. Per K block each issues one asynchronous wgmma into a fresh partial (FP8 -> fp32,
@@ -97,15 +99,41 @@ def _tile(tile, M, N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.
 
 
 @gluon.jit
-def _produce(a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr):
-    """The load partition: every K block of every tile of this program into the slot ring, in the
-    order the consumers take them: A's rows whole, B's in the column sub-tiles' boxes."""
+def _stage_bias(bias_ptr, stride_bias, col0, N, bias_smem, bias_ready, bias_free, t, BIAS: gl.constexpr):
+    """Producer side of a tile's bias: columns col0 … col0 + BLOCK_N of kind BIAS, in fp32 (0 past N), into slot
+    t % 2 of bias_smem [2·NSUB, SUB_N] (sub-tile j of slot s at index s·NSUB + j) once both consumers have freed
+    it, then signalled on bias_ready. Converted here, once per element: in the consumers, each of their threads
+    converted the 16 elements of a 64-column sub-tile it holds."""
+    NSUB: gl.constexpr = bias_smem.type.shape[0] // 2
+    SUB_N: gl.constexpr = bias_smem.type.shape[1]
+    slot = t % 2
+    # A fresh mbarrier counts as having completed the phase before its first: the first two tiles do not wait.
+    mbarrier.wait(bias_free.index(slot), ((t // 2) & 1) ^ 1)
+    for j in gl.static_range(NSUB):
+        cols = col0 + j * SUB_N + gl.arange(0, SUB_N, layout=gl.BlockedLayout([1], [32], [1], [0]))
+        bias = gl.load(bias_ptr + cols * stride_bias, mask=cols < N, other=0)
+        bias_smem.index(slot * NSUB + j).store(to_f32(bias, BIAS))
+    _barrier()  # every lane's stores land before the one arrival
+    mbarrier.arrive(bias_ready.index(slot), count=1)
+
+
+@gluon.jit
+def _produce(a_desc, b_desc, ring, bias_stage, params, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr,
+             BIAS: gl.constexpr, BIAS_SMEM: gl.constexpr):
+    """The load partition: every K block of every tile of this program into the slot ring (`ring`: a_bufs,
+    b_bufs, ready, empty), in the order the consumers take them: A's rows whole, B's in the column sub-tiles'
+    boxes; with BIAS_SMEM, after each tile's K blocks, its bias (of kind BIAS) into bias_stage's shared memory
+    (`_stage_bias`). `params` as the consumers'."""
+    a_bufs, b_bufs, ready, empty = ring
+    bias_smem, bias_ready, bias_free = bias_stage
+    _a_s, _b_s, bias_ptr, _out, _out_s, M, N, K, _sam, _sak, _sbn, _sbk, stride_bias, _som, _sos, _eps, _own = params
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
     SUB_N: gl.constexpr = b_desc.block_type.shape[0]
     NSUB: gl.constexpr = BLOCK_N // SUB_N
     STAGES: gl.constexpr = a_bufs.type.shape[0]
     it = 0
+    t = 0  # this program's tiles so far
     for tile in range(gl.program_id(0), gl.cdiv(M, BLOCK_M) * gl.cdiv(N, BLOCK_N), gl.num_programs(0)):
         pid_m, pid_n = _tile(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
         for kb in range(gl.cdiv(K, BLOCK_K)):
@@ -120,6 +148,11 @@ def _produce(a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, BLOCK_N: gl.
             for j in gl.static_range(NSUB):
                 _tma_load(b_desc, [pid_n * BLOCK_N + j * SUB_N, kb * BLOCK_K], bar, b_bufs.index(slot * NSUB + j))
             it += 1
+        if BIAS_SMEM:
+            # Here the ring is full of this tile's K blocks: the loads' latency stalls this warp, not the consumers,
+            # and the bias lands long before their epilogue.
+            _stage_bias(bias_ptr, stride_bias, pid_n * BLOCK_N, N, bias_smem, bias_ready, bias_free, t, BIAS)
+        t += 1
 
 
 @gluon.jit
@@ -279,6 +312,17 @@ def _bias_cols(bias_ptr, stride_bias, col0, N, SUB_N: gl.constexpr, BIAS: gl.con
 
 
 @gluon.jit
+def _staged_bias(bias_smem, t, j: gl.constexpr, BIAS: gl.constexpr, layout: gl.constexpr):
+    """Consumer side: column sub-tile j's bias of this program's t-th tile as `_stage_bias` stored it (fp32),
+    in the 1-D `layout`; 0 without a bias."""
+    if BIAS == "none":
+        bias = 0
+    else:
+        bias = bias_smem.index((t % 2) * (bias_smem.type.shape[0] // 2) + j).load(layout)
+    return bias
+
+
+@gluon.jit
 def _bf16_bits(x):
     """fp32 -> bf16 bits (int16), round to nearest even, NaN -> 0x7FC0: `cast.bf16_encode`'s bits through the
     hardware's conversion (one instruction per two elements; the integer route took about seven per
@@ -336,14 +380,15 @@ def _requantized(accs, biases, g: gl.constexpr, row0, col0, M, N, out_scale_ptr,
                  ACTIVATION: gl.constexpr, OUT: gl.constexpr, OUT_GROUP: gl.constexpr, UE8M0_OUT: gl.constexpr,
                  GROUP_TAIL: gl.constexpr, TINY_SCALES: gl.constexpr):
     """The re-quantized epilogue of group g of column sub-tiles, OUT_GROUP wider than one (SPAN of them, the
-    group's first at output column col0): per sub-tile of `accs` (fp32 [R, SUB_N], in the MMA's layout)
-    `_activated`, one scale per row from their joint amax (stored here), and per sub-tile (codes, rows,
-    columns, mask). The same formulas on the same values as `quant.group_quantize` over the whole group."""
+    group's first at output column col0, their bias elements `biases`): per sub-tile of `accs` (fp32
+    [R, SUB_N], in the MMA's layout) `_activated`, one scale per row from their joint amax (stored here), and
+    per sub-tile (codes, rows, columns, mask). The same formulas on the same values as `quant.group_quantize`
+    over the whole group."""
     SUB_N: gl.constexpr = accs[0].shape[1]
     SPAN: gl.constexpr = OUT_GROUP // SUB_N
     vals = ()
     for i in gl.static_range(SPAN):
-        vals = vals + (_activated(accs[g * SPAN + i], row0, col0 + i * SUB_N, M, N, biases[g * SPAN + i], BIAS,
+        vals = vals + (_activated(accs[g * SPAN + i], row0, col0 + i * SUB_N, M, N, biases[i], BIAS,
                                   ACTIVATION, True, GROUP_TAIL), )
     amax = nan_absmax(vals[0][0], 1)
     for i in gl.static_range(1, SPAN):
@@ -430,21 +475,25 @@ def _epilogue(c_smem, acc_ready, acc_free, params, BIAS: gl.constexpr, ACTIVATIO
 
 
 @gluon.jit
-def _consume(a_bufs, b_bufs, ready, empty, out_desc, c_smem, acc_ready, acc_free, params, C: gl.constexpr,
-             SCALE_BN: gl.constexpr, BIAS: gl.constexpr, ACTIVATION: gl.constexpr, OUT: gl.constexpr,
-             OUT_GROUP: gl.constexpr, UE8M0_OUT: gl.constexpr, GROUP_TAIL: gl.constexpr, TINY_SCALES: gl.constexpr,
-             BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr, PIPELINE: gl.constexpr, TMA_OUT: gl.constexpr,
-             EPI_ROWS: gl.constexpr):
+def _consume(ring, out_desc, epi_smem, bias_stage, params, C: gl.constexpr, SCALE_BN: gl.constexpr,
+             BIAS: gl.constexpr, ACTIVATION: gl.constexpr, OUT: gl.constexpr, OUT_GROUP: gl.constexpr,
+             UE8M0_OUT: gl.constexpr, GROUP_TAIL: gl.constexpr, TINY_SCALES: gl.constexpr, BLOCK_N: gl.constexpr,
+             GROUP_M: gl.constexpr, PIPELINE: gl.constexpr, TMA_OUT: gl.constexpr, EPI_ROWS: gl.constexpr):
     """Consumer warpgroup C: rows [C·ROWS, (C+1)·ROWS) of every tile of this program, K block by K
-    block from the slot ring, in column sub-tiles of SUB_N, then the epilogue sub-tile by sub-tile:
+    block from the slot ring (`ring`: a_bufs, b_bufs, ready, empty), in column sub-tiles of SUB_N, then the
+    epilogue sub-tile by sub-tile (`epi_smem`: c_smem, acc_ready, acc_free):
     handed over to the epilogue partition (EPI_ROWS > 0: c_smem holds this warpgroup's fp32 sub-tile,
     guarded by its acc_ready / acc_free mbarriers, `_epilogue`), this warpgroup running its first
     own_steps steps itself; else from the MMA's register layout, through shared memory and a TMA store
     (TMA_OUT: out_desc, this warpgroup's EPI buffers in c_smem, taken in turn; the stores of one tile
-    run during the next tile's main loop) or with masked stores. `params`: the kernel's pointers,
+    run during the next tile's main loop) or with masked stores, with the tile's bias as the producer staged
+    it (`bias_stage`: bias_smem, bias_ready, bias_free; `_stage_bias`). `params`: the kernel's pointers,
     sizes, strides, eps and own_steps (`block_scaled_mm_ws_kernel`)."""
     a_scale_ptr, b_scale_ptr, bias_ptr, out_ptr, out_scale_ptr, M, N, K, stride_asm, stride_ask, stride_bsn, \
         stride_bsk, stride_bias, stride_om, stride_osm, eps, own_steps = params
+    a_bufs, b_bufs, ready, empty = ring
+    c_smem, acc_ready, acc_free = epi_smem
+    bias_smem, bias_ready, bias_free = bias_stage
     BLOCK_M: gl.constexpr = a_bufs.type.shape[1]
     BLOCK_K: gl.constexpr = a_bufs.type.shape[2]
     SUB_N: gl.constexpr = b_bufs.type.shape[1]
@@ -462,6 +511,7 @@ def _consume(a_bufs, b_bufs, ready, empty, out_desc, c_smem, acc_ready, acc_free
     num_kb = gl.cdiv(K, BLOCK_K)
     it = 0
     h = 0  # sub-tiles handed over to the epilogue partition
+    t = 0  # this program's tiles so far
     # The producer's walk over this program's tiles (persistent: pid, pid + programs, ...), in step.
     for tile in range(gl.program_id(0), gl.cdiv(M, BLOCK_M) * gl.cdiv(N, BLOCK_N), gl.num_programs(0)):
         pid_m, pid_n = _tile(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
@@ -470,16 +520,6 @@ def _consume(a_bufs, b_bufs, ready, empty, out_desc, c_smem, acc_ready, acc_free
         # Tail rows wrap back into range: their scale loads need no mask, and they are never stored.
         a_s_ptrs = a_scale_ptr + (rows % M) * stride_asm
         b_s_ptrs = _b_scale_ptrs(b_scale_ptr, pid_n, N, stride_bsn, zero, SCALE_BN, NSUB, UNIFORM_BS)
-        # The register epilogue's bias, loaded here and in flight during the main loop, one element a thread
-        # and sub-tile, converted to the MMA's layout at the epilogue: loaded there, each sub-tile's epilogue
-        # waited for it (at 4096×32768×512 the wide tile with a bias took 1.33 times the plain GEMM's time,
-        # docs/bench/round18/epilogue_final.txt), and a tile's in the MMA's layout would hold BLOCK_N / 4
-        # registers a thread through the main loop. (The staged epilogue loads its own.)
-        biases = ()
-        for j in gl.static_range(NSUB):
-            if not EPI_ROWS:
-                biases = biases + (_bias_cols(bias_ptr, stride_bias, pid_n * BLOCK_N + j * SUB_N, N, SUB_N, BIAS,
-                                              gl.BlockedLayout([1], [32], [4], [0])), )
         accs, it = _mainloop(a_bufs, b_bufs, ready, empty, it, num_kb, a_s_ptrs, b_s_ptrs, stride_ask, stride_bsk,
                              zero, C, UNIFORM_BS, PIPELINE)
 
@@ -494,14 +534,25 @@ def _consume(a_bufs, b_bufs, ready, empty, out_desc, c_smem, acc_ready, acc_free
                              GROUP_TAIL, TINY_SCALES, EPI_ROWS)
                 _barrier()  # every own row read before the next sub-tile is stored
         else:
+            # The register epilogue's bias comes from the producer through shared memory. Loaded by the
+            # consumers at the epilogue, each sub-tile's waited for it (at 4096×32768×512 the wide tile with a bias
+            # took 1.33 times the plain GEMM's time, docs/bench/round18/epilogue_final.txt); loaded at the tile's
+            # start and held through the main loop, ptxas spilled it right after each load, and the warps waited
+            # for those loads before the tile's first wgmma (docs/bench/round22/bias_spill.txt).
+            BIAS_KIND: gl.constexpr = "none" if BIAS == "none" else "fp32"  # as `_stage_bias` stored it
+            if BIAS != "none":
+                mbarrier.wait(bias_ready.index(t % 2), (t // 2) & 1)
             # Sub-tiles in groups of SPAN: one re-quantization group each where it spans several.
             for g in gl.static_range(NSUB // SPAN):
                 col0 = pid_n * BLOCK_N + g * SPAN * SUB_N
+                biases = ()
+                for i in gl.static_range(SPAN):
+                    biases = biases + (_staged_bias(bias_smem, t, g * SPAN + i, BIAS, gl.SliceLayout(0, mma)), )
                 if SPAN == 1:
-                    done = (_finished(accs[g], row0, col0, M, N, biases[g], out_scale_ptr, stride_osm, eps, BIAS,
+                    done = (_finished(accs[g], row0, col0, M, N, biases[0], out_scale_ptr, stride_osm, eps, BIAS_KIND,
                                       ACTIVATION, OUT, OUT_GROUP, UE8M0_OUT, GROUP_TAIL, TINY_SCALES), )
                 else:
-                    done = _requantized(accs, biases, g, row0, col0, M, N, out_scale_ptr, stride_osm, eps, BIAS,
+                    done = _requantized(accs, biases, g, row0, col0, M, N, out_scale_ptr, stride_osm, eps, BIAS_KIND,
                                         ACTIVATION, OUT, OUT_GROUP, UE8M0_OUT, GROUP_TAIL, TINY_SCALES)
                 for i in gl.static_range(SPAN):
                     res, rows, cols, mask = done[i]
@@ -517,6 +568,10 @@ def _consume(a_bufs, b_bufs, ready, empty, out_desc, c_smem, acc_ready, acc_free
                     else:
                         gl.store(out_ptr + rows[:, None] * stride_om + cols[None, :],
                                  res.to(out_ptr.dtype.element_ty), mask=mask)
+            if BIAS != "none":
+                _barrier()  # every thread's bias reads done before the one arrival
+                mbarrier.arrive(bias_free.index(t % 2), count=1)
+        t += 1
     if TMA_OUT:
         tma.store_wait(pendings=0)
 
@@ -565,6 +620,13 @@ def block_scaled_mm_ws_kernel(
         c_smem = gl.allocate_shared_memory(out_desc.dtype, [2 * EPI] + out_desc.block_type.shape, out_desc.layout)
     else:
         c_smem = a_bufs  # unused
+    # The register epilogue's bias, staged by the producer: two tiles' of BLOCK_N elements in fp32.
+    BIAS_SMEM: gl.constexpr = BIAS != "none" and not EPI_ROWS
+    if BIAS_SMEM:
+        bias_smem = gl.allocate_shared_memory(gl.float32, [2 * NSUB, b_desc.block_type.shape[0]],
+                                              gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    else:
+        bias_smem = a_bufs  # unused
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
@@ -574,32 +636,36 @@ def block_scaled_mm_ws_kernel(
     # Per consumer warpgroup: its fp32 sub-tile is in c_smem (acc_ready), c_smem is free again (acc_free).
     acc_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     acc_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    # Per slot of bias_smem: the producer has filled it (bias_ready), both consumers have read it (bias_free).
+    bias_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    bias_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(2):
         mbarrier.init(acc_ready.index(i), count=1)
         mbarrier.init(acc_free.index(i), count=1)
+        mbarrier.init(bias_ready.index(i), count=1)
+        mbarrier.init(bias_free.index(i), count=2)  # one arrival per consumer warpgroup
 
     params = (a_scale_ptr, b_scale_ptr, bias_ptr, out_ptr, out_scale_ptr, M, N, K, stride_asm, stride_ask,
               stride_bsn, stride_bsk, stride_bias, stride_om, stride_osm, eps, own_steps)
+    ring = (a_bufs, b_bufs, ready, empty)
+    epi_smem = (c_smem, acc_ready, acc_free)
+    bias_stage = (bias_smem, bias_ready, bias_free)
     # (A tuple of the constexprs would make them tensors: each partition's arguments are spelled out.)
     if EPI_ROWS:
         gl.warp_specialize([
-            (_consume, (a_bufs, b_bufs, ready, empty, out_desc, c_smem, acc_ready, acc_free, params, 0, SCALE_BN,
-                        BIAS, ACTIVATION, OUT, OUT_GROUP, UE8M0_OUT, GROUP_TAIL, TINY_SCALES, BLOCK_N, GROUP_M,
-                        PIPELINE, TMA_OUT, EPI_ROWS)),
-            (_consume, (a_bufs, b_bufs, ready, empty, out_desc, c_smem, acc_ready, acc_free, params, 1, SCALE_BN,
-                        BIAS, ACTIVATION, OUT, OUT_GROUP, UE8M0_OUT, GROUP_TAIL, TINY_SCALES, BLOCK_N, GROUP_M,
-                        PIPELINE, TMA_OUT, EPI_ROWS)),
-            (_produce, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, BLOCK_N, GROUP_M)),
+            (_consume, (ring, out_desc, epi_smem, bias_stage, params, 0, SCALE_BN, BIAS, ACTIVATION, OUT, OUT_GROUP,
+                        UE8M0_OUT, GROUP_TAIL, TINY_SCALES, BLOCK_N, GROUP_M, PIPELINE, TMA_OUT, EPI_ROWS)),
+            (_consume, (ring, out_desc, epi_smem, bias_stage, params, 1, SCALE_BN, BIAS, ACTIVATION, OUT, OUT_GROUP,
+                        UE8M0_OUT, GROUP_TAIL, TINY_SCALES, BLOCK_N, GROUP_M, PIPELINE, TMA_OUT, EPI_ROWS)),
+            (_produce, (a_desc, b_desc, ring, bias_stage, params, BLOCK_N, GROUP_M, BIAS, BIAS_SMEM)),
             (_epilogue, (c_smem, acc_ready, acc_free, params, BIAS, ACTIVATION, OUT, OUT_GROUP, UE8M0_OUT, GROUP_TAIL,
                          TINY_SCALES, BLOCK_N, GROUP_M, EPI_ROWS)),
         ], [4, 1, 4], [CONSUMER_REGS, PRODUCER_REGS, EPILOGUE_REGS])
     else:
         gl.warp_specialize([
-            (_consume, (a_bufs, b_bufs, ready, empty, out_desc, c_smem, acc_ready, acc_free, params, 0, SCALE_BN,
-                        BIAS, ACTIVATION, OUT, OUT_GROUP, UE8M0_OUT, GROUP_TAIL, TINY_SCALES, BLOCK_N, GROUP_M,
-                        PIPELINE, TMA_OUT, EPI_ROWS)),
-            (_consume, (a_bufs, b_bufs, ready, empty, out_desc, c_smem, acc_ready, acc_free, params, 1, SCALE_BN,
-                        BIAS, ACTIVATION, OUT, OUT_GROUP, UE8M0_OUT, GROUP_TAIL, TINY_SCALES, BLOCK_N, GROUP_M,
-                        PIPELINE, TMA_OUT, EPI_ROWS)),
-            (_produce, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, BLOCK_N, GROUP_M)),
+            (_consume, (ring, out_desc, epi_smem, bias_stage, params, 0, SCALE_BN, BIAS, ACTIVATION, OUT, OUT_GROUP,
+                        UE8M0_OUT, GROUP_TAIL, TINY_SCALES, BLOCK_N, GROUP_M, PIPELINE, TMA_OUT, EPI_ROWS)),
+            (_consume, (ring, out_desc, epi_smem, bias_stage, params, 1, SCALE_BN, BIAS, ACTIVATION, OUT, OUT_GROUP,
+                        UE8M0_OUT, GROUP_TAIL, TINY_SCALES, BLOCK_N, GROUP_M, PIPELINE, TMA_OUT, EPI_ROWS)),
+            (_produce, (a_desc, b_desc, ring, bias_stage, params, BLOCK_N, GROUP_M, BIAS, BIAS_SMEM)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
