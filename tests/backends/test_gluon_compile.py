@@ -131,6 +131,8 @@ def test_fp8_main_path_lowers_to_the_warp_specialized_schedule():
     regs = {int(n) for n in re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+)", k["ptx"])}
     assert {232, 40} <= regs  # consumer and producer budgets
     assert count(k, r"fma\.rn\.f32") >= 2 * 3 * 64  # each promotion: one FMA per accumulator element
+    # The bf16 output two elements at a time: per pair of a thread's 64, the conversion and its NaN mask.
+    assert count(k, r"set\.nan\.u32\.bf16x2") == count(k, r"cvt\.rn\.bf16x2\.f32") == 2 * 64 // 2
     assert spill_bytes(k) == 0
     assert "C7514" not in k["ptxas"] and "C7515" not in k["ptxas"], k["ptxas"]  # no serialized wgmma
 

@@ -11,7 +11,8 @@ import triton.language as tl
 
 @triton.jit
 def bf16_encode(x):
-    """fp32 -> bf16 bits (int16), round to nearest even; NaN -> 0x7FC0 like torch's CPU cast."""
+    """fp32 -> bf16 bits (int16), round to nearest even; NaN -> 0x7FC0 as torch's scalar CPU cast gives it (its
+    vectorized cast may give 0xFFFF)."""
     bits = x.to(tl.int32, bitcast=True)
     # Adding 0x7FFF plus the kept LSB and shifting is RNE on the magnitude; a carry into the
     # exponent is the correct round-up (to Inf past the largest bf16). Arithmetic >> keeps the sign.
