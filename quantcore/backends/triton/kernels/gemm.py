@@ -166,8 +166,8 @@ def block_scaled_mm_kernel(
     same shared memory. BIAS is the bias kind or "none"; OUT is
     "fp32"/"fp16"/"bf16" for a cast, or "fp8"/"int8" to re-quantize per 1×OUT_GROUP (OUT_GROUP must
     divide BLOCK_N) into out and out_scale [M, ceil(N/OUT_GROUP)], encoding FP8 with the conversion
-    instructions when HW_FP8 (sm_89+); TINY_SCALES as `finish_tile`'s. SPLIT: program (tile, pid_k) of a (tiles, splits) grid
-    multiplies K blocks pid_k·kb_per_split… (at most kb_per_split of them) and `splits_summed` meets
+    instructions when HW_FP8 (sm_89+); TINY_SCALES as `finish_tile`'s. SPLIT: program (tile, pid_k) of a
+    (tiles, splits) grid multiplies K blocks pid_k·kb_per_split… (at most kb_per_split of them) and `splits_summed` meets
     the splits in ws_ptr / counter_ptr (splits × tiles fp32 tiles of BLOCK_M × BLOCK_N, one int32 per
     tile); otherwise kb_per_split is unused and K is walked whole. (The split count is the grid's, not a
     compile-time constant: one compiled kernel serves every split of a tile.)
@@ -230,5 +230,5 @@ def block_scaled_mm_kernel(
         if last:
             finish_tile(total, offs_m, offs_n, pid_n, M, N, bias_ptr, stride_bias, out_ptr, stride_om, out_scale_ptr,
                         stride_osm, eps, BIAS, ACTIVATION, OUT, OUT_GROUP, UE8M0_OUT, TINY_SCALES, HW_FP8, BLOCK_M,
-                    BLOCK_N)
+                        BLOCK_N)
 

@@ -346,8 +346,9 @@ def _bf16_bits(x):
 def _activated(acc, row0, col0, M, N, bias, BIAS: gl.constexpr, ACTIVATION: gl.constexpr, QUANTIZED: gl.constexpr,
                GROUP_TAIL: gl.constexpr):
     """(values, rows, columns, mask) of `acc` [R, C] fp32 (any layout) at output rows row0…, columns col0…,
-    + bias (its C elements as `_bias_cols` loaded them, in any layout), activated; where QUANTIZED and a group
-    crosses N (GROUP_TAIL), zero past N, so that those columns never reach its amax."""
+    + bias (its C elements of kind BIAS as `_bias_cols` or, in fp32, `_staged_bias` gave them, in any layout),
+    activated; where QUANTIZED and a group crosses N (GROUP_TAIL), zero past N, so that those columns never
+    reach its amax."""
     layout: gl.constexpr = acc.type.layout
     rows = row0 + gl.arange(0, acc.shape[0], layout=gl.SliceLayout(1, layout))
     cols = col0 + gl.arange(0, acc.shape[1], layout=gl.SliceLayout(0, layout))
