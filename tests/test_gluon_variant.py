@@ -222,6 +222,18 @@ def test_wide_tiles_walk_longer_groups_of_row_tiles_where_k_is_short(M, N, K, gr
     assert (cfg == gluon_launch.DEFAULT) == (N % 192 != 0 and N % 256 != 0 or M < gluon_launch.WIDE_M_MIN)
 
 
+@pytest.mark.parametrize("M, N, K, stagger", [(4096, 32768, 512, True), (16384, 7168, 2048, True),
+                                              (4096, 2112, 1536, True), (4096, 7168, 2049, False),
+                                              (512, 7168, 512, False), (4096, 1000, 512, False)])
+def test_consumer_1_starts_a_main_loop_behind_on_a_wide_tile_where_k_is_short(M, N, K, stagger):
+    """A wide tile at K <= SHORT_K staggers its consumers (the launch only where a tile's K blocks fit the ring); the
+    default tile, longer K and the staged epilogue do not."""
+    gluon_launch = pytest.importorskip("quantcore.backends.triton.gluon_launch")
+    assert gluon_launch.config_for(M, N, K, 128, None).stagger == stagger
+    assert gluon_launch.config_for(M, N, K, 128, 128).stagger == (stagger and N != 2112)
+    assert not gluon_launch.config_for(M, N, K, 128, None, staged=True).stagger
+
+
 @pytest.mark.parametrize("fmt", ["fp8_e4m3", "int8"])
 def test_naming_it_selects_it_with_its_numerics(installed, fmt):
     impl = registry.select(gemm_query(fmt=fmt), backend=GLUON)

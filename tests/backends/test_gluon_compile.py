@@ -220,6 +220,21 @@ def test_a_bias_on_the_wide_tile_is_staged_by_the_producer(out_quant):
     assert "C7514" not in k["ptxas"] and "C7515" not in k["ptxas"], k["ptxas"]
 
 
+@pytest.mark.parametrize("K, stagger", [(512, True), (1024, False)])
+def test_a_staggered_wide_tile_lowers_where_a_tile_fits_the_ring(K, stagger):
+    """Asked for (as config_for does at short K), the consumers are staggered where a tile's K blocks fit the four
+    stages (K = 512), with one more barrier and no more spilled than the unstaggered wide tile with a bias
+    (`test_a_bias_on_the_wide_tile_is_staged_by_the_producer`); where they do not (K = 1024), the launch keeps the
+    unstaggered kernel, in which consumer 1 would wait for consumer 0's whole first tile and it for consumer 1."""
+    k = compiled(M=4096, N=32768, K=K, qdtype="int8", bias="bfloat16", out_quant="int8",
+                 config=dict(block_n=256, sub_n=64, producer_regs=24, stagger=True))
+    c = k["constants"]
+    assert c["STAGES"] == 4 and c["STAGGER"] == stagger
+    assert count(k, r"mbarrier\.init\.shared(::cta)?\.b64") == 4 + 4 + 2 * 4 + stagger
+    assert spill_bytes(k) <= 32
+    assert "C7514" not in k["ptxas"] and "C7515" not in k["ptxas"], k["ptxas"]
+
+
 def test_a_re_quantized_output_staged_without_an_activation_lowers():
     """Asked for (epi_rows), INT8 codes without an activation go through the epilogue partition: the codes
     and scales with masked stores, no TMA store, a stage fewer, nothing spilled."""

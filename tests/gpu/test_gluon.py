@@ -328,3 +328,33 @@ def test_staged_epilogue_is_the_register_epilogue_bit_for_bit(qdtype, mnk):
         for rows, sub_n, own in ((8, None, None), (8, None, 24), (16, 64, 0)):
             q, s = launch(rows, activation, sub_n, own, **requant)
             assert same_q(q, q0) and same_scale(s, s0), (activation, rows, sub_n, own)
+
+
+@pytest.mark.parametrize("qdtype", list(FMTS))
+@pytest.mark.parametrize("config", [dict(), dict(block_n=256, sub_n=64, producer_regs=24)],
+                         ids=["128x128", "128x256/64"])
+@pytest.mark.parametrize("mnk", [(300, 1001, 100), (520, 264, 640), (4096, 7168, 512), (2000, 4096, 256)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_staggered_consumers_compute_the_same_bits(qdtype, config, mnk):
+    """Consumer 1 started a main loop behind consumer 0 (`GluonConfig.stagger`: one K block at K = 100; at K = 640
+    five, which the 128×256 tile's four stages cannot hold, so the launch starts them together there) takes the same
+    slots and runs the same instructions on them: plain, bias, re-quantized and staged outputs equal the unstaggered
+    ones bit for bit, on tiles with tails, one and several tiles a program."""
+    a, a_s, b, b_s, _ = gemm_case(*mnk, qdtype)
+    bias = rand((mnk[1],), seed=4)
+    gluon(ops.scaled_mm, a, a_s, b, b_s)  # skips where the variant cannot run
+    from quantcore.backends.triton import gluon_launch
+
+    def launch(stagger, **kw):
+        options = dict(out_dtype=torch.bfloat16, out_quant=None, out_group=128, ue8m0_out=False, bias=None,
+                       activation=None) | kw
+        cfg = gluon_launch.GluonConfig(**config, stagger=stagger)
+        return gluon_launch.scaled_mm(a, a_s, b, b_s, block_n=128, block_k=128, eps=1e-4,
+                                      profile=capability.profile_for(a.device), config=cfg, **options)
+    for kw in (dict(), dict(bias=bias), dict(out_quant=qdtype), dict(bias=bias, activation="silu"),
+               dict(bias=bias, out_quant=qdtype, ue8m0_out=True)):
+        want, got = launch(False, **kw), launch(True, **kw)
+        if isinstance(want, tuple):
+            assert same_q(got[0], want[0]) and same_scale(got[1], want[1]), kw
+        else:
+            assert torch.equal(got, want), kw

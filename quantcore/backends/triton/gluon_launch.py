@@ -47,7 +47,9 @@ class GluonConfig:
     `epi_rows`: the epilogue staged through shared memory, that many rows a step (0: in the consumers,
     from the MMA's registers; None: `EPI_ROWS` with an activation, else 0), by a partition of its own
     with `epilogue_regs` registers a thread, each consumer running the first `own_rows` rows of its
-    sub-tiles itself meanwhile (None: `own_rows_for` the call).
+    sub-tiles itself meanwhile (None: `own_rows_for` the call); `stagger`: consumer warpgroup 1 starts once
+    consumer 0 has finished its first tile's main loop, so that their epilogues do not coincide (where a tile's K
+    blocks fit the ring; elsewhere the launch starts them together).
     `DEFAULT` is round 3's measured configuration; `config_for` picks the wide ones (`WIDE`) where
     round 4's probe measured them faster."""
 
@@ -61,6 +63,7 @@ class GluonConfig:
     epi_rows: int | None = None
     epilogue_regs: int = 56
     own_rows: int | None = None
+    stagger: bool = False
 
     def __post_init__(self):
         sub = self.sub_n or self.block_n
@@ -167,14 +170,19 @@ def config_for(M: int, N: int, K: int, block_n: int, out_group: int | None, stag
     over the plain GEMM, default tile / 128×256), FP8 at 4096 rows 1.112 / 1.057 at K = 512, 1.028 / 1.033 at
     1536, 1.012 / 1.023 at 2048, 1.024 / 1.008 at 16384; at 16384 rows 1.173 / 1.071, 1.052 / 1.033, 1.001 /
     1.016, 1.046 / 1.014; INT8 alike or better (round 21 kept FP8 on the default tile to K = 2048, with a
-    heavier epilogue). A `staged` epilogue takes the default tile: the epilogue partition's one fp32 buffer
-    per consumer holds one column sub-tile, and a wide tile's consumers would wait for it sub-tile after
-    sub-tile (2.1x the default tile's time with bias + GELU at 4096×7168×2048 FP8,
-    docs/bench/round14/epilogue_first.txt)."""
+    heavier epilogue). A wide tile where K is at most SHORT_K staggers its consumers (`GluonConfig.stagger`; the
+    launch keeps it where a tile's K blocks fit the ring: K = 512 of the bench shapes). At 4096×32768×512 on the
+    H100 that took 1.2 % off FP8's plain GEMM, 0.9 % off a re-quantized output and 4.6 % off bias + re-quantized,
+    2.7 % and 3.6 % off INT8's plain and re-quantized, but added 2.3 % to its bias + re-quantized; at 16384 rows
+    0-2.4 % off each (docs/bench/round24/stagger_final.txt). A lead of a few K blocks cost up to 1.6 % on the
+    default tile at 512 rows and with the staged epilogue (lead_kb_m512.txt, lead_kb_silu.txt). A `staged` epilogue
+    takes the default tile: the epilogue partition's one fp32 buffer per consumer holds one column sub-tile, and a
+    wide tile's consumers would wait for it sub-tile after sub-tile (2.1x the default tile's time with bias + GELU
+    at 4096×7168×2048 FP8, docs/bench/round14/epilogue_first.txt)."""
     if not staged and M >= WIDE_M_MIN and block_n % 64 == 0:
         wide = next((cfg for cfg in WIDE if N % cfg.block_n == 0 and cfg.holds_groups(out_group, staged)), None)
         if wide is not None:
-            return replace(wide, group_m=SHORT_K_GROUP_M) if K <= SHORT_K else wide
+            return replace(wide, group_m=SHORT_K_GROUP_M, stagger=True) if K <= SHORT_K else wide
     return DEFAULT
 
 
@@ -260,6 +268,7 @@ def scaled_mm(a, a_scale, b, b_scale, *, block_n, block_k, bias, activation, out
         BLOCK_N=bn, STAGES=stages, GROUP_M=config.group_m, PIPELINE=pipeline, TMA_OUT=tma_out,
         CONSUMER_REGS=config.consumer_regs(bool(epi_rows)), PRODUCER_REGS=config.producer(bool(epi_rows)),
         EPI_ROWS=epi_rows, EPILOGUE_REGS=config.epilogue_regs, num_warps=_WARPS,
+        STAGGER=config.stagger and triton.cdiv(K, block_k) <= stages,
         # The promotion is one FMA per element, as the tiled kernel's under Triton 3.6's default (which
         # later versions turn off).
         enable_fp_fusion=True), a.device, descriptors,

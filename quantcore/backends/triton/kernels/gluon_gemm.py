@@ -19,7 +19,9 @@ block-wise kernel and DeepGEMM hide it by giving the work to different warps. So
   the B tile. Per K block each issues one asynchronous wgmma into a fresh partial (FP8 -> fp32,
   INT8 -> int32, exact), releases the slot once it is complete and promotes the partial with one
   fp32 FMA per element. The warp schedulers interleave the two warpgroups, so that one's promotion
-  runs on the CUDA cores while the other's wgmma runs on the tensor cores. With PIPELINE each
+  runs on the CUDA cores while the other's wgmma runs on the tensor cores. With STAGGER, consumer 1 starts
+  once consumer 0 has finished its first tile's main loop (`_consume`): their epilogues, which leave the
+  tensor cores idle where they coincide, then fall apart. With PIPELINE each
   warpgroup also issues two K blocks' wgmmas at a time and promotes the first while the second runs
   (two partials in registers: 3 × 64 of the 232 a consumer thread gets at BLOCK_N = 128). Ping-pong
   (each warpgroup its own tile) would need a whole tile's accumulator and partial per warpgroup:
@@ -124,7 +126,7 @@ def _produce(a_desc, b_desc, ring, bias_stage, params, BLOCK_N: gl.constexpr, GR
     b_bufs, ready, empty), in the order the consumers take them: A's rows whole, B's in the column sub-tiles'
     boxes; with BIAS_SMEM, after each tile's K blocks, its bias (of kind BIAS) into bias_stage's shared memory
     (`_stage_bias`). `params` as the consumers'."""
-    a_bufs, b_bufs, ready, empty = ring
+    a_bufs, b_bufs, ready, empty, _stagger_bar = ring
     bias_smem, bias_ready, bias_free = bias_stage
     _a_s, _b_s, bias_ptr, _out, _out_s, M, N, K, _sam, _sak, _sbn, _sbk, stride_bias, _som, _sos, _eps, _own = params
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
@@ -489,7 +491,8 @@ def _epilogue(c_smem, acc_ready, acc_free, params, BIAS: gl.constexpr, ACTIVATIO
 def _consume(ring, out_desc, epi_smem, bias_stage, params, C: gl.constexpr, SCALE_BN: gl.constexpr,
              BIAS: gl.constexpr, ACTIVATION: gl.constexpr, OUT: gl.constexpr, OUT_GROUP: gl.constexpr,
              UE8M0_OUT: gl.constexpr, GROUP_TAIL: gl.constexpr, TINY_SCALES: gl.constexpr, BLOCK_N: gl.constexpr,
-             GROUP_M: gl.constexpr, PIPELINE: gl.constexpr, TMA_OUT: gl.constexpr, EPI_ROWS: gl.constexpr):
+             GROUP_M: gl.constexpr, PIPELINE: gl.constexpr, TMA_OUT: gl.constexpr, EPI_ROWS: gl.constexpr,
+             STAGGER: gl.constexpr):
     """Consumer warpgroup C: rows [C·ROWS, (C+1)·ROWS) of every tile of this program, K block by K
     block from the slot ring (`ring`: a_bufs, b_bufs, ready, empty), in column sub-tiles of SUB_N, then the
     epilogue sub-tile by sub-tile (`epi_smem`: c_smem, acc_ready, acc_free):
@@ -499,10 +502,11 @@ def _consume(ring, out_desc, epi_smem, bias_stage, params, C: gl.constexpr, SCAL
     (TMA_OUT: out_desc, this warpgroup's EPI buffers in c_smem, taken in turn; the stores of one tile
     run during the next tile's main loop) or with masked stores, with the tile's bias as the producer staged
     it (`bias_stage`: bias_smem, bias_ready, bias_free; `_stage_bias`). `params`: the kernel's pointers,
-    sizes, strides, eps and own_steps (`block_scaled_mm_ws_kernel`)."""
+    sizes, strides, eps and own_steps (`block_scaled_mm_ws_kernel`). STAGGER: consumer 1 starts a main loop behind
+    consumer 0 (`block_scaled_mm_ws_kernel`)."""
     a_scale_ptr, b_scale_ptr, bias_ptr, out_ptr, out_scale_ptr, M, N, K, stride_asm, stride_ask, stride_bsn, \
         stride_bsk, stride_bias, stride_om, stride_osm, eps, own_steps = params
-    a_bufs, b_bufs, ready, empty = ring
+    a_bufs, b_bufs, ready, empty, stagger_bar = ring
     c_smem, acc_ready, acc_free = epi_smem
     bias_smem, bias_ready, bias_free = bias_stage
     BLOCK_M: gl.constexpr = a_bufs.type.shape[1]
@@ -520,6 +524,11 @@ def _consume(ring, out_desc, epi_smem, bias_stage, params, C: gl.constexpr, SCAL
     zero = gl.zeros([ROWS, SUB_N], gl.int32 if a_bufs.dtype == gl.int8 else gl.float32, mma)
 
     num_kb = gl.cdiv(K, BLOCK_K)
+    if STAGGER and C == 1:
+        # Consumer 1 starts a main loop behind consumer 0, which then runs its epilogue beside consumer 1's wgmmas,
+        # and consumer 1 its own beside consumer 0's next main loop. (The launch asks for it only where a tile's K
+        # blocks fit the ring: else consumer 0 would wait for consumer 1 to release a slot, and it for consumer 0.)
+        mbarrier.wait(stagger_bar, 0)
     it = 0
     h = 0  # sub-tiles handed over to the epilogue partition
     t = 0  # this program's tiles so far
@@ -533,6 +542,9 @@ def _consume(ring, out_desc, epi_smem, bias_stage, params, C: gl.constexpr, SCAL
         b_s_ptrs = _b_scale_ptrs(b_scale_ptr, pid_n, N, stride_bsn, zero, SCALE_BN, NSUB, UNIFORM_BS)
         accs, it = _mainloop(a_bufs, b_bufs, ready, empty, it, num_kb, a_s_ptrs, b_s_ptrs, stride_ask, stride_bsk,
                              zero, C, UNIFORM_BS, PIPELINE)
+        if STAGGER and C == 0:
+            if t == 0:  # a branch: the arrival's barrier over the warpgroup would cost every tile
+                mbarrier.arrive(stagger_bar, count=1)
 
         if EPI_ROWS:
             for j in gl.static_range(NSUB):
@@ -595,7 +607,7 @@ def block_scaled_mm_ws_kernel(
         OUT_GROUP: gl.constexpr, UE8M0_OUT: gl.constexpr, GROUP_TAIL: gl.constexpr, TINY_SCALES: gl.constexpr,
         BLOCK_N: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr, PIPELINE: gl.constexpr,
         TMA_OUT: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, EPI_ROWS: gl.constexpr,
-        EPILOGUE_REGS: gl.constexpr):
+        EPILOGUE_REGS: gl.constexpr, STAGGER: gl.constexpr):
     """a [M, K] @ b [N, K]^T with block scales and a fused epilogue, on sm_90.
 
     a_desc / b_desc: Gluon TMA descriptors over a and b (e4m3 or int8, both alike) with blocks
@@ -613,7 +625,8 @@ def block_scaled_mm_ws_kernel(
     the ring; PIPELINE as in the module docstring; CONSUMER_REGS / PRODUCER_REGS / EPILOGUE_REGS the registers
     per thread of the worker partitions; EPI_ROWS > 0 hands the epilogue to a partition of its own (4 warps),
     that many rows a step (`_epilogue`; TMA_OUT must then be off), each consumer keeping its first own_steps
-    steps of every sub-tile.
+    steps of every sub-tile. With STAGGER consumer 1 starts once consumer 0 has finished its first tile's main loop,
+    which only a tile's K blocks that fit the ring (cdiv(K, BLOCK_K) <= STAGES) allow.
     """
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
     NSUB: gl.constexpr = BLOCK_N // b_desc.block_type.shape[0]
@@ -643,6 +656,12 @@ def block_scaled_mm_ws_kernel(
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=2)  # one arrival per consumer warpgroup
+    if STAGGER:
+        # Consumer 0 has finished its first tile's main loop (`_consume`).
+        stagger_bar = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout()).index(0)
+        mbarrier.init(stagger_bar, count=1)
+    else:
+        stagger_bar = ready.index(0)  # unused
 
     # Per consumer warpgroup: its fp32 sub-tile is in c_smem (acc_ready), c_smem is free again (acc_free).
     acc_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
@@ -658,16 +677,18 @@ def block_scaled_mm_ws_kernel(
 
     params = (a_scale_ptr, b_scale_ptr, bias_ptr, out_ptr, out_scale_ptr, M, N, K, stride_asm, stride_ask,
               stride_bsn, stride_bsk, stride_bias, stride_om, stride_osm, eps, own_steps)
-    ring = (a_bufs, b_bufs, ready, empty)
+    ring = (a_bufs, b_bufs, ready, empty, stagger_bar)
     epi_smem = (c_smem, acc_ready, acc_free)
     bias_stage = (bias_smem, bias_ready, bias_free)
     # (A tuple of the constexprs would make them tensors: each partition's arguments are spelled out.)
     if EPI_ROWS:
         gl.warp_specialize([
             (_consume, (ring, out_desc, epi_smem, bias_stage, params, 0, SCALE_BN, BIAS, ACTIVATION, OUT, OUT_GROUP,
-                        UE8M0_OUT, GROUP_TAIL, TINY_SCALES, BLOCK_N, GROUP_M, PIPELINE, TMA_OUT, EPI_ROWS)),
+                        UE8M0_OUT, GROUP_TAIL, TINY_SCALES, BLOCK_N, GROUP_M, PIPELINE, TMA_OUT, EPI_ROWS,
+                        STAGGER)),
             (_consume, (ring, out_desc, epi_smem, bias_stage, params, 1, SCALE_BN, BIAS, ACTIVATION, OUT, OUT_GROUP,
-                        UE8M0_OUT, GROUP_TAIL, TINY_SCALES, BLOCK_N, GROUP_M, PIPELINE, TMA_OUT, EPI_ROWS)),
+                        UE8M0_OUT, GROUP_TAIL, TINY_SCALES, BLOCK_N, GROUP_M, PIPELINE, TMA_OUT, EPI_ROWS,
+                        STAGGER)),
             (_produce, (a_desc, b_desc, ring, bias_stage, params, BLOCK_N, GROUP_M, BIAS, BIAS_SMEM)),
             (_epilogue, (c_smem, acc_ready, acc_free, params, BIAS, ACTIVATION, OUT, OUT_GROUP, UE8M0_OUT, GROUP_TAIL,
                          TINY_SCALES, BLOCK_N, GROUP_M, EPI_ROWS)),
@@ -675,8 +696,10 @@ def block_scaled_mm_ws_kernel(
     else:
         gl.warp_specialize([
             (_consume, (ring, out_desc, epi_smem, bias_stage, params, 0, SCALE_BN, BIAS, ACTIVATION, OUT, OUT_GROUP,
-                        UE8M0_OUT, GROUP_TAIL, TINY_SCALES, BLOCK_N, GROUP_M, PIPELINE, TMA_OUT, EPI_ROWS)),
+                        UE8M0_OUT, GROUP_TAIL, TINY_SCALES, BLOCK_N, GROUP_M, PIPELINE, TMA_OUT, EPI_ROWS,
+                        STAGGER)),
             (_consume, (ring, out_desc, epi_smem, bias_stage, params, 1, SCALE_BN, BIAS, ACTIVATION, OUT, OUT_GROUP,
-                        UE8M0_OUT, GROUP_TAIL, TINY_SCALES, BLOCK_N, GROUP_M, PIPELINE, TMA_OUT, EPI_ROWS)),
+                        UE8M0_OUT, GROUP_TAIL, TINY_SCALES, BLOCK_N, GROUP_M, PIPELINE, TMA_OUT, EPI_ROWS,
+                        STAGGER)),
             (_produce, (a_desc, b_desc, ring, bias_stage, params, BLOCK_N, GROUP_M, BIAS, BIAS_SMEM)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
