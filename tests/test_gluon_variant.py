@@ -186,11 +186,11 @@ def test_the_consumers_share_what_the_producer_leaves():
 @pytest.mark.parametrize("M, N, block_n, out_group, wide", [
     (4096, 7168, 128, None, 256), (16384, 2112, 128, None, 192), (4096, 1000, 128, None, None),
     (2048, 7168, 128, None, None), (4096, 7168, 96, None, None), (4096, 7168, 128, 64, 256),
-    (4096, 7168, 128, 128, 256), (16384, 2112, 128, 128, None), (16384, 2112, 128, 64, 192),
+    (4096, 7168, 128, 128, 256), (4096, 2112, 128, 128, None), (16384, 2112, 128, 64, 192),
 ])
 def test_wide_tiles_only_where_n_fills_them_at_large_m(M, N, block_n, out_group, wide):
     """128x256 where N is a multiple of 256, else 128x192 where of 192, from M = 4096; never where a
-    sub-tile would straddle a weight-scale block or a tile split a re-quantization group."""
+    sub-tile would straddle a weight-scale block or a tile split a re-quantization group (below PAD_M_MIN rows)."""
     gluon_launch = pytest.importorskip("quantcore.backends.triton.gluon_launch")
     cfg = gluon_launch.config_for(M, N, 7168, block_n, out_group)
     assert cfg == (gluon_launch.DEFAULT if wide is None else next(c for c in gluon_launch.WIDE if c.block_n == wide))
@@ -220,6 +220,18 @@ def test_wide_tiles_walk_longer_groups_of_row_tiles_where_k_is_short(M, N, K, gr
     cfg = gluon_launch.config_for(M, N, K, 128, None)
     assert cfg.group_m == group_m
     assert (cfg == gluon_launch.DEFAULT) == (N % 192 != 0 and N % 256 != 0 or M < gluon_launch.WIDE_M_MIN)
+
+
+@pytest.mark.parametrize("M, K, out_group, block_n", [(16384, 7168, 128, 256), (8192, 7168, 128, 256),
+                                                      (4096, 7168, 128, 128), (16384, 2048, 128, 128),
+                                                      (16384, 7168, 64, 192), (16384, 7168, None, 192)])
+def test_a_re_quantized_output_pads_the_last_column_tile_at_long_k_and_many_rows(M, K, out_group, block_n):
+    """N = 2112: the plain GEMM's 128×192 would split groups of 128, so a re-quantized output takes 128×256 (its last
+    column tile part empty) from PAD_M_MIN rows where K is above SHORT_K, else the default tile; groups of 64 fit
+    128×192's sub-tiles."""
+    gluon_launch = pytest.importorskip("quantcore.backends.triton.gluon_launch")
+    cfg = gluon_launch.config_for(M, 2112, K, 128, out_group)
+    assert cfg.block_n == block_n and cfg.holds_groups(out_group, False)
 
 
 @pytest.mark.parametrize("M, N, K, stagger", [(4096, 32768, 512, True), (16384, 7168, 2048, True),

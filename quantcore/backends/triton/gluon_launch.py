@@ -135,6 +135,12 @@ WIDE_M_MIN = 4096
 # six bench shapes of K ≤ 2048 at 4096 and 16384 rows; at longer K, 16 and 32 moved times by under 1 % either
 # way and 8 stays (docs/bench/round18/group_probe.txt).
 SHORT_K, SHORT_K_GROUP_M = 2048, 32
+# Rows from which a re-quantized output takes the wide tile that holds its groups where the plain GEMM's does not
+# (N = 2112: 128×192, which would split groups of 128), its last column tile part empty, at K above SHORT_K. Measured
+# on the H100 at N = 2112 (docs/bench/round24/pad_tile.txt), time over the plain GEMM, 128×128 / 128×256 at K = 7168:
+# FP8 1.126 / 1.249 at 4096 rows, 1.167 / 1.073 at 8192, 1.283 / 1.141 at 12288, 1.228 / 1.090 at 16384 (INT8 1.110 /
+# 1.277, 1.064 / 1.091, 1.152 / 1.132, 1.222 / 1.087); at K = 2048 128×128 was the faster at every row count.
+PAD_M_MIN = 8192
 _MAX_STAGES = 6
 # Rows of a staged epilogue's step (`GluonConfig.epi_rows`): two per warp. Measured on the H100 over the
 # six bench shapes at M = 512 and 4096 (docs/bench/round9/gluon_staged.txt), time over the plain GEMM with
@@ -170,17 +176,22 @@ def config_for(M: int, N: int, K: int, block_n: int, out_group: int | None, stag
     over the plain GEMM, default tile / 128×256), FP8 at 4096 rows 1.112 / 1.057 at K = 512, 1.028 / 1.033 at
     1536, 1.012 / 1.023 at 2048, 1.024 / 1.008 at 16384; at 16384 rows 1.173 / 1.071, 1.052 / 1.033, 1.001 /
     1.016, 1.046 / 1.014; INT8 alike or better (round 21 kept FP8 on the default tile to K = 2048, with a
-    heavier epilogue). A wide tile where K is at most SHORT_K staggers its consumers (`GluonConfig.stagger`; the
-    launch keeps it where a tile's K blocks fit the ring: K = 512 of the bench shapes). At 4096×32768×512 on the
-    H100 that took 1.2 % off FP8's plain GEMM, 0.9 % off a re-quantized output and 4.6 % off bias + re-quantized,
-    2.7 % and 3.6 % off INT8's plain and re-quantized, but added 2.3 % to its bias + re-quantized; at 16384 rows
-    0-2.4 % off each (docs/bench/round24/stagger_final.txt). A lead of a few K blocks cost up to 1.6 % on the
-    default tile at 512 rows and with the staged epilogue (lead_kb_m512.txt, lead_kb_silu.txt). A `staged` epilogue
-    takes the default tile: the epilogue partition's one fp32 buffer per consumer holds one column sub-tile, and a
-    wide tile's consumers would wait for it sub-tile after sub-tile (2.1x the default tile's time with bias + GELU
-    at 4096×7168×2048 FP8, docs/bench/round14/epilogue_first.txt)."""
+    heavier epilogue). Where the plain GEMM's wide tile cannot hold the groups, a re-quantized output takes the one
+    that does from PAD_M_MIN rows at K above SHORT_K, its last column tile part empty. A wide tile where K is at most
+    SHORT_K staggers its consumers (`GluonConfig.stagger`; the launch keeps it where a tile's K blocks fit the ring:
+    K = 512 of the bench shapes). At 4096×32768×512 on the H100 that took 1.2 % off FP8's plain GEMM, 0.9 % off a
+    re-quantized output and 4.6 % off bias + re-quantized, 2.7 % and 3.6 % off INT8's plain and re-quantized, but
+    added 2.3 % to its bias + re-quantized; at 16384 rows 0-2.4 % off each (docs/bench/round24/stagger_final.txt). A
+    lead of a few K blocks cost up to 1.6 % on the default tile at 512 rows and with the staged epilogue
+    (lead_kb_m512.txt, lead_kb_silu.txt). A `staged` epilogue takes the default tile: the epilogue partition's one
+    fp32 buffer per consumer holds one column sub-tile, and a wide tile's consumers would wait for it sub-tile after
+    sub-tile (2.1x the default tile's time with bias + GELU at 4096×7168×2048 FP8,
+    docs/bench/round14/epilogue_first.txt)."""
     if not staged and M >= WIDE_M_MIN and block_n % 64 == 0:
-        wide = next((cfg for cfg in WIDE if N % cfg.block_n == 0 and cfg.holds_groups(out_group, staged)), None)
+        fills = [cfg for cfg in WIDE if N % cfg.block_n == 0]
+        wide = next((cfg for cfg in fills if cfg.holds_groups(out_group, staged)), None)
+        if wide is None and fills and M >= PAD_M_MIN and K > SHORT_K:
+            wide = next((cfg for cfg in WIDE if cfg.holds_groups(out_group, staged)), None)
         if wide is not None:
             return replace(wide, group_m=SHORT_K_GROUP_M, stagger=True) if K <= SHORT_K else wide
     return DEFAULT
