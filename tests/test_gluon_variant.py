@@ -186,11 +186,11 @@ def test_the_consumers_share_what_the_producer_leaves():
 @pytest.mark.parametrize("M, N, block_n, out_group, wide", [
     (4096, 7168, 128, None, 256), (16384, 2112, 128, None, 192), (4096, 1000, 128, None, None),
     (2048, 7168, 128, None, None), (4096, 7168, 96, None, None), (4096, 7168, 128, 64, 256),
-    (4096, 7168, 128, 128, 256), (4096, 2112, 128, 128, None), (16384, 2112, 128, 64, 192),
+    (4096, 7168, 128, 128, 256), (4096, 2112, 128, 128, 256), (16384, 2112, 128, 64, 192),
 ])
 def test_wide_tiles_only_where_n_fills_them_at_large_m(M, N, block_n, out_group, wide):
     """128x256 where N is a multiple of 256, else 128x192 where of 192, from M = 4096; never where a
-    sub-tile would straddle a weight-scale block or a tile split a re-quantization group (below PAD_M_MIN rows)."""
+    sub-tile would straddle a weight-scale block or a tile split a re-quantization group."""
     gluon_launch = pytest.importorskip("quantcore.backends.triton.gluon_launch")
     cfg = gluon_launch.config_for(M, N, 7168, block_n, out_group)
     assert cfg == (gluon_launch.DEFAULT if wide is None else next(c for c in gluon_launch.WIDE if c.block_n == wide))
@@ -199,11 +199,11 @@ def test_wide_tiles_only_where_n_fills_them_at_large_m(M, N, block_n, out_group,
 
 @pytest.mark.parametrize("M, N, K, wide", [(4096, 7168, 7168, True), (4096, 7168, 2048, True), (4096, 32768, 512, True),
                                             (16384, 7168, 1536, True), (2048, 7168, 2048, False),
-                                            (4096, 2112, 7168, False)])
+                                            (4096, 2112, 2048, False)])
 def test_groups_over_sub_tiles_take_the_wide_tile(M, N, K, wide):
     """Groups of 128 over two 64-column sub-tiles take the wide tile wherever the plain GEMM does (from
     WIDE_M_MIN rows, N a multiple of 256) at every K, as groups within one sub-tile do; N = 2112, which
-    128×192 fills and no tile holding groups of 128 does, keeps the default tile."""
+    128×192 fills and no tile holding groups of 128 does, keeps the default tile at K = 2048."""
     gluon_launch = pytest.importorskip("quantcore.backends.triton.gluon_launch")
     assert (gluon_launch.config_for(M, N, K, 128, 128).block_n == 256) == wide
     assert (gluon_launch.config_for(M, N, K, 128, 64).block_n == 256) == wide
@@ -223,15 +223,17 @@ def test_wide_tiles_walk_longer_groups_of_row_tiles_where_k_is_short(M, N, K, gr
 
 
 @pytest.mark.parametrize("M, K, out_group, block_n", [(16384, 7168, 128, 256), (8192, 7168, 128, 256),
-                                                      (4096, 7168, 128, 128), (16384, 2048, 128, 128),
-                                                      (16384, 7168, 64, 192), (16384, 7168, None, 192)])
-def test_a_re_quantized_output_pads_the_last_column_tile_at_long_k_and_many_rows(M, K, out_group, block_n):
-    """N = 2112: the plain GEMM's 128×192 would split groups of 128, so a re-quantized output takes 128×256 (its last
-    column tile part empty) from PAD_M_MIN rows where K is above SHORT_K, else the default tile; groups of 64 fit
-    128×192's sub-tiles."""
+                                                      (4096, 7168, 128, 256), (16384, 2048, 128, 128),
+                                                      (2048, 7168, 128, 128), (16384, 7168, 64, 192),
+                                                      (16384, 7168, None, 192)])
+def test_a_re_quantized_output_takes_a_last_column_tile_of_skipped_sub_tiles_at_long_k(M, K, out_group, block_n):
+    """N = 2112: the plain GEMM's 128×192 would split groups of 128, so a re-quantized output takes 128×256 where K
+    is above SHORT_K, its last column tile one sub-tile of four within N and the other three skipped, else the default
+    tile; groups of 64 fit 128×192's sub-tiles."""
     gluon_launch = pytest.importorskip("quantcore.backends.triton.gluon_launch")
     cfg = gluon_launch.config_for(M, 2112, K, 128, out_group)
     assert cfg.block_n == block_n and cfg.holds_groups(out_group, False)
+    assert gluon_launch.tail_sub_tiles(cfg, 2112, False) == (1 if block_n == 256 else 0)
 
 
 @pytest.mark.parametrize("M, N, K, stagger", [(4096, 32768, 512, True), (16384, 7168, 2048, True),

@@ -135,12 +135,12 @@ WIDE_M_MIN = 4096
 # six bench shapes of K ≤ 2048 at 4096 and 16384 rows; at longer K, 16 and 32 moved times by under 1 % either
 # way and 8 stays (docs/bench/round18/group_probe.txt).
 SHORT_K, SHORT_K_GROUP_M = 2048, 32
-# Rows from which a re-quantized output takes the wide tile that holds its groups where the plain GEMM's does not
-# (N = 2112: 128×192, which would split groups of 128), its last column tile part empty, at K above SHORT_K. Measured
-# on the H100 at N = 2112 (docs/bench/round24/pad_tile.txt), time over the plain GEMM, 128×128 / 128×256 at K = 7168:
-# FP8 1.126 / 1.249 at 4096 rows, 1.167 / 1.073 at 8192, 1.283 / 1.141 at 12288, 1.228 / 1.090 at 16384 (INT8 1.110 /
-# 1.277, 1.064 / 1.091, 1.152 / 1.132, 1.222 / 1.087); at K = 2048 128×128 was the faster at every row count.
-PAD_M_MIN = 8192
+# Where the plain GEMM's wide tile cannot hold a re-quantized output's groups (N = 2112: 128×192 would split groups
+# of 128), the output takes the wide tile that does at K above SHORT_K, its last column tile's sub-tiles past N skipped
+# (`tail_sub_tiles`). Measured on the H100 at N = 2112 (docs/bench/round25/tail_probe.txt), µs, 128×128 / 128×256 at
+# K = 7168: FP8 136 / 131 at 4096 rows, 269 / 234 at 8192, 538 / 445 at 16384 (INT8 145 / 146, 266 / 257, 530 / 477);
+# at K = 2048 128×128 was the faster at every row count. Before the skip, 128×256 was 12-14 % slower than 128×128
+# at 4096 rows (round 24 kept it to 8192 rows and more).
 _MAX_STAGES = 6
 # Rows of a staged epilogue's step (`GluonConfig.epi_rows`): two per warp. Measured on the H100 over the
 # six bench shapes at M = 512 and 4096 (docs/bench/round9/gluon_staged.txt), time over the plain GEMM with
@@ -177,7 +177,7 @@ def config_for(M: int, N: int, K: int, block_n: int, out_group: int | None, stag
     1536, 1.012 / 1.023 at 2048, 1.024 / 1.008 at 16384; at 16384 rows 1.173 / 1.071, 1.052 / 1.033, 1.001 /
     1.016, 1.046 / 1.014; INT8 alike or better (round 21 kept FP8 on the default tile to K = 2048, with a
     heavier epilogue). Where the plain GEMM's wide tile cannot hold the groups, a re-quantized output takes the one
-    that does from PAD_M_MIN rows at K above SHORT_K, its last column tile part empty. A wide tile where K is at most
+    that does at K above SHORT_K, its last column tile's sub-tiles past N skipped. A wide tile where K is at most
     SHORT_K staggers its consumers (`GluonConfig.stagger`; the launch keeps it where a tile's K blocks fit the ring:
     K = 512 of the bench shapes). At 4096×32768×512 on the H100 that took 1.2 % off FP8's plain GEMM, 0.9 % off a
     re-quantized output and 4.6 % off bias + re-quantized, 2.7 % and 3.6 % off INT8's plain and re-quantized, but
@@ -190,11 +190,18 @@ def config_for(M: int, N: int, K: int, block_n: int, out_group: int | None, stag
     if not staged and M >= WIDE_M_MIN and block_n % 64 == 0:
         fills = [cfg for cfg in WIDE if N % cfg.block_n == 0]
         wide = next((cfg for cfg in fills if cfg.holds_groups(out_group, staged)), None)
-        if wide is None and fills and M >= PAD_M_MIN and K > SHORT_K:
+        if wide is None and fills and K > SHORT_K:
             wide = next((cfg for cfg in WIDE if cfg.holds_groups(out_group, staged)), None)
         if wide is not None:
             return replace(wide, group_m=SHORT_K_GROUP_M, stagger=True) if K <= SHORT_K else wide
     return DEFAULT
+
+
+def tail_sub_tiles(config: GluonConfig, N: int, staged: bool) -> int:
+    """The column sub-tiles of N's last column tile that lie within N where the kernel skips the rest
+    (`TAIL_NSUB`), 0 where none lie past N. The staged epilogue's partition takes every tile whole: 0 there."""
+    live = triton.cdiv(N % config.block_n, config.sub)
+    return 0 if staged or live == config.block_n // config.sub else live
 
 
 def _fitted(cfg: GluonConfig, block_k: int, out_bytes: int, block_n: int, profile, staged: bool,
@@ -279,7 +286,7 @@ def scaled_mm(a, a_scale, b, b_scale, *, block_n, block_k, bias, activation, out
         BLOCK_N=bn, STAGES=stages, GROUP_M=config.group_m, PIPELINE=pipeline, TMA_OUT=tma_out,
         CONSUMER_REGS=config.consumer_regs(bool(epi_rows)), PRODUCER_REGS=config.producer(bool(epi_rows)),
         EPI_ROWS=epi_rows, EPILOGUE_REGS=config.epilogue_regs, num_warps=_WARPS,
-        STAGGER=config.stagger and triton.cdiv(K, block_k) <= stages,
+        STAGGER=config.stagger and triton.cdiv(K, block_k) <= stages, TAIL_NSUB=tail_sub_tiles(config, N, bool(epi_rows)),
         # The promotion is one FMA per element, as the tiled kernel's under Triton 3.6's default (which
         # later versions turn off).
         enable_fp_fusion=True), a.device, descriptors,

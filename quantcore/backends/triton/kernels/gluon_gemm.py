@@ -36,7 +36,10 @@ block-wise kernel and DeepGEMM hide it by giving the work to different warps. So
   (none is emitted even for a CTA-broadcast layout) and its mbarriers no remote arrive.
 - Persistent: one program per SM (the launch's grid), each walking tiles pid, pid + programs, ...
   in grouped order (GROUP_M row tiles share a column strip of b while it is in L2). The producer
-  runs ahead into the next tile while the consumers run the epilogue.
+  runs ahead into the next tile while the consumers run the epilogue. Where N's last column tile has
+  column sub-tiles wholly past N (TAIL_NSUB: 128 × 256 at N = 2112 keeps one of four), that column's
+  tiles come after all others, in loops of their own that load, multiply and store only the sub-tiles
+  within N: a program with one tile more than others then mostly has a short one more.
 - Epilogue, per consumer warpgroup: + bias, activation, then the cast or a re-quantization per
   1×OUT_GROUP group of its rows (`quant.group_quantize`, the tiled kernel's own formulas: the same
   fp32 values give the same codes and scales; a group wider than a column sub-tile spans several, their
@@ -92,12 +95,30 @@ else:  # 3.6
 
 
 @gluon.jit
-def _tile(tile, M, N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr):
-    """(row tile, column tile) of the tile-th tile in grouped order, as `gemm.py` orders programs."""
-    per_group = GROUP_M * gl.cdiv(N, BLOCK_N)
+def _grouped(tile, M, col_tiles, BLOCK_M: gl.constexpr, GROUP_M: gl.constexpr):
+    """(row tile, column tile) of the tile-th of col_tiles column tiles in grouped order, as `gemm.py` orders
+    programs."""
+    per_group = GROUP_M * col_tiles
     first_m = (tile // per_group) * GROUP_M
     size_m = gl.minimum(gl.cdiv(M, BLOCK_M) - first_m, GROUP_M)
     return first_m + (tile % per_group) % size_m, (tile % per_group) // size_m
+
+
+@gluon.jit
+def _tile(tile, M, N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr, TAIL_NSUB: gl.constexpr):
+    """(row tile, column tile) of the tile-th tile: in grouped order; with TAIL_NSUB (N's last column tile part
+    empty, its sub-tiles past N skipped: `_consume`) the whole column tiles first, then the last column's, so that
+    the programs of one more tile than others are the ones whose extra tile is the short one."""
+    if TAIL_NSUB:
+        full_n = N // BLOCK_N
+        full = gl.cdiv(M, BLOCK_M) * full_n
+        pid_m = tile - full
+        pid_n = full_n
+        if tile < full:
+            pid_m, pid_n = _grouped(tile, M, full_n, BLOCK_M, GROUP_M)
+    else:
+        pid_m, pid_n = _grouped(tile, M, gl.cdiv(N, BLOCK_N), BLOCK_M, GROUP_M)
+    return pid_m, pid_n
 
 
 @gluon.jit
@@ -120,41 +141,69 @@ def _stage_bias(bias_ptr, stride_bias, col0, N, bias_smem, bias_ready, bias_free
 
 
 @gluon.jit
-def _produce(a_desc, b_desc, ring, bias_stage, params, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr,
-             BIAS: gl.constexpr, BIAS_SMEM: gl.constexpr):
-    """The load partition: every K block of every tile of this program into the slot ring (`ring`: a_bufs,
-    b_bufs, ready, empty), in the order the consumers take them: A's rows whole, B's in the column sub-tiles'
-    boxes; with BIAS_SMEM, after each tile's K blocks, its bias (of kind BIAS) into bias_stage's shared memory
-    (`_stage_bias`). `params` as the consumers'."""
+def _next_tile(start):
+    """The first of this program's tiles (pid, pid + programs, ...) from the start-th on."""
+    pid = gl.program_id(0)
+    return pid + gl.cdiv(gl.maximum(start - pid, 0), gl.num_programs(0)) * gl.num_programs(0)
+
+
+@gluon.jit
+def _load_tile(a_desc, b_desc, ring, pid_m, pid_n, K, it, BLOCK_N: gl.constexpr, LIVE: gl.constexpr):
+    """Every K block of tile (pid_m, pid_n) into the slot ring (`ring`: a_bufs, b_bufs, ready, empty), from the
+    it-th slot of this program on: A's rows whole, B's first LIVE column sub-tiles' boxes (the rest of the slot
+    is not read); returns the next `it`."""
     a_bufs, b_bufs, ready, empty, _stagger_bar = ring
-    bias_smem, bias_ready, bias_free = bias_stage
-    _a_s, _b_s, bias_ptr, _out, _out_s, M, N, K, _sam, _sak, _sbn, _sbk, stride_bias, _som, _sos, _eps, _own = params
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
     SUB_N: gl.constexpr = b_desc.block_type.shape[0]
     NSUB: gl.constexpr = BLOCK_N // SUB_N
     STAGES: gl.constexpr = a_bufs.type.shape[0]
+    for kb in range(gl.cdiv(K, BLOCK_K)):
+        slot = it % STAGES
+        # A fresh mbarrier counts as having completed the phase before its first: the first pass
+        # over the ring does not wait.
+        mbarrier.wait(empty.index(slot), ((it // STAGES) & 1) ^ 1)
+        bar = ready.index(slot)
+        # Bytes filled with zeros past the tensor's edge count too: the expected total is fixed.
+        mbarrier.expect(bar, a_desc.block_type.nbytes + LIVE * b_desc.block_type.nbytes)
+        _tma_load(a_desc, [pid_m * BLOCK_M, kb * BLOCK_K], bar, a_bufs.index(slot))
+        for j in gl.static_range(LIVE):
+            _tma_load(b_desc, [pid_n * BLOCK_N + j * SUB_N, kb * BLOCK_K], bar, b_bufs.index(slot * NSUB + j))
+        it += 1
+    return it
+
+
+@gluon.jit
+def _produce(a_desc, b_desc, ring, bias_stage, params, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr,
+             BIAS: gl.constexpr, BIAS_SMEM: gl.constexpr, TAIL_NSUB: gl.constexpr):
+    """The load partition: every K block of every tile of this program into the slot ring (`ring`: a_bufs,
+    b_bufs, ready, empty), in the order the consumers take them (`_load_tile`; with TAIL_NSUB, N's last column
+    tile's first TAIL_NSUB sub-tiles only); with BIAS_SMEM, after each tile's K blocks, its bias (of kind BIAS) into
+    bias_stage's shared memory (`_stage_bias`). `params` as the consumers'."""
+    bias_smem, bias_ready, bias_free = bias_stage
+    _a_s, _b_s, bias_ptr, _out, _out_s, M, N, K, _sam, _sak, _sbn, _sbk, stride_bias, _som, _sos, _eps, _own = params
+    BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
+    NSUB: gl.constexpr = BLOCK_N // b_desc.block_type.shape[0]
     it = 0
     t = 0  # this program's tiles so far
-    for tile in range(gl.program_id(0), gl.cdiv(M, BLOCK_M) * gl.cdiv(N, BLOCK_N), gl.num_programs(0)):
-        pid_m, pid_n = _tile(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
-        for kb in range(gl.cdiv(K, BLOCK_K)):
-            slot = it % STAGES
-            # A fresh mbarrier counts as having completed the phase before its first: the first pass
-            # over the ring does not wait.
-            mbarrier.wait(empty.index(slot), ((it // STAGES) & 1) ^ 1)
-            bar = ready.index(slot)
-            # Bytes filled with zeros past the tensor's edge count too: the expected total is fixed.
-            mbarrier.expect(bar, a_desc.block_type.nbytes + NSUB * b_desc.block_type.nbytes)
-            _tma_load(a_desc, [pid_m * BLOCK_M, kb * BLOCK_K], bar, a_bufs.index(slot))
-            for j in gl.static_range(NSUB):
-                _tma_load(b_desc, [pid_n * BLOCK_N + j * SUB_N, kb * BLOCK_K], bar, b_bufs.index(slot * NSUB + j))
-            it += 1
+    # As the consumers walk them (`_consume`): with TAIL_NSUB, the last column's tiles in a loop of their own.
+    tiles = gl.cdiv(M, BLOCK_M) * gl.cdiv(N, BLOCK_N)
+    whole = tiles - gl.cdiv(M, BLOCK_M) if TAIL_NSUB else tiles
+    for tile in range(gl.program_id(0), whole, gl.num_programs(0)):
+        pid_m, pid_n = _tile(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M, TAIL_NSUB)
+        it = _load_tile(a_desc, b_desc, ring, pid_m, pid_n, K, it, BLOCK_N, NSUB)
         if BIAS_SMEM:
             # Here the ring is full of this tile's K blocks: the loads' latency stalls this warp, not the consumers,
             # and the bias lands long before their epilogue.
             _stage_bias(bias_ptr, stride_bias, pid_n * BLOCK_N, N, bias_smem, bias_ready, bias_free, t, BIAS)
         t += 1
+    if TAIL_NSUB:
+        for tile in range(_next_tile(whole), tiles, gl.num_programs(0)):
+            pid_m, pid_n = _tile(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M, TAIL_NSUB)
+            it = _load_tile(a_desc, b_desc, ring, pid_m, pid_n, K, it, BLOCK_N, TAIL_NSUB)
+            if BIAS_SMEM:
+                _stage_bias(bias_ptr, stride_bias, pid_n * BLOCK_N, N, bias_smem, bias_ready, bias_free, t, BIAS)
+            t += 1
 
 
 @gluon.jit
@@ -271,12 +320,12 @@ def _mainloop(a_bufs, b_bufs, ready, empty, it, num_kb, a_s_ptrs, b_s_ptrs, stri
 
 @gluon.jit
 def _b_scale_ptrs(b_scale_ptr, pid_n, N, stride_bsn, zero, SCALE_BN: gl.constexpr, NSUB: gl.constexpr,
-                  UNIFORM_BS: gl.constexpr):
-    """Per column sub-tile of column tile pid_n, a pointer to its K block 0 weight scale (UNIFORM_BS:
-    the sub-tile lies within one scale block), else one per column."""
+                  LIVE: gl.constexpr, UNIFORM_BS: gl.constexpr):
+    """Per column sub-tile of column tile pid_n (NSUB of them), its first LIVE, a pointer to its K block 0 weight
+    scale (UNIFORM_BS: the sub-tile lies within one scale block), else one per column."""
     SUB_N: gl.constexpr = zero.shape[1]
     ptrs = ()
-    for j in gl.static_range(NSUB):
+    for j in gl.static_range(LIVE):
         col0 = (pid_n * NSUB + j) * SUB_N
         if UNIFORM_BS:
             # A sub-tile wholly past N (a tile wider than N's tail) reads the last scale row: never stored.
@@ -393,18 +442,19 @@ def _requantized(accs, biases, g: gl.constexpr, row0, col0, M, N, out_scale_ptr,
                  ACTIVATION: gl.constexpr, OUT: gl.constexpr, OUT_GROUP: gl.constexpr, UE8M0_OUT: gl.constexpr,
                  GROUP_TAIL: gl.constexpr, TINY_SCALES: gl.constexpr):
     """The re-quantized epilogue of group g of column sub-tiles, OUT_GROUP wider than one (SPAN of them, the
-    group's first at output column col0, their bias elements `biases`): per sub-tile of `accs` (fp32
-    [R, SUB_N], in the MMA's layout) `_activated`, one scale per row from their joint amax (stored here), and
-    per sub-tile (codes, rows, columns, mask). The same formulas on the same values as `quant.group_quantize`
-    over the whole group."""
+    group's first at output column col0, their bias elements `biases`: one per sub-tile, fewer than SPAN where
+    the rest lie past N and were skipped): per sub-tile of `accs` (fp32 [R, SUB_N], in the MMA's layout)
+    `_activated`, one scale per row from their joint amax (stored here), and per sub-tile (codes, rows,
+    columns, mask). The same formulas on the same values as `quant.group_quantize` over the whole group (the
+    columns past N are zeros to it, which leave the amax as it is)."""
     SUB_N: gl.constexpr = accs[0].shape[1]
     SPAN: gl.constexpr = OUT_GROUP // SUB_N
     vals = ()
-    for i in gl.static_range(SPAN):
+    for i in gl.static_range(len(biases)):
         vals = vals + (_activated(accs[g * SPAN + i], row0, col0 + i * SUB_N, M, N, biases[i], BIAS,
                                   ACTIVATION, True, GROUP_TAIL), )
     amax = nan_absmax(vals[0][0], 1)
-    for i in gl.static_range(1, SPAN):
+    for i in gl.static_range(1, len(vals)):
         amax = nan_maximum(amax, nan_absmax(vals[i][0], 1))
     scale = block_scale(amax, eps, OUT, UE8M0_OUT)
     # Stored from its own 1-D layout: widened to [R, 1] in the MMA's, each thread held 16 copies of its rows'
@@ -412,7 +462,7 @@ def _requantized(accs, biases, g: gl.constexpr, row0, col0, M, N, out_scale_ptr,
     rows = row0 + gl.arange(0, scale.shape[0], layout=scale.type.layout)
     gl.store(out_scale_ptr + rows * stride_osm + col0 // OUT_GROUP, scale, mask=(rows < M) & (col0 < N))
     done = ()
-    for i in gl.static_range(SPAN):
+    for i in gl.static_range(len(vals)):
         v, rows, cols, mask = vals[i]
         done = done + ((quantize(v, scale[:, None], OUT, True, UE8M0_OUT, TINY_SCALES), rows, cols, mask), )
     return done
@@ -474,7 +524,7 @@ def _epilogue(c_smem, acc_ready, acc_free, params, BIAS: gl.constexpr, ACTIVATIO
     BLOCK_M: gl.constexpr = 2 * ROWS
     h = 0
     for tile in range(gl.program_id(0), gl.cdiv(M, BLOCK_M) * gl.cdiv(N, BLOCK_N), gl.num_programs(0)):
-        pid_m, pid_n = _tile(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        pid_m, pid_n = _tile(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M, 0)  # no TAIL_NSUB beside this partition
         for j in gl.static_range(BLOCK_N // SUB_N):
             for c in gl.static_range(2):
                 mbarrier.wait(acc_ready.index(c), h & 1)
@@ -488,11 +538,100 @@ def _epilogue(c_smem, acc_ready, acc_free, params, BIAS: gl.constexpr, ACTIVATIO
 
 
 @gluon.jit
+def _tile_work(work, at, C: gl.constexpr, SCALE_BN: gl.constexpr, BIAS: gl.constexpr, ACTIVATION: gl.constexpr,
+               OUT: gl.constexpr, OUT_GROUP: gl.constexpr, UE8M0_OUT: gl.constexpr, GROUP_TAIL: gl.constexpr,
+               TINY_SCALES: gl.constexpr, PIPELINE: gl.constexpr, TMA_OUT: gl.constexpr, EPI_ROWS: gl.constexpr,
+               STAGGER: gl.constexpr, BLOCK_N: gl.constexpr, LIVE: gl.constexpr):
+    """Consumer warpgroup C's share of one tile, as `_consume` says (`work`: its ring, out_desc, epi_smem,
+    bias_stage and params): the main loop over num_kb K blocks and the tile's first LIVE column sub-tiles (all
+    of them, but on N's last column tile, whose sub-tiles past N are skipped) from the it-th slot on, then their
+    epilogue, the TMA stores taken only with all sub-tiles (their buffers are taken in turn by whole tiles).
+    `at`: (it, h, t, num_kb, pid_m, pid_n, zero) of `_consume`'s loop. Returns the next (it, h)."""
+    ring, out_desc, epi_smem, bias_stage, params = work
+    it, h, t, num_kb, pid_m, pid_n, zero = at
+    a_scale_ptr, b_scale_ptr, bias_ptr, out_ptr, out_scale_ptr, M, N, K, stride_asm, stride_ask, stride_bsn, \
+        stride_bsk, stride_bias, stride_om, stride_osm, eps, own_steps = params
+    a_bufs, b_bufs, ready, empty, stagger_bar = ring
+    c_smem, acc_ready, acc_free = epi_smem
+    bias_smem, bias_ready, bias_free = bias_stage
+    ROWS: gl.constexpr = zero.shape[0]
+    SUB_N: gl.constexpr = zero.shape[1]
+    NSUB: gl.constexpr = LIVE
+    TMA_STORE: gl.constexpr = TMA_OUT and LIVE == BLOCK_N // SUB_N
+    UNIFORM_BS: gl.constexpr = SCALE_BN % SUB_N == 0
+    row0 = pid_m * 2 * ROWS + C * ROWS
+    rows = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, zero.type.layout))
+    # Tail rows wrap back into range: their scale loads need no mask, and they are never stored.
+    a_s_ptrs = a_scale_ptr + (rows % M) * stride_asm
+    b_s_ptrs = _b_scale_ptrs(b_scale_ptr, pid_n, N, stride_bsn, zero, SCALE_BN, BLOCK_N // SUB_N, LIVE, UNIFORM_BS)
+    EPI: gl.constexpr = c_smem.type.shape[0] // 2  # output buffers per warpgroup (with TMA_OUT)
+    # Column sub-tiles per re-quantization group (1 where a group lies within one, or without one).
+    SPAN: gl.constexpr = OUT_GROUP // SUB_N if OUT_GROUP > SUB_N else 1
+    mma: gl.constexpr = zero.type.layout
+    accs, it = _mainloop(a_bufs, b_bufs, ready, empty, it, num_kb, a_s_ptrs, b_s_ptrs, stride_ask, stride_bsk, zero, C,
+                         UNIFORM_BS, PIPELINE)
+    if STAGGER and C == 0:
+        if t == 0:  # a branch: the arrival's barrier over the warpgroup would cost every tile
+            mbarrier.arrive(stagger_bar, count=1)
+
+    if EPI_ROWS:
+        for j in gl.static_range(NSUB):
+            col0 = pid_n * BLOCK_N + j * SUB_N
+            _hand_over(accs[j], c_smem.index(C), acc_free.index(C), acc_ready.index(C), h)
+            h += 1
+            # This warpgroup's own share, while the epilogue partition runs the rest.
+            _staged_rows(c_smem.index(C), 0, own_steps, row0, col0, M, N, bias_ptr, stride_bias, out_ptr,
+                         stride_om, out_scale_ptr, stride_osm, eps, BIAS, ACTIVATION, OUT, OUT_GROUP, UE8M0_OUT,
+                         GROUP_TAIL, TINY_SCALES, EPI_ROWS)
+            _barrier()  # every own row read before the next sub-tile is stored
+    else:
+        # The register epilogue's bias comes from the producer through shared memory. Loaded by the
+        # consumers at the epilogue, each sub-tile's waited for it (at 4096×32768×512 the wide tile with a bias
+        # took 1.33 times the plain GEMM's time, docs/bench/round18/epilogue_final.txt); loaded at the tile's
+        # start and held through the main loop, ptxas spilled it right after each load, and the warps waited
+        # for those loads before the tile's first wgmma (docs/bench/round22/bias_spill.txt).
+        BIAS_KIND: gl.constexpr = "none" if BIAS == "none" else "fp32"  # as `_stage_bias` stored it
+        if BIAS != "none":
+            mbarrier.wait(bias_ready.index(t % 2), (t // 2) & 1)
+        # Sub-tiles in groups of SPAN: one re-quantization group each where it spans several (on N's last column
+        # tile the last group may hold fewer: those within N).
+        for g in gl.static_range((NSUB + SPAN - 1) // SPAN):
+            col0 = pid_n * BLOCK_N + g * SPAN * SUB_N
+            biases = ()
+            for j in gl.static_range(g * SPAN, (g + 1) * SPAN if (g + 1) * SPAN <= NSUB else NSUB):
+                biases = biases + (_staged_bias(bias_smem, t, j, BIAS, gl.SliceLayout(0, mma)), )
+            if SPAN == 1:
+                done = (_finished(accs[g], row0, col0, M, N, biases[0], out_scale_ptr, stride_osm, eps, BIAS_KIND,
+                                  ACTIVATION, OUT, OUT_GROUP, UE8M0_OUT, GROUP_TAIL, TINY_SCALES), )
+            else:
+                done = _requantized(accs, biases, g, row0, col0, M, N, out_scale_ptr, stride_osm, eps, BIAS_KIND,
+                                    ACTIVATION, OUT, OUT_GROUP, UE8M0_OUT, GROUP_TAIL, TINY_SCALES)
+            for i in gl.static_range(len(done)):
+                res, rows, cols, mask = done[i]
+                j = g * SPAN + i
+                if TMA_STORE:
+                    # Stores complete in order, and NSUB is a multiple of EPI: with at most EPI - 1 of them
+                    # pending, the one that last read this buffer (this tile's or the previous one's) is done.
+                    tma.store_wait(pendings=EPI - 1)
+                    buf = c_smem.index(C * EPI + j % EPI)
+                    buf.store(res.to(buf.dtype))
+                    fence_async_shared()
+                    _tma_store(out_desc, [row0, col0 + i * SUB_N], buf)
+                else:
+                    gl.store(out_ptr + rows[:, None] * stride_om + cols[None, :],
+                             res.to(out_ptr.dtype.element_ty), mask=mask)
+        if BIAS != "none":
+            _barrier()  # every thread's bias reads done before the one arrival
+            mbarrier.arrive(bias_free.index(t % 2), count=1)
+    return it, h
+
+
+@gluon.jit
 def _consume(ring, out_desc, epi_smem, bias_stage, params, C: gl.constexpr, SCALE_BN: gl.constexpr,
              BIAS: gl.constexpr, ACTIVATION: gl.constexpr, OUT: gl.constexpr, OUT_GROUP: gl.constexpr,
              UE8M0_OUT: gl.constexpr, GROUP_TAIL: gl.constexpr, TINY_SCALES: gl.constexpr, BLOCK_N: gl.constexpr,
              GROUP_M: gl.constexpr, PIPELINE: gl.constexpr, TMA_OUT: gl.constexpr, EPI_ROWS: gl.constexpr,
-             STAGGER: gl.constexpr):
+             STAGGER: gl.constexpr, TAIL_NSUB: gl.constexpr):
     """Consumer warpgroup C: rows [C·ROWS, (C+1)·ROWS) of every tile of this program, K block by K
     block from the slot ring (`ring`: a_bufs, b_bufs, ready, empty), in column sub-tiles of SUB_N, then the
     epilogue sub-tile by sub-tile (`epi_smem`: c_smem, acc_ready, acc_free):
@@ -504,20 +643,13 @@ def _consume(ring, out_desc, epi_smem, bias_stage, params, C: gl.constexpr, SCAL
     it (`bias_stage`: bias_smem, bias_ready, bias_free; `_stage_bias`). `params`: the kernel's pointers,
     sizes, strides, eps and own_steps (`block_scaled_mm_ws_kernel`). STAGGER: consumer 1 starts a main loop behind
     consumer 0 (`block_scaled_mm_ws_kernel`)."""
-    a_scale_ptr, b_scale_ptr, bias_ptr, out_ptr, out_scale_ptr, M, N, K, stride_asm, stride_ask, stride_bsn, \
-        stride_bsk, stride_bias, stride_om, stride_osm, eps, own_steps = params
-    a_bufs, b_bufs, ready, empty, stagger_bar = ring
-    c_smem, acc_ready, acc_free = epi_smem
-    bias_smem, bias_ready, bias_free = bias_stage
+    _a_s, _b_s, _bias, _out, _out_s, M, N, K, _sam, _sak, _sbn, _sbk, _sb, _som, _sos, _eps, _own = params
+    a_bufs, b_bufs, _ready, _empty, stagger_bar = ring
     BLOCK_M: gl.constexpr = a_bufs.type.shape[1]
     BLOCK_K: gl.constexpr = a_bufs.type.shape[2]
     SUB_N: gl.constexpr = b_bufs.type.shape[1]
     ROWS: gl.constexpr = BLOCK_M // 2
     NSUB: gl.constexpr = BLOCK_N // SUB_N
-    UNIFORM_BS: gl.constexpr = SCALE_BN % SUB_N == 0
-    EPI: gl.constexpr = c_smem.type.shape[0] // 2  # output buffers per warpgroup (with TMA_OUT)
-    # Column sub-tiles per re-quantization group (1 where a group lies within one, or without one).
-    SPAN: gl.constexpr = OUT_GROUP // SUB_N if OUT_GROUP > SUB_N else 1
     # One warpgroup, m64nSUB_Nk32 instructions (k is 32 for 8-bit operands), repeated over ROWS.
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                   instr_shape=[16, SUB_N, 256 // a_bufs.dtype.primitive_bitwidth])
@@ -532,69 +664,25 @@ def _consume(ring, out_desc, epi_smem, bias_stage, params, C: gl.constexpr, SCAL
     it = 0
     h = 0  # sub-tiles handed over to the epilogue partition
     t = 0  # this program's tiles so far
-    # The producer's walk over this program's tiles (persistent: pid, pid + programs, ...), in step.
-    for tile in range(gl.program_id(0), gl.cdiv(M, BLOCK_M) * gl.cdiv(N, BLOCK_N), gl.num_programs(0)):
-        pid_m, pid_n = _tile(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
-        row0 = pid_m * BLOCK_M + C * ROWS
-        rows = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, mma))
-        # Tail rows wrap back into range: their scale loads need no mask, and they are never stored.
-        a_s_ptrs = a_scale_ptr + (rows % M) * stride_asm
-        b_s_ptrs = _b_scale_ptrs(b_scale_ptr, pid_n, N, stride_bsn, zero, SCALE_BN, NSUB, UNIFORM_BS)
-        accs, it = _mainloop(a_bufs, b_bufs, ready, empty, it, num_kb, a_s_ptrs, b_s_ptrs, stride_ask, stride_bsk,
-                             zero, C, UNIFORM_BS, PIPELINE)
-        if STAGGER and C == 0:
-            if t == 0:  # a branch: the arrival's barrier over the warpgroup would cost every tile
-                mbarrier.arrive(stagger_bar, count=1)
-
-        if EPI_ROWS:
-            for j in gl.static_range(NSUB):
-                col0 = pid_n * BLOCK_N + j * SUB_N
-                _hand_over(accs[j], c_smem.index(C), acc_free.index(C), acc_ready.index(C), h)
-                h += 1
-                # This warpgroup's own share, while the epilogue partition runs the rest.
-                _staged_rows(c_smem.index(C), 0, own_steps, row0, col0, M, N, bias_ptr, stride_bias, out_ptr,
-                             stride_om, out_scale_ptr, stride_osm, eps, BIAS, ACTIVATION, OUT, OUT_GROUP, UE8M0_OUT,
-                             GROUP_TAIL, TINY_SCALES, EPI_ROWS)
-                _barrier()  # every own row read before the next sub-tile is stored
-        else:
-            # The register epilogue's bias comes from the producer through shared memory. Loaded by the
-            # consumers at the epilogue, each sub-tile's waited for it (at 4096×32768×512 the wide tile with a bias
-            # took 1.33 times the plain GEMM's time, docs/bench/round18/epilogue_final.txt); loaded at the tile's
-            # start and held through the main loop, ptxas spilled it right after each load, and the warps waited
-            # for those loads before the tile's first wgmma (docs/bench/round22/bias_spill.txt).
-            BIAS_KIND: gl.constexpr = "none" if BIAS == "none" else "fp32"  # as `_stage_bias` stored it
-            if BIAS != "none":
-                mbarrier.wait(bias_ready.index(t % 2), (t // 2) & 1)
-            # Sub-tiles in groups of SPAN: one re-quantization group each where it spans several.
-            for g in gl.static_range(NSUB // SPAN):
-                col0 = pid_n * BLOCK_N + g * SPAN * SUB_N
-                biases = ()
-                for i in gl.static_range(SPAN):
-                    biases = biases + (_staged_bias(bias_smem, t, g * SPAN + i, BIAS, gl.SliceLayout(0, mma)), )
-                if SPAN == 1:
-                    done = (_finished(accs[g], row0, col0, M, N, biases[0], out_scale_ptr, stride_osm, eps, BIAS_KIND,
-                                      ACTIVATION, OUT, OUT_GROUP, UE8M0_OUT, GROUP_TAIL, TINY_SCALES), )
-                else:
-                    done = _requantized(accs, biases, g, row0, col0, M, N, out_scale_ptr, stride_osm, eps, BIAS_KIND,
-                                        ACTIVATION, OUT, OUT_GROUP, UE8M0_OUT, GROUP_TAIL, TINY_SCALES)
-                for i in gl.static_range(SPAN):
-                    res, rows, cols, mask = done[i]
-                    j = g * SPAN + i
-                    if TMA_OUT:
-                        # Stores complete in order, and NSUB is a multiple of EPI: with at most EPI - 1 of them
-                        # pending, the one that last read this buffer (this tile's or the previous one's) is done.
-                        tma.store_wait(pendings=EPI - 1)
-                        buf = c_smem.index(C * EPI + j % EPI)
-                        buf.store(res.to(buf.dtype))
-                        fence_async_shared()
-                        _tma_store(out_desc, [row0, col0 + i * SUB_N], buf)
-                    else:
-                        gl.store(out_ptr + rows[:, None] * stride_om + cols[None, :],
-                                 res.to(out_ptr.dtype.element_ty), mask=mask)
-            if BIAS != "none":
-                _barrier()  # every thread's bias reads done before the one arrival
-                mbarrier.arrive(bias_free.index(t % 2), count=1)
+    work = (ring, out_desc, epi_smem, bias_stage, params)
+    # The producer's walk over this program's tiles (persistent: pid, pid + programs, ...), in step: with
+    # TAIL_NSUB, the whole column tiles' loop, then the last column's (`_tile` orders them so). (A branch per
+    # tile between the two in one loop made ptxas spill the weight scales' pointers inside the main loop.)
+    tiles = gl.cdiv(M, BLOCK_M) * gl.cdiv(N, BLOCK_N)
+    whole = tiles - gl.cdiv(M, BLOCK_M) if TAIL_NSUB else tiles
+    for tile in range(gl.program_id(0), whole, gl.num_programs(0)):
+        pid_m, pid_n = _tile(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M, TAIL_NSUB)
+        it, h = _tile_work(work, (it, h, t, num_kb, pid_m, pid_n, zero), C, SCALE_BN, BIAS, ACTIVATION, OUT,
+                           OUT_GROUP, UE8M0_OUT, GROUP_TAIL, TINY_SCALES, PIPELINE, TMA_OUT, EPI_ROWS, STAGGER, BLOCK_N,
+                           NSUB)
         t += 1
+    if TAIL_NSUB:
+        for tile in range(_next_tile(whole), tiles, gl.num_programs(0)):
+            pid_m, pid_n = _tile(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M, TAIL_NSUB)
+            it, h = _tile_work(work, (it, h, t, num_kb, pid_m, pid_n, zero), C, SCALE_BN, BIAS, ACTIVATION, OUT,
+                               OUT_GROUP, UE8M0_OUT, GROUP_TAIL, TINY_SCALES, PIPELINE, TMA_OUT, EPI_ROWS, STAGGER,
+                               BLOCK_N, TAIL_NSUB)
+            t += 1
     if TMA_OUT:
         tma.store_wait(pendings=0)
 
@@ -607,7 +695,7 @@ def block_scaled_mm_ws_kernel(
         OUT_GROUP: gl.constexpr, UE8M0_OUT: gl.constexpr, GROUP_TAIL: gl.constexpr, TINY_SCALES: gl.constexpr,
         BLOCK_N: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr, PIPELINE: gl.constexpr,
         TMA_OUT: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, EPI_ROWS: gl.constexpr,
-        EPILOGUE_REGS: gl.constexpr, STAGGER: gl.constexpr):
+        EPILOGUE_REGS: gl.constexpr, STAGGER: gl.constexpr, TAIL_NSUB: gl.constexpr):
     """a [M, K] @ b [N, K]^T with block scales and a fused epilogue, on sm_90.
 
     a_desc / b_desc: Gluon TMA descriptors over a and b (e4m3 or int8, both alike) with blocks
@@ -626,8 +714,11 @@ def block_scaled_mm_ws_kernel(
     per thread of the worker partitions; EPI_ROWS > 0 hands the epilogue to a partition of its own (4 warps),
     that many rows a step (`_epilogue`; TMA_OUT must then be off), each consumer keeping its first own_steps
     steps of every sub-tile. With STAGGER consumer 1 starts once consumer 0 has finished its first tile's main loop,
-    which only a tile's K blocks that fit the ring (cdiv(K, BLOCK_K) <= STAGES) allow.
+    which only a tile's K blocks that fit the ring (cdiv(K, BLOCK_K) <= STAGES) allow. TAIL_NSUB > 0 (without
+    EPI_ROWS): N's last column tile has that many column sub-tiles within N, fewer than BLOCK_N / SUB_N, and only
+    they are loaded, multiplied and stored, that tile's in a column of its own walked after the others (`_tile`).
     """
+    gl.static_assert(TAIL_NSUB == 0 or EPI_ROWS == 0, "a tail of skipped sub-tiles needs the register epilogue")
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
     NSUB: gl.constexpr = BLOCK_N // b_desc.block_type.shape[0]
     # Slot s holds B's sub-tiles s·NSUB, ..., s·NSUB + NSUB - 1.
@@ -685,11 +776,11 @@ def block_scaled_mm_ws_kernel(
         gl.warp_specialize([
             (_consume, (ring, out_desc, epi_smem, bias_stage, params, 0, SCALE_BN, BIAS, ACTIVATION, OUT, OUT_GROUP,
                         UE8M0_OUT, GROUP_TAIL, TINY_SCALES, BLOCK_N, GROUP_M, PIPELINE, TMA_OUT, EPI_ROWS,
-                        STAGGER)),
+                        STAGGER, TAIL_NSUB)),
             (_consume, (ring, out_desc, epi_smem, bias_stage, params, 1, SCALE_BN, BIAS, ACTIVATION, OUT, OUT_GROUP,
                         UE8M0_OUT, GROUP_TAIL, TINY_SCALES, BLOCK_N, GROUP_M, PIPELINE, TMA_OUT, EPI_ROWS,
-                        STAGGER)),
-            (_produce, (a_desc, b_desc, ring, bias_stage, params, BLOCK_N, GROUP_M, BIAS, BIAS_SMEM)),
+                        STAGGER, TAIL_NSUB)),
+            (_produce, (a_desc, b_desc, ring, bias_stage, params, BLOCK_N, GROUP_M, BIAS, BIAS_SMEM, TAIL_NSUB)),
             (_epilogue, (c_smem, acc_ready, acc_free, params, BIAS, ACTIVATION, OUT, OUT_GROUP, UE8M0_OUT, GROUP_TAIL,
                          TINY_SCALES, BLOCK_N, GROUP_M, EPI_ROWS)),
         ], [4, 1, 4], [CONSUMER_REGS, PRODUCER_REGS, EPILOGUE_REGS])
@@ -697,9 +788,9 @@ def block_scaled_mm_ws_kernel(
         gl.warp_specialize([
             (_consume, (ring, out_desc, epi_smem, bias_stage, params, 0, SCALE_BN, BIAS, ACTIVATION, OUT, OUT_GROUP,
                         UE8M0_OUT, GROUP_TAIL, TINY_SCALES, BLOCK_N, GROUP_M, PIPELINE, TMA_OUT, EPI_ROWS,
-                        STAGGER)),
+                        STAGGER, TAIL_NSUB)),
             (_consume, (ring, out_desc, epi_smem, bias_stage, params, 1, SCALE_BN, BIAS, ACTIVATION, OUT, OUT_GROUP,
                         UE8M0_OUT, GROUP_TAIL, TINY_SCALES, BLOCK_N, GROUP_M, PIPELINE, TMA_OUT, EPI_ROWS,
-                        STAGGER)),
-            (_produce, (a_desc, b_desc, ring, bias_stage, params, BLOCK_N, GROUP_M, BIAS, BIAS_SMEM)),
+                        STAGGER, TAIL_NSUB)),
+            (_produce, (a_desc, b_desc, ring, bias_stage, params, BLOCK_N, GROUP_M, BIAS, BIAS_SMEM, TAIL_NSUB)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
