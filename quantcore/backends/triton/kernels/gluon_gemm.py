@@ -556,18 +556,17 @@ def _tile_work(work, at, C: gl.constexpr, SCALE_BN: gl.constexpr, BIAS: gl.const
     bias_smem, bias_ready, bias_free = bias_stage
     ROWS: gl.constexpr = zero.shape[0]
     SUB_N: gl.constexpr = zero.shape[1]
-    NSUB: gl.constexpr = LIVE
+    mma: gl.constexpr = zero.type.layout
     TMA_STORE: gl.constexpr = TMA_OUT and LIVE == BLOCK_N // SUB_N
     UNIFORM_BS: gl.constexpr = SCALE_BN % SUB_N == 0
-    row0 = pid_m * 2 * ROWS + C * ROWS
-    rows = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, zero.type.layout))
-    # Tail rows wrap back into range: their scale loads need no mask, and they are never stored.
-    a_s_ptrs = a_scale_ptr + (rows % M) * stride_asm
-    b_s_ptrs = _b_scale_ptrs(b_scale_ptr, pid_n, N, stride_bsn, zero, SCALE_BN, BLOCK_N // SUB_N, LIVE, UNIFORM_BS)
     EPI: gl.constexpr = c_smem.type.shape[0] // 2  # output buffers per warpgroup (with TMA_OUT)
     # Column sub-tiles per re-quantization group (1 where a group lies within one, or without one).
     SPAN: gl.constexpr = OUT_GROUP // SUB_N if OUT_GROUP > SUB_N else 1
-    mma: gl.constexpr = zero.type.layout
+    row0 = pid_m * 2 * ROWS + C * ROWS
+    rows = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, mma))
+    # Tail rows wrap back into range: their scale loads need no mask, and they are never stored.
+    a_s_ptrs = a_scale_ptr + (rows % M) * stride_asm
+    b_s_ptrs = _b_scale_ptrs(b_scale_ptr, pid_n, N, stride_bsn, zero, SCALE_BN, BLOCK_N // SUB_N, LIVE, UNIFORM_BS)
     accs, it = _mainloop(a_bufs, b_bufs, ready, empty, it, num_kb, a_s_ptrs, b_s_ptrs, stride_ask, stride_bsk, zero, C,
                          UNIFORM_BS, PIPELINE)
     if STAGGER and C == 0:
@@ -575,7 +574,7 @@ def _tile_work(work, at, C: gl.constexpr, SCALE_BN: gl.constexpr, BIAS: gl.const
             mbarrier.arrive(stagger_bar, count=1)
 
     if EPI_ROWS:
-        for j in gl.static_range(NSUB):
+        for j in gl.static_range(LIVE):
             col0 = pid_n * BLOCK_N + j * SUB_N
             _hand_over(accs[j], c_smem.index(C), acc_free.index(C), acc_ready.index(C), h)
             h += 1
@@ -595,10 +594,10 @@ def _tile_work(work, at, C: gl.constexpr, SCALE_BN: gl.constexpr, BIAS: gl.const
             mbarrier.wait(bias_ready.index(t % 2), (t // 2) & 1)
         # Sub-tiles in groups of SPAN: one re-quantization group each where it spans several (on N's last column
         # tile the last group may hold fewer: those within N).
-        for g in gl.static_range((NSUB + SPAN - 1) // SPAN):
+        for g in gl.static_range((LIVE + SPAN - 1) // SPAN):
             col0 = pid_n * BLOCK_N + g * SPAN * SUB_N
             biases = ()
-            for j in gl.static_range(g * SPAN, (g + 1) * SPAN if (g + 1) * SPAN <= NSUB else NSUB):
+            for j in gl.static_range(g * SPAN, (g + 1) * SPAN if (g + 1) * SPAN <= LIVE else LIVE):
                 biases = biases + (_staged_bias(bias_smem, t, j, BIAS, gl.SliceLayout(0, mma)), )
             if SPAN == 1:
                 done = (_finished(accs[g], row0, col0, M, N, biases[0], out_scale_ptr, stride_osm, eps, BIAS_KIND,
@@ -610,7 +609,7 @@ def _tile_work(work, at, C: gl.constexpr, SCALE_BN: gl.constexpr, BIAS: gl.const
                 res, rows, cols, mask = done[i]
                 j = g * SPAN + i
                 if TMA_STORE:
-                    # Stores complete in order, and NSUB is a multiple of EPI: with at most EPI - 1 of them
+                    # Stores complete in order, and a whole tile's sub-tiles are a multiple of EPI: with at most EPI - 1 of them
                     # pending, the one that last read this buffer (this tile's or the previous one's) is done.
                     tma.store_wait(pendings=EPI - 1)
                     buf = c_smem.index(C * EPI + j % EPI)
@@ -642,7 +641,8 @@ def _consume(ring, out_desc, epi_smem, bias_stage, params, C: gl.constexpr, SCAL
     run during the next tile's main loop) or with masked stores, with the tile's bias as the producer staged
     it (`bias_stage`: bias_smem, bias_ready, bias_free; `_stage_bias`). `params`: the kernel's pointers,
     sizes, strides, eps and own_steps (`block_scaled_mm_ws_kernel`). STAGGER: consumer 1 starts a main loop behind
-    consumer 0 (`block_scaled_mm_ws_kernel`)."""
+    consumer 0 (`block_scaled_mm_ws_kernel`). TAIL_NSUB: N's last column tiles, walked after the others in a loop of
+    their own, take only their first TAIL_NSUB sub-tiles (`_tile_work`)."""
     _a_s, _b_s, _bias, _out, _out_s, M, N, K, _sam, _sak, _sbn, _sbk, _sb, _som, _sos, _eps, _own = params
     a_bufs, b_bufs, _ready, _empty, stagger_bar = ring
     BLOCK_M: gl.constexpr = a_bufs.type.shape[1]
