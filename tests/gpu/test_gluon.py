@@ -362,13 +362,15 @@ def test_staggered_consumers_compute_the_same_bits(qdtype, config, mnk):
 
 @pytest.mark.parametrize("qdtype", list(FMTS))
 @pytest.mark.parametrize("mnk", [(4096, 2112, 7168), (300, 576, 384), (520, 386, 256), (200, 100, 640),
-                                 (1000, 2108, 1040)], ids=lambda s: "x".join(map(str, s)))
+                                 (1000, 2108, 1040), (12800, 386, 256)], ids=lambda s: "x".join(map(str, s)))
 def test_a_last_column_tile_of_skipped_sub_tiles_computes_the_default_bit_for_bit(qdtype, mnk):
     """On 128×256 in 64-column sub-tiles, N's last column tile skips its sub-tiles past N (`TAIL_NSUB`: one of
     four at N = 2112 and 576, three at 386, two where N is 100 and every tile is a last one; masked stores
-    everywhere at N = 2108) and is walked after the others: plain, fp32, bias, re-quantized (groups of 128 over
-    two sub-tiles, the last one's second skipped; groups of 64) and staggered outputs equal the default tile's
-    bit for bit, codes and scales alike, at one and several tiles a program."""
+    everywhere at N = 2108) and is walked after the others (at 12800 rows and N = 386, 100 of them after 100 whole
+    tiles on 132 programs): plain, fp32, bias, re-quantized (groups of 128 over two sub-tiles, the last one's second
+    skipped; groups of 64) and staggered outputs equal the default tile's bit for bit, codes and scales alike, at
+    one and several tiles a program; so do 128×192's, whose last column tile keeps one, two or all of its three
+    sub-tiles, where its tile holds the groups."""
     a, a_s, b, b_s, _ = gemm_case(*mnk, qdtype)
     bias = rand((mnk[1],), seed=4)
     gluon(ops.scaled_mm, a, a_s, b, b_s)  # skips where the variant cannot run
@@ -385,7 +387,9 @@ def test_a_last_column_tile_of_skipped_sub_tiles_computes_the_default_bit_for_bi
     for kw in (dict(), dict(out_dtype=torch.float32), dict(bias=bias), dict(out_quant=qdtype),
                dict(bias=bias, out_quant=qdtype, ue8m0_out=True), dict(out_quant=qdtype, out_group=64)):
         want = launch(gluon_launch.DEFAULT, **kw)
-        for cfg in (wide, replace(wide, stagger=True, group_m=32)):
+        for cfg in (wide, replace(wide, stagger=True, group_m=32), gluon_launch.WIDE[1]):
+            if not cfg.holds_groups(kw.get("out_group", 128) if "out_quant" in kw else None, False):
+                continue
             got = launch(cfg, **kw)
             if isinstance(want, tuple):
                 assert same_q(got[0], want[0]) and same_scale(got[1], want[1]), (kw, cfg)

@@ -23,22 +23,39 @@ N = 2112
 EPIS = {"plain": dict(), "requant": dict(requant=True), "bias+requant": dict(bias=True, requant=True)}
 
 
-def table(path):
-    """The JSON lines as a table: each tile's time, and the fastest over the plain GEMM's fastest tile in the same
-    run (the row before, as main prints them)."""
+TILES = ("128x128", "128x192", "128x256")
+
+
+def tiles(gll, K, epi):
+    """The probe's tiles by name (`gll`: gluon_launch): 128×192 for the plain GEMM only, 128×256 with group_m and
+    stagger as `config_for` gives a wide tile."""
+    wide = gll.WIDE[0]
+    if K <= gll.SHORT_K:
+        wide = dataclasses.replace(wide, group_m=gll.SHORT_K_GROUP_M, stagger=True)
+    out = {"128x128": gll.DEFAULT, "128x256": wide}
+    if not epi.get("requant"):
+        out["128x192"] = gll.WIDE[1]
+    return out
+
+
+def table(path, names=TILES):
+    """The JSON lines as a table: each tile's time (the tiles `names`), and the fastest over the plain GEMM's
+    fastest tile in the same run (the row before, as main prints them)."""
     rows = [json.loads(line) for line in open(path) if line.strip()]
     print(rows[0]["device"], rows[0]["versions"])
-    print("tag   fmt       M      K epilogue       " + "".join(f"{t:>10}" for t in ("128x128", "128x192", "128x256"))
+    widths = [max(10, len(t) + 1) for t in names]
+    print("tag   fmt       M      K epilogue       " + "".join(f"{t:>{w}}" for t, w in zip(names, widths))
           + "   best/plain  bits")
     for r in rows:
         if r["epilogue"] == "plain":
             best = min(r["us"].values())
-        cells = "".join(f"{r['us'][t]:10.1f}" if t in r["us"] else f"{'-':>10}" for t in ("128x128", "128x192", "128x256"))
+        cells = "".join(f"{r['us'][t]:{w}.1f}" if t in r["us"] else f"{'-':>{w}}" for t, w in zip(names, widths))
         print(f"{r['tag']:5} {r['fmt']:4} {r['M']:6} {r['K']:6} {r['epilogue']:14} {cells} "
               f"{min(r['us'].values()) / best:12.3f}  {'yes' if r['same_bits'] else 'NO'}")
 
 
-def main():
+def main(tiles=tiles):
+    """Time the tiles `tiles(gll, K, epi)` gives by name, one JSON line per case."""
     # The GPU's modules only here: --table runs anywhere.
     import torch
 
@@ -46,15 +63,6 @@ def main():
     from quantcore.backends.triton import gluon_launch as gll
     from quantcore.bench.timing import gpu_times_us
     from stagger_probe import FMTS, PROFILE, checksum, operands  # docs/bench/round24 on sys.path
-
-    def tiles(K, epi):
-        wide = gll.WIDE[0]
-        if K <= gll.SHORT_K:
-            wide = dataclasses.replace(wide, group_m=gll.SHORT_K_GROUP_M, stagger=True)
-        out = {"128x128": gll.DEFAULT, "128x256": wide}
-        if not epi.get("requant"):
-            out["128x192"] = gll.WIDE[1]
-        return out
 
     def launch(cfg, a, a_s, w, w_s, bias, epi):
         b = bias if epi.get("bias") else None
@@ -69,7 +77,7 @@ def main():
             for M in MS:
                 a, a_s, w, w_s, bias = operands(M, N, K, fmt)
                 for e, epi in EPIS.items():
-                    named = tiles(K, epi)
+                    named = tiles(gll, K, epi)
                     fns = [launch(cfg, a, a_s, w, w_s, bias, epi) for cfg in named.values()]
                     if tag == "--warm":
                         for fn in fns:
