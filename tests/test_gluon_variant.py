@@ -64,7 +64,8 @@ def test_a_gpu_with_the_shipped_tables_selects_it_exactly_where_they_rank_it_fir
                 own = [name for name in order if any(i.named_by(name) for i in registry.impls(op))]
                 first = own[:1] == [GLUON]
                 ranked_first += [first]
-                assert (registry.select(gemm_query(gpu, fmt, op, m)).label == GLUON) == first, (table.device, op, fmt, m)
+                assert (registry.select(gemm_query(gpu, fmt, op, m)).label == GLUON) == first, \
+                    (table.device, op, fmt, m)
                 # With an epilogue, the same ranking without cuBLAS, which would run it in passes of its own.
                 fused = [name for name in own if name != "torch[cublas]"][:1] == [GLUON]
                 selected = registry.select(gemm_query(gpu, fmt, op, m, fused=True)).label

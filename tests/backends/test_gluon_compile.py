@@ -237,8 +237,9 @@ def test_a_staggered_wide_tile_lowers_where_a_tile_fits_the_ring(K, stagger):
 
 @pytest.mark.parametrize("qdtype, out_quant, bias, spills", [
     ("float8_e4m3fn", None, None, 32),
-    # A second copy of the re-quantized epilogue, for the last column's loop, and ptxas keeps a few pointers on the
-    # stack inside the main loop (204 and 184 bytes under Triton 3.9's ptxas): measured faster all the same than the
+    # A second copy of the re-quantized epilogue, for the last column's loop, and ptxas keeps a few values on the
+    # stack (20 and 36 bytes under Triton 3.9's ptxas; 204 and 184, a few pointers inside the main loop, before the
+    # walk's tile counts came from one function, docs/bench/round26/walk_ab.txt): measured faster all the same than the
     # default tile at 4096 rows and than the tile computed whole at 16384 (docs/bench/round25/tail_probe.txt).
     ("float8_e4m3fn", "float8_e4m3fn", None, 256),
     ("int8", "int8", "bfloat16", 256),

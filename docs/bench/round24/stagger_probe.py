@@ -86,7 +86,8 @@ def main():
                 fns.append(baselines.cublas_blockwise_fp8(a, a_s, w, w_s) if fname == "fp8" else baselines.int_mm(a, w))
             us = gpu_times_us(fns)
             sums = [checksum(f()) for f in fns[:len(VALUES)]]
-            print(json.dumps(dict(tag=tag, fmt=fname, M=M, N=N, K=K, epilogue=e, tile=runs[0][1], leads=[int(v) for v in VALUES],
+            print(json.dumps(dict(tag=tag, fmt=fname, M=M, N=N, K=K, epilogue=e, tile=runs[0][1],
+                                  leads=[int(v) for v in VALUES],
                                   us=us[:len(VALUES)], base_us=us[len(VALUES)] if e == "plain" else None,
                                   same_bits=len(set(sums)) == 1, device=torch.cuda.get_device_name(),
                                   versions=capability.versions())), flush=True)

@@ -7,7 +7,8 @@ import torch
 from stagger_probe import operands, FMTS
 from quantcore.bench import baselines
 from torch.profiler import profile, ProfilerActivity
-for M, N, K in [(4096, 4096, 7168), (16384, 4096, 7168), (16384, 7168, 16384), (4096, 7168, 16384), (16384, 2112, 7168), (16384, 7168, 2048)]:
+for M, N, K in [(4096, 4096, 7168), (16384, 4096, 7168), (16384, 7168, 16384), (4096, 7168, 16384),
+                (16384, 2112, 7168), (16384, 7168, 2048)]:
     a, a_s, w, w_s, _ = operands(M, N, K, FMTS["fp8"])
     fn = baselines.cublas_blockwise_fp8(a, a_s, w, w_s)
     fn(); torch.cuda.synchronize()

@@ -1,9 +1,9 @@
-"""Round-26 probe (H100): the plain GEMM's last wave at 16384 rows. On 128×256, N = 4096 and 7168 give 2048 and 3584
-tiles, 15.5 and 27.2 for 132 programs, so the last round of tiles leaves 48 % and 85 % of the programs idle. 128×192 in 64-column
-sub-tiles has a last column tile of one sub-tile (N % 192 = 64) that the kernel skips down to that sub-tile and
-walks after the whole ones. Run in the tree of `balance.diff`, which hands those short tiles first to the programs
-with a whole tile fewer: 63 and 109 sub-tiles for the busiest program against 64 and 112 on 128×256, at 17 % more
-A and B bytes per FLOP (the shipped strided walk: 64 and 109).
+"""Round-26 probe (H100): the plain GEMM's last wave at 16384 rows. On 128×256, N = 4096 and 7168 give 2048 and
+3584 tiles, 15.5 and 27.2 for 132 programs, so the last round of tiles leaves 48 % and 85 % of the programs idle.
+128×192 in 64-column sub-tiles has a last column tile of one sub-tile (N % 192 = 64) that the kernel skips down to
+that sub-tile and walks after the whole ones. Run in the tree of `balance.diff`, which hands those short tiles
+first to the programs with a whole tile fewer: 63 and 109 sub-tiles for the busiest program against 64 and 112 on
+128×256, at 17 % more A and B bytes per FLOP (the shipped strided walk: 64 and 109).
 
 Per format (PROBE_FMTS, default fp8,int8), PROBE_MS rows (default 16384) and the bench shapes of N 4096 and 7168: the
 plain bf16 GEMM on 128×256 (`config_for`'s) and on 128×192, and cuBLAS block-wise (FP8) or `torch._int_mm` (INT8),

@@ -286,7 +286,8 @@ def scaled_mm(a, a_scale, b, b_scale, *, block_n, block_k, bias, activation, out
         BLOCK_N=bn, STAGES=stages, GROUP_M=config.group_m, PIPELINE=pipeline, TMA_OUT=tma_out,
         CONSUMER_REGS=config.consumer_regs(bool(epi_rows)), PRODUCER_REGS=config.producer(bool(epi_rows)),
         EPI_ROWS=epi_rows, EPILOGUE_REGS=config.epilogue_regs, num_warps=_WARPS,
-        STAGGER=config.stagger and triton.cdiv(K, block_k) <= stages, TAIL_NSUB=tail_sub_tiles(config, N, bool(epi_rows)),
+        STAGGER=config.stagger and triton.cdiv(K, block_k) <= stages,
+        TAIL_NSUB=tail_sub_tiles(config, N, bool(epi_rows)),
         # The promotion is one FMA per element, as the tiled kernel's under Triton 3.6's default (which
         # later versions turn off).
         enable_fp_fusion=True), a.device, descriptors,

@@ -167,9 +167,9 @@ def block_scaled_mm_kernel(
     "fp32"/"fp16"/"bf16" for a cast, or "fp8"/"int8" to re-quantize per 1×OUT_GROUP (OUT_GROUP must
     divide BLOCK_N) into out and out_scale [M, ceil(N/OUT_GROUP)], encoding FP8 with the conversion
     instructions when HW_FP8 (sm_89+); TINY_SCALES as `finish_tile`'s. SPLIT: program (tile, pid_k) of a
-    (tiles, splits) grid multiplies K blocks pid_k·kb_per_split… (at most kb_per_split of them) and `splits_summed` meets
-    the splits in ws_ptr / counter_ptr (splits × tiles fp32 tiles of BLOCK_M × BLOCK_N, one int32 per
-    tile); otherwise kb_per_split is unused and K is walked whole. (The split count is the grid's, not a
+    (tiles, splits) grid multiplies K blocks pid_k·kb_per_split… (at most kb_per_split of them) and
+    `splits_summed` meets the splits in ws_ptr / counter_ptr (splits × tiles fp32 tiles of BLOCK_M × BLOCK_N,
+    one int32 per tile); otherwise kb_per_split is unused and K is walked whole. (The split count is the grid's, not a
     compile-time constant: one compiled kernel serves every split of a tile.)
     """
     # Grouped ordering: GROUP_M row-tiles share each column strip of b while it is in L2.

@@ -105,16 +105,25 @@ def _grouped(tile, M, col_tiles, BLOCK_M: gl.constexpr, GROUP_M: gl.constexpr):
 
 
 @gluon.jit
+def _walk(M, N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, TAIL_NSUB: gl.constexpr):
+    """(whole, tiles) of the output's tiles in `_tile`'s order: the first `whole` in grouped order, the rest (with
+    TAIL_NSUB, N's last column) after them."""
+    tiles = gl.cdiv(M, BLOCK_M) * gl.cdiv(N, BLOCK_N)
+    whole = tiles - gl.cdiv(M, BLOCK_M) if TAIL_NSUB else tiles
+    return whole, tiles
+
+
+@gluon.jit
 def _tile(tile, M, N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr, TAIL_NSUB: gl.constexpr):
     """(row tile, column tile) of the tile-th tile: in grouped order; with TAIL_NSUB (N's last column tile part
     empty, its sub-tiles past N skipped: `_consume`) the whole column tiles first, then the last column's, so that
     the programs of one more tile than others are the ones whose extra tile is the short one."""
     if TAIL_NSUB:
+        whole, _tiles = _walk(M, N, BLOCK_M, BLOCK_N, TAIL_NSUB)
         full_n = N // BLOCK_N
-        full = gl.cdiv(M, BLOCK_M) * full_n
-        pid_m = tile - full
+        pid_m = tile - whole
         pid_n = full_n
-        if tile < full:
+        if tile < whole:
             pid_m, pid_n = _grouped(tile, M, full_n, BLOCK_M, GROUP_M)
     else:
         pid_m, pid_n = _grouped(tile, M, gl.cdiv(N, BLOCK_N), BLOCK_M, GROUP_M)
@@ -187,8 +196,7 @@ def _produce(a_desc, b_desc, ring, bias_stage, params, BLOCK_N: gl.constexpr, GR
     it = 0
     t = 0  # this program's tiles so far
     # As the consumers walk them (`_consume`): with TAIL_NSUB, the last column's tiles in a loop of their own.
-    tiles = gl.cdiv(M, BLOCK_M) * gl.cdiv(N, BLOCK_N)
-    whole = tiles - gl.cdiv(M, BLOCK_M) if TAIL_NSUB else tiles
+    whole, tiles = _walk(M, N, BLOCK_M, BLOCK_N, TAIL_NSUB)
     for tile in range(gl.program_id(0), whole, gl.num_programs(0)):
         pid_m, pid_n = _tile(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M, TAIL_NSUB)
         it = _load_tile(a_desc, b_desc, ring, pid_m, pid_n, K, it, BLOCK_N, NSUB)
@@ -609,8 +617,9 @@ def _tile_work(work, at, C: gl.constexpr, SCALE_BN: gl.constexpr, BIAS: gl.const
                 res, rows, cols, mask = done[i]
                 j = g * SPAN + i
                 if TMA_STORE:
-                    # Stores complete in order, and a whole tile's sub-tiles are a multiple of EPI: with at most EPI - 1 of them
-                    # pending, the one that last read this buffer (this tile's or the previous one's) is done.
+                    # Stores complete in order, and a whole tile's sub-tiles are a multiple of EPI: with at most
+                    # EPI - 1 of them pending, the one that last read this buffer (this tile's or the previous one's)
+                    # is done.
                     tma.store_wait(pendings=EPI - 1)
                     buf = c_smem.index(C * EPI + j % EPI)
                     buf.store(res.to(buf.dtype))
@@ -668,8 +677,7 @@ def _consume(ring, out_desc, epi_smem, bias_stage, params, C: gl.constexpr, SCAL
     # The producer's walk over this program's tiles (persistent: pid, pid + programs, ...), in step: with
     # TAIL_NSUB, the whole column tiles' loop, then the last column's (`_tile` orders them so). (A branch per
     # tile between the two in one loop made ptxas spill the weight scales' pointers inside the main loop.)
-    tiles = gl.cdiv(M, BLOCK_M) * gl.cdiv(N, BLOCK_N)
-    whole = tiles - gl.cdiv(M, BLOCK_M) if TAIL_NSUB else tiles
+    whole, tiles = _walk(M, N, BLOCK_M, BLOCK_N, TAIL_NSUB)
     for tile in range(gl.program_id(0), whole, gl.num_programs(0)):
         pid_m, pid_n = _tile(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M, TAIL_NSUB)
         it, h = _tile_work(work, (it, h, t, num_kb, pid_m, pid_n, zero), C, SCALE_BN, BIAS, ACTIVATION, OUT,
