@@ -72,7 +72,8 @@ def main():
         for fname, M, N, K in list(cases())[i::n]:
             ops_ = operands(M, N, K, FMTS[fname])
             for e in EPIS:
-                runner(VALUES[0], *ops_, EPILOGUES[e])[0]()
+                for v in VALUES:
+                    runner(v, *ops_, EPILOGUES[e])[0]()
         torch.cuda.synchronize()
         return
     tag = sys.argv[1]
