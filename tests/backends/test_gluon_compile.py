@@ -260,6 +260,19 @@ def test_a_last_column_tile_of_skipped_sub_tiles_lowers(qdtype, out_quant, bias,
     assert "C7514" not in k["ptxas"] and "C7515" not in k["ptxas"], k["ptxas"]
 
 
+def test_int8_codes_come_two_at_a_time_as_fp8_codes_do():
+    """A re-quantized INT8 output on the wide tile encodes its codes a pair at a time (`quant._INT8X2`: cvt.rni and
+    cvt.pack, one packed conversion under ptxas for sm_90a), as many conversions as the FP8 output's e4m3x2 ones,
+    and none by the float route (1.5·2^23 added)."""
+    fp8 = compiled(M=4096, N=7168, K=2048, qdtype="float8_e4m3fn", out_quant="float8_e4m3fn", out_group=128)
+    int8 = compiled(M=4096, N=7168, K=2048, qdtype="int8", out_quant="int8", out_group=128)
+    pairs = count(fp8, r"cvt\.rn\.satfinite\.e4m3x2\.f32")
+    assert pairs >= 64 and count(int8, r"cvt\.pack\.sat\.s8\.s32\.b32") == pairs
+    assert count(int8, r"cvt\.rni\.s32\.f32") == 2 * pairs
+    assert count(int8, r"0f4B400000") == 0
+    assert spill_bytes(int8) == 0
+
+
 def test_a_re_quantized_output_staged_without_an_activation_lowers():
     """Asked for (epi_rows), INT8 codes without an activation go through the epilogue partition: the codes
     and scales with masked stores, no TMA store, a stage fewer, nothing spilled."""

@@ -45,8 +45,8 @@ def _triton_kernel(pow2: bool):
         tl.store(out_ptr + n + offs, old.to(tl.int32, bitcast=True))
         tl.store(out_ptr + 2 * n + offs, fp8e4m3_encode_as(new, True).to(tl.int32))
         tl.store(out_ptr + 3 * n + offs, fp8e4m3_encode_as(old, True).to(tl.int32))
-        tl.store(out_ptr + 4 * n + offs, int8_encode(new).to(tl.int32))
-        tl.store(out_ptr + 5 * n + offs, int8_encode(old).to(tl.int32))
+        tl.store(out_ptr + 4 * n + offs, int8_encode(new, True).to(tl.int32))
+        tl.store(out_ptr + 5 * n + offs, int8_encode(old, True).to(tl.int32))
     return lambda x, s, out: both[(x.numel() // BLOCK,)](x, s, out, POW2=pow2, BLOCK=BLOCK)
 
 
@@ -159,12 +159,14 @@ extern "C" __global__ void codes(const float* v, signed char* out, long long n) 
 """
 
 
-@pytest.mark.parametrize("backend", ["triton", "cupy"])
+@pytest.mark.parametrize("backend", ["triton", "triton-float", "cupy"])
 def test_int8_encode_rounds_and_clamps_as_the_reference(backend):
-    """`quant.int8_encode` and `qc::Int8::encode` compiled (cvt.rni) give the reference's INT8 codes: ties
+    """`quant.int8_encode` compiled, by its packed conversion (`_INT8X2`, "triton") and by its float route
+    ("triton-float", the interpreter's), and `qc::Int8::encode` (cvt.rni) give the reference's INT8 codes: ties
     to even and 0 for NaN over every quotient a group's scale allows (|v| at most 127·(1 + 2^-23): the
     Triton encoder has no clamp, docs/numerics.md), and the CUDA one, which clamps, ±127 past the range
-    (±Inf included); on specials and 2^20 random values."""
+    (±Inf included); on specials and 2^20 random values, each code at its own position (the packed route
+    places two a register)."""
     from quantcore.backends.torch.quant import encode
 
     edge = torch.tensor(127.0).nextafter(torch.tensor(200.0))  # 127 + 1 ulp, above any quotient of amax / scale
@@ -176,20 +178,22 @@ def test_int8_encode_rounds_and_clamps_as_the_reference(backend):
     if backend == "cupy":
         past = torch.tensor([float("inf"), float("-inf"), 1e30, -1e30, 127.51, -127.51, 128.5, -130.5])
         v = torch.cat([v, past, (torch.rand(2**16, generator=g) * 300 - 150).float()])
-    v = torch.cat([v, torch.zeros(-v.numel() % BLOCK)]).cuda()
+    # A block of 4096: the packed route takes tensors of at least quant.PAIRED_MIN (2048) elements.
+    block = 4 * BLOCK
+    v = torch.cat([v, torch.zeros(-v.numel() % block)]).cuda()
     out = torch.empty(v.numel(), dtype=torch.int8, device="cuda")
-    if backend == "triton":
+    if backend.startswith("triton"):
         import triton
         import triton.language as tl
 
         from quantcore.backends.triton.kernels.quant import int8_encode
 
         @triton.jit
-        def codes(v_ptr, out_ptr, BLOCK: tl.constexpr):
+        def codes(v_ptr, out_ptr, HW: tl.constexpr, BLOCK: tl.constexpr):
             offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-            tl.store(out_ptr + offs, int8_encode(tl.load(v_ptr + offs)))
+            tl.store(out_ptr + offs, int8_encode(tl.load(v_ptr + offs), HW))
 
-        codes[(v.numel() // BLOCK,)](v, out, BLOCK=BLOCK)
+        codes[(v.numel() // block,)](v, out, HW=backend == "triton", BLOCK=block)
     else:
         fn = _cuda_function(_CUDA_CODES, "codes")
         import cupy

@@ -17,19 +17,41 @@ from .epilogue import activate
 from .fp8 import fp8e4m3_decode_f16, fp8e4m3_decode_f32, fp8e4m3_encode_as, nan_absmax, ue8m0_round_up
 
 
-@triton.jit
-def int8_encode(v):
-    """fp32 quotients of `divide` -> int8: round half to even, NaN -> 0. No clamp: a group's scale is at
-    least its amax / 127, so |v| is at most 127·(1 + 2^-23) and rounds to at most 127.
+# Two fp32 quotients ($1, $2) -> their INT8 codes packed in the low 16 bits ($1's in the low byte): each rounded
+# half to even by `cvt.rni` (0 for NaN), saturated and packed by `cvt.pack.sat`, which ptxas for sm_90a fuses into
+# one F2IP a pair (packed, d = c << 16 | sat(a) << 8 | sat(b)).
+_INT8X2 = tl.constexpr("""{
+.reg .s32 a, b;
+.reg .b32 d;
+cvt.rni.s32.f32 a, $1;
+cvt.rni.s32.f32 b, $2;
+cvt.pack.sat.s8.s32.b32 d, b, a, 0;
+cvt.u16.u32 $0, d;
+}""")
 
-    Two float instructions and no inline assembly, one route for compiled kernels and the interpreter; in
-    the GEMMs' re-quantized INT8 epilogue as fast as `cvt.rni` without a clamp (its one conversion an
-    element), docs/bench/round22/int8_route_ab.txt."""
-    # v + 1.5·2^23 lies in [2^23, 2^24), where the ulp is 1: the FPU rounds v half to even and the sum's low
-    # bits hold it in two's complement. A NaN sum becomes 1.5·2^23 − 256 (tl.maximum returns the number),
-    # whose low byte is 0.
-    w = tl.maximum(v + 12582912.0, 12582656.0)
-    return w.to(tl.int32, bitcast=True).to(tl.int8)
+
+# The packed conversion takes a thread's elements in pairs, so it needs an even count of them in every thread: a
+# tensor's elements (a power of two) spread over a CTA's threads (at most 1024) are, from 2048 of them.
+PAIRED_MIN = tl.constexpr(2048)
+
+
+@triton.jit
+def int8_encode(v, HW: tl.constexpr):
+    """fp32 quotients of `divide` -> int8: round half to even, NaN -> 0. No clamp is needed: a group's scale is
+    at least its amax / 127, so |v| is at most 127·(1 + 2^-23) and rounds to at most 127.
+
+    HW (compiled for sm_89+) and at least PAIRED_MIN elements: two codes an instruction (`_INT8X2`), where the
+    float route below takes two float instructions a code and a byte permute a pair (docs/performance.md, round
+    28). Else two float instructions and no inline assembly, the route the interpreter runs (`cvt.rni`, one code
+    an instruction, was no faster than it, round 22)."""
+    if HW and v.numel >= PAIRED_MIN:
+        return tl.inline_asm_elementwise(_INT8X2, "=h,r,r", [v], dtype=tl.int8, is_pure=True, pack=2)
+    else:
+        # v + 1.5·2^23 lies in [2^23, 2^24), where the ulp is 1: the FPU rounds v half to even and the sum's
+        # low bits hold it in two's complement. A NaN sum becomes 1.5·2^23 − 256 (tl.maximum returns the
+        # number), whose low byte is 0.
+        w = tl.maximum(v + 12582912.0, 12582656.0)
+        return w.to(tl.int32, bitcast=True).to(tl.int8)
 
 
 @triton.jit
@@ -116,7 +138,7 @@ def quantize(x, scale, QFMT: tl.constexpr, HW_FP8: tl.constexpr, UE8M0: tl.const
     if QFMT == "fp8":
         return fp8e4m3_encode_as(v, HW_FP8)
     else:
-        return int8_encode(v)
+        return int8_encode(v, HW_FP8)
 
 
 @triton.jit
