@@ -1,11 +1,11 @@
 """Round-29 probe helper: rewrite the scheduling hints of the promotion FMAs in a compiled sm_90a cubin.
 
-ptxas marks nearly every FFMA of the Gluon GEMM's promotion as one after which the warp scheduler keeps
-issuing from the same warp, and has most of them read their scale operand from the operand reuse cache.
-DeepGEMM reported (its README, "FFMA SASS interleaving") 10 %+ on block-scaled FP8 GEMMs from clearing
-both bits on part of each long run of FFMAs, so that the scheduler may switch to the other consumer
-warpgroup (its wgmma issue) between them; the reuse bit must go with it, as a switch drops the reuse
-cache. Neither bit changes what an instruction computes: this only moves when instructions issue.
+ptxas 12.8 sets the yield-hint bit on nearly every FFMA of the Gluon GEMM's promotion (as on most of its
+instructions) and has most of them read their scale operand from the operand reuse cache. DeepGEMM reported
+(its README, "FFMA SASS interleaving") 10 %+ on block-scaled FP8 GEMMs from clearing both bits on part of each
+long run of FFMAs, which by its account lets the scheduler switch warps between them (here to the other
+consumer warpgroup's wgmma issue); the reuse flag goes with it, as a switch may drop the reuse cache. Neither
+bit changes what an instruction computes (every output here compared bit for bit).
 
 Works on the ELF bytes: the kernel's `.text.<name>` section, 16-byte instructions, FFMA with register
 operands is opcode 0x223 in the low 12 bits (checked against nvdisasm in yield_scan.txt). Bits of the
