@@ -33,7 +33,9 @@ block-wise kernel and DeepGEMM hide it by giving the work to different warps. So
   before is promoted, one K block per step. A wider tile reads less of A and B per FLOP through L2
   (128 × 192: 17 % less, 128 × 256: 25 %), what cuBLAS gets from 2-CTA clusters multicasting the
   shared operand: Triton 3.6's Gluon launches clusters (num_ctas) but its TMA loads have no multicast
-  (none is emitted even for a CTA-broadcast layout) and its mbarriers no remote arrive.
+  (none is emitted even for a CTA-broadcast layout) and its mbarriers no remote arrive. Measured in CUDA C++
+  (docs/bench/round30), multicast brings a 128 × 128 tile to the wide tile's speed at long K and adds nothing to
+  the wide tile.
 - Persistent: one program per SM (the launch's grid), each walking tiles pid, pid + programs, ...
   in grouped order (GROUP_M row tiles share a column strip of b while it is in L2). The producer
   runs ahead into the next tile while the consumers run the epilogue. Where N's last column tile has
