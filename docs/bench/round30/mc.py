@@ -5,10 +5,8 @@ timing.gpu_times_us), plain bf16 output, on the bench shapes whose N is a multip
 the Gluon wide kernel's, and cuBLAS's largest difference from the first over its largest value; then a table of
 cuBLAS time / each.
 
-The cubins (built beside this file by nvcc as runs.sh says) are named in MC_CUBINS (mc_gemm's kernel) and MC_WIDE
-(mc_wide's); the name tells the launch: "gc" the TMA maps by value, "v9"/"v1x" a TMA-stored output (its map and
-32 KiB more shared memory), "wm" the Gluon kernel's walk with clusters sharing B (each CTA loading half of it) but
-for "c0" (plain launch) and "c1" (clusters of one), which load B whole; "mc" in an MC_WIDE name: clusters of two.
+The cubins, built beside this file by nvcc as runs.sh says, are named in MC_CUBINS (mc_gemm.cu's kernel, CLUSTER 2
+unless the name ends "c0" or "c1") and MC_WIDE (mc_wide.cu's); MC_CUBINS must name at least one.
 
 Usage: MC_CUBINS=... MC_WIDE=... python3 mc.py [M,...]   (default 4096,16384)
 """
@@ -27,84 +25,57 @@ from quantcore.bench import baselines, timing
 from quantcore.bench.shapes import DEEPSEEK_NK
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SMEM = 6 * 32768 + 96 + 1024
-CUBINS = os.environ.get("MC_CUBINS", "mc_gemm").split(",")
+CUBINS = [c for c in os.environ.get("MC_CUBINS", "").split(",") if c]
+WIDE = [c for c in os.environ.get("MC_WIDE", "").split(",") if c]
+# Shared memory: the ring (6 slots of 32 KiB, or 4 of 48 KiB), 32 KiB of output boxes, the barriers and 1 KiB for
+# aligning the ring to 1024 bytes.
+SMEM = {"mc_gemm": 6 * 32768 + 32768 + 96 + 1024, "mc_wide": 4 * 48 * 1024 + 32 * 1024 + 64 + 1024}
 FNS = {}
-for c in CUBINS:
-    FNS[c] = cupy.RawModule(path=os.path.join(HERE, c + ".cubin")).get_function("mc_gemm")
-    FNS[c].max_dynamic_shared_size_bytes = SMEM + 32768 * ("v9" in c or "v1" in c[8:10])
+for c in CUBINS + WIDE:
+    kernel = "mc_wide" if c in WIDE else "mc_gemm"
+    FNS[c] = cupy.RawModule(path=os.path.join(HERE, c + ".cubin")).get_function(kernel)
+    FNS[c].max_dynamic_shared_size_bytes = SMEM[kernel]
 enc = ctypes.CDLL("libcuda.so.1").cuTensorMapEncodeTiled
 enc.restype = ctypes.c_int
 enc.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint64),
                 ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint32), ctypes.POINTER(ctypes.c_uint32),
                 ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
-WIDE = [c for c in os.environ.get("MC_WIDE", "").split(",") if c]
-WIDE_SMEM = 4 * 48 * 1024 + 32 * 1024 + 64 + 1024
-for c in WIDE:
-    FNS[c] = cupy.RawModule(path=os.path.join(HERE, c + ".cubin")).get_function("mc_wide")
-    FNS[c].max_dynamic_shared_size_bytes = WIDE_SMEM
 PROFILE = capability.profile_for("cuda")
 SMS = torch.cuda.get_device_properties(0).multi_processor_count
+VOID = np.dtype((np.void, 128))
 
 
-def tmap(t: torch.Tensor, rows: int, dtype: int = 0, cols: int = 128) -> bytes:
-    """A TMA map over t [R, C] (C contiguous; dtype a CUtensorMapDataType), boxes of `cols` x `rows`, 128-byte
-    swizzle."""
+def tmap(t: torch.Tensor, rows: int, dtype: int = 0, cols: int = 128) -> np.void:
+    """A TMA map over t [R, C] (C contiguous; dtype a CUtensorMapDataType, 0 uint8, 9 bf16), boxes of `cols` x
+    `rows`, 128-byte swizzle, L2 promotion of 256 bytes; as a 128-byte kernel argument."""
     buf = (ctypes.c_uint8 * 256)()
     at = (ctypes.addressof(buf) + 63) & ~63
     r = enc(at, dtype, 2, t.data_ptr(), (ctypes.c_uint64 * 2)(t.shape[1], t.shape[0]),
             (ctypes.c_uint64 * 1)(t.stride(0) * t.element_size()),
-            (ctypes.c_uint32 * 2)(cols, rows), (ctypes.c_uint32 * 2)(1, 1), 0, 3, int(os.environ.get("MC_L2", "3")), 0)
+            (ctypes.c_uint32 * 2)(cols, rows), (ctypes.c_uint32 * 2)(1, 1), 0, 3, 3, 0)
     assert r == 0, r
-    return bytes((ctypes.c_uint8 * 128).from_address(at))
+    return np.frombuffer(bytes((ctypes.c_uint8 * 128).from_address(at)), dtype=VOID)[0]
 
 
 def mc(a, a_s, b, b_s, name):
-    fn = FNS[name]
+    """The cubin `name` (of MC_CUBINS: mc_gemm.cu's kernel; of MC_WIDE: mc_wide.cu's) as a call returning its bf16
+    output. mc_gemm's clusters of two read B's map in boxes of half a tile (64 rows): every other kernel, and
+    mc_gemm built with CLUSTER 0 or 1 (a name ending "c0" or "c1"), whole ones."""
     M, K = a.shape
     N = b.shape[0]
     out = torch.empty(M, N, dtype=torch.bfloat16, device="cuda")
-    walk_m = "wm" in name  # Gluon's walk; clusters multicast halves of B
-    ma = tmap(a.view(torch.uint8), 128 if "a1" in name or walk_m else 64)
-    # Halves of B where clusters of 2 multicast it (plain-launched "c0" and cluster-of-one "c1" kernels load it whole).
-    mb = tmap(b.view(torch.uint8), 64 if walk_m and "c0" not in name and "c1" not in name else 128)
-    maps = torch.tensor(list(ma + mb), dtype=torch.uint8, device="cuda")
-    void = np.dtype((np.void, 128))
-    by_value = "gc" in name
-    mo = tmap(out, 64, 9, 64)  # bf16
-    staged = "v9" in name or "v1" in name[8:10]  # a TMA-stored epilogue: its map and 32 KiB more shared memory
-    head = tuple(np.frombuffer(x, dtype=void)[0] for x in ((ma, mb, mo) if staged else (ma, mb))) if by_value else \
-        (np.uint64(maps.data_ptr()), )
-    args = head + (np.uint64(a_s.data_ptr()), np.uint64(b_s.data_ptr()), np.uint64(out.data_ptr()),
-            np.int32(M), np.int32(N), np.int32(K), np.int32(a_s.stride(0)), np.int32(a_s.stride(1)),
-            np.int32(b_s.stride(0)), np.int32(b_s.stride(1)))
+    half_b = name in CUBINS and not name.endswith(("c0", "c1"))
+    maps = (tmap(a.view(torch.uint8), 128), tmap(b.view(torch.uint8), 64 if half_b else 128), tmap(out, 64, 9, 64))
+    # mc_gemm takes the output's pointer too (unused there: the output goes through its map).
+    ptrs = (a_s, b_s) if name in WIDE else (a_s, b_s, out)
+    args = maps + tuple(np.uint64(t.data_ptr()) for t in ptrs) + tuple(
+        np.int32(v) for v in (M, N, K, a_s.stride(0), a_s.stride(1), b_s.stride(0), b_s.stride(1)))
     stream = cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
-    grid = SMS // 2 * 2
+    smem = SMEM["mc_wide" if name in WIDE else "mc_gemm"]
 
     def run():
         with stream:
-            fn((grid,), (384,), args, shared_mem=SMEM + 32768 * staged)
-        return out
-    return run
-
-
-def wide(a, a_s, b, b_s, name):
-    """mc_wide.cu's kernel (128x256 tiles, 64-column sub-tiles; "mc" in the name: clusters multicasting B)."""
-    fn = FNS[name]
-    M, K = a.shape
-    N = b.shape[0]
-    out = torch.empty(M, N, dtype=torch.bfloat16, device="cuda")
-    void = np.dtype((np.void, 128))
-    maps = [tmap(a.view(torch.uint8), 128), tmap(b.view(torch.uint8), 128), tmap(out, 64, 9, 64)]
-    args = tuple(np.frombuffer(x, dtype=void)[0] for x in maps) + (
-        np.uint64(a_s.data_ptr()), np.uint64(b_s.data_ptr()), np.int32(M), np.int32(N), np.int32(K),
-        np.int32(a_s.stride(0)), np.int32(a_s.stride(1)), np.int32(b_s.stride(0)), np.int32(b_s.stride(1)))
-    stream = cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
-    grid = SMS // 2 * 2
-
-    def run():
-        with stream:
-            fn((grid,), (384,), args, shared_mem=WIDE_SMEM)
+            FNS[name]((SMS // 2 * 2,), (384,), args, shared_mem=smem)
         return out
     return run
 
@@ -128,7 +99,7 @@ if __name__ == "__main__":
                                    dtype=torch.float8_e4m3fn)
             b, b_s = ops.weight_quant(torch.randn(n, k, device="cuda", dtype=torch.bfloat16, generator=g),
                                       dtype=torch.float8_e4m3fn)
-            f_mcs = [mc(a, a_s, b, b_s, c) for c in CUBINS] + [wide(a, a_s, b, b_s, c) for c in WIDE]
+            f_mcs = [mc(a, a_s, b, b_s, c) for c in CUBINS + WIDE]
             f_mc = f_mcs[0]
             f_wide = gluon(a, a_s, b, b_s, gl.config_for(m, n, k, 128, None))
             f_128 = gluon(a, a_s, b, b_s, gl.DEFAULT)
@@ -143,7 +114,8 @@ if __name__ == "__main__":
             o_wide = f_wide().clone()
             same_wide = all(torch.equal(f().view(torch.int16), o_wide.view(torch.int16)) for f in f_mcs[n_mc:])
             us = timing.gpu_times_us([f_wide, f_128, f_cub] + f_mcs)
-            row = dict(m=m, n=n, k=k, wide=us[0], d128=us[1], cublas=us[2], same_bits_128=same, same_bits_wide=same_wide, rel_err=err,
+            row = dict(m=m, n=n, k=k, wide=us[0], d128=us[1], cublas=us[2], same_bits_128=same,
+                       same_bits_wide=same_wide, rel_err=err,
                        **{c: u for c, u in zip(CUBINS + WIDE, us[3:])})
             print(json.dumps(row), flush=True)
             rows.append(row)

@@ -3,6 +3,9 @@
 #pragma once
 #include <stdint.h>
 
+// A CUtensorMap, as a __grid_constant__ kernel parameter.
+struct alignas(64) TMap { uint64_t opaque[16]; };
+
 __device__ __forceinline__ uint32_t smem_u32(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
 __device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(bar), "r"(count) : "memory");

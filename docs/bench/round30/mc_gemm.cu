@@ -3,20 +3,12 @@
 // a_s[m,kb] * b_s[n/128,kb], the contract's promotion (one FFMA an element a K block, the product a_s * b_s first),
 // the same bits as the Gluon GEMM's 128x128 kernel. 128x128 tiles, 128-deep K blocks, a 6-slot TMA ring; warpgroup
 // 0 produces (one thread), warpgroups 1 and 2 multiply 64 rows each (m64n128k32 wgmma, two K blocks a step, the
-// second's wgmmas running while the first is promoted) on a persistent grid of one CTA per SM.
-// Assumes M % 256 == 0, N % 256 == 0, K % 128 == 0 (no tails: a probe).
-//
-// The switches were added one at a time while measuring (docs/bench/round30/runs.sh); the final run
-// (mc_final.txt) built every variant with
-//   -DSCALE_QUAL= -DGRID_CONST -DTMA_STORE -DWALK_M -DUNIFORM_WG  and  -DCLUSTER=0 -DA_ONE_BOX (plain launch),
-//   -DCLUSTER=1 -DA_ONE_BOX (clusters of one) or -DCLUSTER=2 (clusters of two, each CTA loading half of B for both).
-// SCALE_QUAL: the scale pointers' qualifier (default __restrict__, whose loads ptxas placed after the first wait);
-// GRID_CONST: the TMA maps as __grid_constant__ parameters (else one pointer to them in global memory);
-// TMA_STORE: the bf16 output through shared memory and TMA stores (else st.global of bf16 pairs, QUAD_STORE: of
-// 16 bytes after a transpose in each quad); WALK_M: the Gluon kernel's grouped walk, clusters of consecutive row
-// tiles sharing B (else pairs of column tiles sharing A); UNIFORM_WG: the warpgroup index through a shuffle, so that
-// the wgmma descriptors stay in uniform registers; A_ONE_BOX: A in one 128-row box; PREFETCH: the next step's
-// scales loaded a step ahead; PREFETCH_MAP, WG_BAR, SCALE_AFTER_WAIT: tried, no change (runs.sh).
+// second's wgmmas running while the first is promoted) on a persistent grid of one CTA per SM, in the Gluon kernel's
+// grouped walk, the bf16 output through shared memory and TMA stores.
+// CLUSTER: 0 a plain launch, 1 clusters of one, 2 (default) clusters of two consecutive row tiles, which share a
+// column tile and so B: each CTA loads half of it for both (TMA multicast).
+// Assumes M % 256 == 0, N % 128 == 0, K % 128 == 0 (no tails: a probe). The steps that led here, and the switches
+// they were measured with, are in docs/performance.md (Round 30).
 #include <cuda_bf16.h>
 #include <stdint.h>
 
@@ -28,9 +20,6 @@
 
 #include "mc_common.cuh"
 
-__device__ __forceinline__ uint32_t cluster_rank() {
-  uint32_t r; asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r)); return r;
-}
 // K-major operand in 128-byte swizzled rows (TMA's SWIZZLE_128B), 8-row atoms of 1024 bytes.
 __device__ __forceinline__ uint64_t desc(uint32_t addr) {
   return (uint64_t)((addr & 0x3FFFF) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)(1024 >> 4) << 32) | ((uint64_t)1 << 62);
@@ -41,17 +30,6 @@ __device__ __forceinline__ void wgmma(float (&d)[64], uint64_t da, uint64_t db, 
                : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]) : "l"(da), "l"(db), "r"(scale_d));
 }
 
-struct alignas(64) TMap { uint64_t opaque[16]; };
-#ifdef GRID_CONST
-// The TMA maps as kernel parameters (the constant bank), as CUTLASS and Triton pass them.
-#define MAPS_PARAM const __grid_constant__ TMap map_a_p, const __grid_constant__ TMap map_b_p, \
-    const __grid_constant__ TMap map_c_p
-#else
-#define MAPS_PARAM const void* maps
-#endif
-#ifndef SCALE_QUAL
-#define SCALE_QUAL __restrict__
-#endif
 #ifndef CLUSTER
 #define CLUSTER 2
 #endif
@@ -64,59 +42,34 @@ struct alignas(64) TMap { uint64_t opaque[16]; };
 #define CLUSTER_ATTR __cluster_dims__(CLUSTER, 1, 1)
 #endif
 extern "C" __global__ void CLUSTER_ATTR __launch_bounds__(384, 1)
-mc_gemm(MAPS_PARAM, const float* SCALE_QUAL a_s, const float* SCALE_QUAL b_s, __nv_bfloat16* __restrict__ out,
+mc_gemm(const __grid_constant__ TMap map_a, const __grid_constant__ TMap map_b, const __grid_constant__ TMap map_c,
+        // out: unused (the output goes through map_c), kept so that the arguments are the ones measured.
+        const float* a_s, const float* b_s, __nv_bfloat16* __restrict__ out,
         int M, int N, int K, int stride_asm, int stride_ask, int stride_bsn, int stride_bsk) {
   extern __shared__ __align__(1024) uint8_t raw[];
   const uint32_t base = (smem_u32(raw) + 1023) & ~1023u;
   const uint32_t a_buf = base, b_buf = base + STAGES * BM * BK;
-#ifdef TMA_STORE
   // Per consumer warpgroup its 64x128 bf16 output: two 64x64 boxes in 128-byte swizzled rows.
   const uint32_t c_buf = b_buf + STAGES * BN * BK;
   const uint32_t full = c_buf + BM * BN * 2, empty = full + 8 * STAGES;
-#else
-  const uint32_t full = b_buf + STAGES * BN * BK, empty = full + 8 * STAGES;
-#endif
-#ifdef GRID_CONST
-  const void* map_a = &map_a_p;
-  const void* map_b = &map_b_p;
-#else
-  const void* map_a = maps;
-  const void* map_b = (const uint8_t*)maps + 128;
-#endif
-#ifdef PREFETCH_MAP
-  if (threadIdx.x == 0) {
-    asm volatile("prefetch.tensormap [%0];" :: "l"(map_a) : "memory");
-    asm volatile("prefetch.tensormap [%0];" :: "l"(map_b) : "memory");
-  }
-#endif
-#ifdef UNIFORM_WG
   // Through a shuffle from lane 0 the compiler knows it is the same across the warp: the descriptors derived from
   // it stay in uniform registers (no R2UR before each wgmma), as CUTLASS does.
-  const int wg = __shfl_sync(0xffffffff, threadIdx.x / 128, 0), rank = blockIdx.x % 2;
-#else
-  const int wg = threadIdx.x / 128, rank = blockIdx.x % 2;  // == %cluster_ctarank in clusters of 2
+  const int wg = __shfl_sync(0xffffffff, threadIdx.x / 128, 0);
+#if CLUSTER == 2
+  const int rank = blockIdx.x % 2;  // in the cluster
 #endif
   if (threadIdx.x == 0) {
     for (int s = 0; s < STAGES; ++s) { mbar_init(full + 8 * s, 1); mbar_init(empty + 8 * s, 2 * CLUSTER); }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   cluster_sync();
-#ifdef WALK_M
-  // Gluon's walk: tile = blockIdx.x, + gridDim.x, ... in grouped order over single tiles; the CTAs of a cluster
-  // (consecutive tiles, GROUP_M even) share a column tile and so B, each loading half of it for both.
+  // Tiles blockIdx.x, + gridDim.x, ... in grouped order; the CTAs of a cluster (consecutive tiles, GROUP_M even)
+  // share a column tile.
   const int num_pm = M / BM, num_pn = N / BN, tiles = num_pm * num_pn, nkb = K / BK;
   const int cluster = blockIdx.x, clusters = gridDim.x;
 #define TILE_COORDS(t) \
     const int per = GROUP_M * num_pn, first = (t / per) * GROUP_M, size = min(num_pm - first, GROUP_M); \
     const int m0 = (first + (t % per) % size) * BM, n0 = ((t % per) / size) * BN;
-#else
-  const int num_pm = M / BM, num_pn = N / (2 * BN), tiles = num_pm * num_pn, nkb = K / BK;
-  const int cluster = blockIdx.x / 2, clusters = gridDim.x / 2;
-#define TILE_COORDS(t) \
-    const int per = GROUP_M * num_pn, first = (t / per) * GROUP_M, size = min(num_pm - first, GROUP_M); \
-    const int pm = first + (t % per) % size, pn = (t % per) / size; \
-    const int m0 = pm * BM, n0 = (2 * pn + rank) * BN;
-#endif
   if (wg == 0) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
     if (threadIdx.x == 0) {
@@ -126,21 +79,12 @@ mc_gemm(MAPS_PARAM, const float* SCALE_QUAL a_s, const float* SCALE_QUAL b_s, __
         for (int kb = 0; kb < nkb; ++kb) {
           mbar_wait(empty + 8 * s, ph ^ 1);
           mbar_expect_tx(full + 8 * s, (BM + BN) * BK);
-#if CLUSTER == 2 && defined(WALK_M)
-          tma_load(a_buf + s * BM * BK, map_a, full + 8 * s, kb * BK, m0);  // a map of 128-row boxes
-          tma_load_mc(b_buf + s * BN * BK + rank * 64 * BK, map_b, full + 8 * s, kb * BK, n0 + rank * 64, 0x3);
-#elif CLUSTER == 2
-          tma_load_mc(a_buf + s * BM * BK + rank * 64 * BK, map_a, full + 8 * s, kb * BK, m0 + rank * 64, 0x3);
+          tma_load(a_buf + s * BM * BK, &map_a, full + 8 * s, kb * BK, m0);  // a map of 128-row boxes
+#if CLUSTER == 2
+          // B's map has 64-row boxes: this CTA's half, for both.
+          tma_load_mc(b_buf + s * BN * BK + rank * 64 * BK, &map_b, full + 8 * s, kb * BK, n0 + rank * 64, 0x3);
 #else
-#ifdef A_ONE_BOX
-          tma_load(a_buf + s * BM * BK, map_a, full + 8 * s, kb * BK, m0);  // a map of 128-row boxes
-#else
-          tma_load(a_buf + s * BM * BK, map_a, full + 8 * s, kb * BK, m0);
-          tma_load(a_buf + s * BM * BK + 64 * BK, map_a, full + 8 * s, kb * BK, m0 + 64);
-#endif
-#endif
-#if !(CLUSTER == 2 && defined(WALK_M))
-          tma_load(b_buf + s * BN * BK, map_b, full + 8 * s, kb * BK, n0);
+          tma_load(b_buf + s * BN * BK, &map_b, full + 8 * s, kb * BK, n0);  // 128-row boxes
 #endif
           if (++s == STAGES) { s = 0; ph ^= 1; }
         }
@@ -161,11 +105,8 @@ mc_gemm(MAPS_PARAM, const float* SCALE_QUAL a_s, const float* SCALE_QUAL b_s, __
       const float* bs = b_s + (size_t)(n0 / 128) * stride_bsn;
 #pragma unroll
       for (int i = 0; i < 64; ++i) acc[i] = 0.f;
-      // K block kb's wgmmas into `p` (its slot waited for first).
+      // K block's wgmmas into `p` (its slot waited for first).
       auto issue = [&](float (&p)[64], uint32_t s, uint32_t phase) {
-#ifdef WG_BAR
-        asm volatile("bar.sync %0, 128;" :: "r"(w + 1) : "memory");  // the warpgroup's warps in step, as Triton's
-#endif
         mbar_wait(full + 8 * s, phase);
         asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
         const uint64_t da = dA + s * (BM * BK / 16), db = dB + s * (BN * BK / 16);
@@ -174,7 +115,7 @@ mc_gemm(MAPS_PARAM, const float* SCALE_QUAL a_s, const float* SCALE_QUAL b_s, __
         asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
       };
       auto next = [&]() { if (++st == STAGES) { st = 0; ph ^= 1; } };
-      // K block kb (slot of i) complete in `p`: its slot released, `p` promoted into acc.
+      // A K block complete in `p` (slot s): its slot released, `p` promoted into acc.
       auto retire = [&](float (&p)[64], uint32_t s, float s0, float s1) {
 #pragma unroll
         for (int j = 0; j < 64; ++j) asm volatile("" : "+f"(p[j]) :: "memory");
@@ -187,42 +128,21 @@ mc_gemm(MAPS_PARAM, const float* SCALE_QUAL a_s, const float* SCALE_QUAL b_s, __
       // Two K blocks a step, the second's wgmmas running while the first is promoted; none in flight across the
       // loop's back edge (ptxas would serialize every wgmma: C7514).
       int kb = 0;
-#ifdef PREFETCH
-      float sb0 = bs[0], sb1 = bs[stride_bsk], a00 = as0[0], a01 = as1[0], a10 = as0[stride_ask], a11 = as1[stride_ask];
-#endif
       for (; kb + 2 <= nkb; kb += 2) {
-#ifndef PREFETCH
         // Scales first: their loads' latency hides behind the barrier waits and the wgmmas.
         float sb0 = bs[kb * stride_bsk], sb1 = bs[(kb + 1) * stride_bsk];
         float a00 = as0[kb * stride_ask], a01 = as1[kb * stride_ask];
         float a10 = as0[(kb + 1) * stride_ask], a11 = as1[(kb + 1) * stride_ask];
-#endif
         const uint32_t sa = st, pha = ph;
         next();
         const uint32_t sbb = st, phb = ph;
         next();
         issue(pa, sa, pha);
         issue(pb, sbb, phb);
-#ifdef SCALE_AFTER_WAIT
-        // The scales pass through the waits: their products (and the loads' latency) come after them, not among
-        // the wgmmas' issue, where ptxas put them and a slow load held back the second K block's wgmmas.
-        asm volatile("wgmma.wait_group.sync.aligned 1;" : "+f"(a00), "+f"(a01), "+f"(sb0) :: "memory");
-        retire(pa, sa, a00 * sb0, a01 * sb0);
-        asm volatile("wgmma.wait_group.sync.aligned 0;" : "+f"(a10), "+f"(a11), "+f"(sb1) :: "memory");
-        retire(pb, sbb, a10 * sb1, a11 * sb1);
-#else
         asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
         retire(pa, sa, a00 * sb0, a01 * sb0);
         asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
         retire(pb, sbb, a10 * sb1, a11 * sb1);
-#endif
-#ifdef PREFETCH
-        if (kb + 2 < nkb) {  // the next step's scales (a tail K block's too), loaded a step ahead
-          const int k2 = kb + 2, k3 = min(kb + 3, nkb - 1);
-          sb0 = bs[k2 * stride_bsk]; sb1 = bs[k3 * stride_bsk];
-          a00 = as0[k2 * stride_ask]; a01 = as1[k2 * stride_ask]; a10 = as0[k3 * stride_ask]; a11 = as1[k3 * stride_ask];
-        }
-#endif
       }
       if (kb < nkb) {
         const float sb0 = bs[kb * stride_bsk], a00 = as0[kb * stride_ask], a01 = as1[kb * stride_ask];
@@ -232,7 +152,6 @@ mc_gemm(MAPS_PARAM, const float* SCALE_QUAL a_s, const float* SCALE_QUAL b_s, __
         asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
         retire(pa, sa, a00 * sb0, a01 * sb0);
       }
-#if defined(TMA_STORE)
       {
         const uint32_t mine = c_buf + w * 64 * BN * 2;
         if (threadIdx.x % 128 == 0) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
@@ -251,47 +170,12 @@ mc_gemm(MAPS_PARAM, const float* SCALE_QUAL a_s, const float* SCALE_QUAL b_s, __
 #pragma unroll
           for (int h = 0; h < 2; ++h)
             asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];"
-                         :: "l"(&map_c_p), "r"(n0 + 64 * h), "r"(m0 + w * 64), "r"(mine + h * 64 * 128) : "memory");
+                         :: "l"(&map_c), "r"(n0 + 64 * h), "r"(m0 + w * 64), "r"(mine + h * 64 * 128) : "memory");
           asm volatile("cp.async.bulk.commit_group;" ::: "memory");
         }
       }
-#elif defined(QUAD_STORE)
-      // Each quad of lanes holds 2 columns of every 8-column block of its rows: a 4x4 transpose of their packed
-      // bf16 pairs gives each lane 8 consecutive columns, one 16-byte store (whole 32-byte sectors).
-      const int q = lane % 4;
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-#pragma unroll
-        for (int g = 0; g < 4; ++g) {
-          uint32_t W[4], V[4];
-#pragma unroll
-          for (int j = 0; j < 4; ++j) {
-            const int i = (g * 4 + j) * 4 + 2 * h;
-            __nv_bfloat162 p2 = __floats2bfloat162_rn(acc[i], acc[i + 1]);
-            W[j] = *reinterpret_cast<uint32_t*>(&p2);
-          }
-#pragma unroll
-          for (int r = 0; r < 4; ++r) {
-            const int send = (q - r + 4) % 4, src = (q + r) % 4;
-            uint32_t x = send == 0 ? W[0] : send == 1 ? W[1] : send == 2 ? W[2] : W[3];
-            x = __shfl_sync(0xffffffff, x, (lane & ~3) | src);
-            if (src == 0) V[0] = x; else if (src == 1) V[1] = x; else if (src == 2) V[2] = x; else V[3] = x;
-          }
-          const int row = r0 + 8 * h, col = n0 + (g * 4 + q) * 8;
-          *reinterpret_cast<uint4*>(out + (size_t)row * N + col) = make_uint4(V[0], V[1], V[2], V[3]);
-        }
-      }
-#else
-#pragma unroll
-      for (int i = 0; i < 64; i += 2) {
-        const int row = r0 + 8 * ((i >> 1) & 1), col = n0 + (i >> 2) * 8 + (lane % 4) * 2;
-        *reinterpret_cast<__nv_bfloat162*>(out + (size_t)row * N + col) = __floats2bfloat162_rn(acc[i], acc[i + 1]);
-      }
-#endif
     }
   }
-#ifdef TMA_STORE
   if (wg > 0 && threadIdx.x % 128 == 0) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
-#endif
   cluster_sync();
 }

@@ -20,7 +20,6 @@
 #define CLUSTER_ATTR
 #endif
 
-struct alignas(64) TMap { uint64_t opaque[16]; };
 
 #include "mc_common.cuh"
 
@@ -48,7 +47,10 @@ mc_wide(const __grid_constant__ TMap map_a, const __grid_constant__ TMap map_b, 
   const uint32_t c_buf = b_buf + STAGES * BN * BK;
   const uint32_t full = c_buf + 4 * 64 * SUB * 2, empty = full + 8 * STAGES;
   // Through a shuffle from lane 0 the compiler knows it is warp-uniform (descriptors in uniform registers).
-  const int wg = __shfl_sync(0xffffffff, threadIdx.x / 128, 0), rank = blockIdx.x % CLUSTER;
+  const int wg = __shfl_sync(0xffffffff, threadIdx.x / 128, 0);
+#ifdef MULTICAST
+  const int rank = blockIdx.x % 2;  // in the cluster
+#endif
   if (threadIdx.x == 0) {
     for (int s = 0; s < STAGES; ++s) { mbar_init(full + 8 * s, 1); mbar_init(empty + 8 * s, 2 * CLUSTER); }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");

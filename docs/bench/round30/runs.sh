@@ -13,15 +13,15 @@ done
 python3 docs/bench/round29/yield_probe.py --table $OUT/as_smem_ab.jsonl > $OUT/as_smem_ab.txt
 # The CUDA C++ probes: cubins built beside the sources (here or on the GPU machine) by nvcc 13.0.
 F="-arch=sm_90a -std=c++17 -cubin"
-C="-DSCALE_QUAL= -DGRID_CONST -DTMA_STORE -DWALK_M -DUNIFORM_WG"
-nvcc $F $C -DCLUSTER=0 -DA_ONE_BOX -o $R/mc_gemm_v13gcwmc0.cubin $R/mc_gemm.cu
-nvcc $F $C -DCLUSTER=1 -DA_ONE_BOX -o $R/mc_gemm_v13gcwmc1.cubin $R/mc_gemm.cu
-nvcc $F $C -DCLUSTER=2 -o $R/mc_gemm_v13gcwm.cubin $R/mc_gemm.cu
+nvcc $F -DCLUSTER=0 -o $R/mc_gemm_v13gcwmc0.cubin $R/mc_gemm.cu
+nvcc $F -DCLUSTER=1 -o $R/mc_gemm_v13gcwmc1.cubin $R/mc_gemm.cu
+nvcc $F -DCLUSTER=2 -o $R/mc_gemm_v13gcwm.cubin $R/mc_gemm.cu
 nvcc $F -o $R/wide_c0.cubin $R/mc_wide.cu
 nvcc $F -DMULTICAST -o $R/wide_mc.cubin $R/mc_wide.cu
 # mc_final.txt: every variant beside Gluon and cuBLAS, one process.
 (cd $R && MC_WIDE=wide_c0,wide_mc MC_CUBINS=mc_gemm_v13gcwmc0,mc_gemm_v13gcwmc1,mc_gemm_v13gcwm \
   python3 -W ignore mc.py 4096,16384 > $OUT/mc_final.txt)
+# (The kept sources compile to the SASS of the cubins measured; mc_gemm.cu keeps only the final version's code.)
 # The Nsight Compute files were made on earlier versions of mc_gemm.cu (their sources not kept; each version's
 # change is in docs/performance.md, Round 30): mc_ncu_long_k.txt and mc_v4_stalls.txt on v4 (clusters sharing A,
 # st.global epilogue, scale pointers without __restrict__) and v5c1 (no multicast, scales a step ahead) beside the
