@@ -173,11 +173,13 @@ def test_a_re_quantized_output_lowers_on_the_main_path(qdtype, group, ue8m0, con
     assert k["shared"] <= k["smem_per_block"]
     assert count(k, r"wgmma\.mma_async\.sync\.aligned\.m64n128k32") == 2 * 3 * 4
     assert count(k, r"cp\.async\.bulk\.tensor\.2d\.global\.shared") == 2  # each consumer's codes
-    # Each consumer thread divides its 64 elements by their group's scale through one IEEE division per
-    # group, the reciprocal (and one more for the scale itself), and two FMAs per element (`quant.divide`), or,
-    # by a power-of-two (ue8m0) scale, one product; FP8 codes come from the conversion instruction, two per
+    # Each consumer thread divides its 64 elements by their group's scale through one reciprocal per group and
+    # row (`quant.reciprocal`: an approximation refined by FMAs, with no IEEE division's range check and slow
+    # path, nor one for the scale itself, `quant.block_scale`) and two FMAs per element (`quant.divide`), or, by
+    # a power-of-two (ue8m0) scale, one product; FP8 codes come from the conversion instruction, two per
     # instruction.
-    assert 0 < count(k, r"div\.rn\.f32") < 2 * 64
+    assert count(k, r"div\.rn\.f32") == 0
+    assert count(k, r"rcp\.approx\.ftz\.f32") == 2 * (128 // group) * 2  # consumers × a tile's groups × rows
     assert (count(k, r"fma\.rn\.f32") >= 2 * 3 * 64 + 2 * 2 * 64) != ue8m0
     assert count(k, r"cvt\.rn\.satfinite\.e4m3x2\.f32") == (2 * 32 if qdtype == "float8_e4m3fn" else 0)
     assert count(k, r"st\.global\.b32") >= 2  # the scales (the codes leave through TMA)
@@ -189,15 +191,16 @@ def test_a_re_quantized_output_lowers_on_the_main_path(qdtype, group, ue8m0, con
 def test_a_re_quantized_group_over_column_sub_tiles_lowers(qdtype):
     """config_for's wide tile at 4096 rows for groups of 128 (128x256 in 64-column sub-tiles, two sub-tiles a
     group): codes through one TMA store per sub-tile and consumer; per group and row one scale and one
-    reciprocal (two IEEE divisions, two rows a thread); one scale store per group and row; spills as the
-    plain wide tile's (`test_column_sub_tiles_lower`)."""
+    reciprocal (no IEEE division: `quant.block_scale`'s by a known qmax and `quant.reciprocal`, two rows a
+    thread); one scale store per group and row; spills as the plain wide tile's (`test_column_sub_tiles_lower`)."""
     k = compiled(M=4096, N=7168, K=2048, qdtype=qdtype, out_quant=qdtype, out_group=128,
                  config=dict(block_n=256, sub_n=64, producer_regs=24))
     assert k["scale_shape"] == [4096, 56]
     c = k["constants"]
     assert c["OUT_GROUP"] == 128 and c["BLOCK_N"] == 256 and c["TMA_OUT"] and c["PIPELINE"]
     assert count(k, r"cp\.async\.bulk\.tensor\.2d\.global\.shared") == 2 * 4
-    assert count(k, r"div\.rn\.f32") == 2 * 2 * 2 * 2  # consumers × groups × rows a thread × (scale, reciprocal)
+    assert count(k, r"div\.rn\.f32") == 0
+    assert count(k, r"rcp\.approx\.ftz\.f32") == 2 * 2 * 2  # consumers × groups × rows a thread
     assert count(k, r"st\.global\.b32") == 2 * 2 * 2
     assert count(k, r"cvt\.rn\.satfinite\.e4m3x2\.f32") == (2 * 4 * 16 if qdtype == "float8_e4m3fn" else 0)
     assert spill_bytes(k) <= 32

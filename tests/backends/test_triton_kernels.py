@@ -43,7 +43,8 @@ from quantcore.backends.triton.kernels.cast import bf16_encode  # noqa: E402
 from quantcore.backends.triton.kernels.epilogue import activate  # noqa: E402
 from quantcore.backends.triton.kernels.fp8 import (  # noqa: E402
     fp8e4m3_decode_f16, fp8e4m3_encode, ue8m0_round_up)
-from quantcore.backends.triton.kernels.quant import divide, scales_may_be_tiny  # noqa: E402
+from quantcore.backends.triton.kernels.quant import (  # noqa: E402
+    TINY_SCALE, block_scale, divide, scales_may_be_tiny)
 from quantcore.capability import SIMULATED, cpu_profile  # noqa: E402
 
 pytestmark = [
@@ -211,6 +212,40 @@ def test_quantizer_division_rounds_as_ieee_division(pow2):
     assert not differ.any(), (x[differ][:4].tolist(), s[differ][:4].tolist(), got[differ][:4].tolist())
     for qdtype in (FP8, torch.int8):
         assert_same_q(ref.quant.encode(got, qdtype), ref.quant.encode(expected, qdtype))
+
+
+@triton.jit
+def _block_scale_kernel(amax_ptr, out_ptr, n, eps, QFMT: tl.constexpr, TINY_SCALES: tl.constexpr,
+                        BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(out_ptr + offs, block_scale(tl.load(amax_ptr + offs, mask=offs < n), eps, QFMT, False, TINY_SCALES),
+             mask=offs < n)
+
+
+@pytest.mark.parametrize("tiny", [False, True])
+@pytest.mark.parametrize("qdtype", [FP8, torch.int8])
+def test_block_scale_rounds_as_ieee_division(qdtype, tiny):
+    """`quant.block_scale` is the reference's max(amax, eps) / qmax bit for bit: without TINY_SCALES (a
+    constant reciprocal of qmax, the product and one correction by the FMA's exact remainder) at the smallest
+    eps that allows, with them (`tl.div_rn`) at eps down to the smallest subnormal; on amax over every fp32
+    exponent (significands 0, all ones, one and random), +Inf and NaN. The GPU's is checked on every amax
+    (tests/gpu/test_quantize_division.py)."""
+    qmax = 448.0 if qdtype == FP8 else 127.0
+    eps = 2.0**-149 if tiny else qmax * TINY_SCALE.value * 2.0
+    assert scales_may_be_tiny(eps, qdtype) == tiny
+    g = torch.Generator().manual_seed(3)
+    exps = torch.arange(0, 255, dtype=torch.int64)
+    mants = torch.cat([torch.tensor([0, 0x7FFFFF, 1]), torch.randint(0, 0x800000, (61,), generator=g)])
+    bits = (exps[:, None] << 23 | mants[None, :]).flatten()
+    rand = torch.randint(0, 0x7F800000, (2**14,), generator=g)
+    bits = torch.cat([bits, torch.tensor([0x7F800000, 0x7FC00000]), rand])
+    amax = bits.to(torch.int32).view(torch.float32)
+    got = torch.empty_like(amax)
+    qfmt = "fp8" if qdtype == FP8 else "int8"
+    _block_scale_kernel[(triton.cdiv(amax.numel(), 4096),)](amax, got, amax.numel(), eps, QFMT=qfmt,
+                                                            TINY_SCALES=tiny, BLOCK=4096)
+    expected = torch.where(amax < eps, torch.tensor(eps, dtype=torch.float32), amax) / qmax
+    assert_same_scale(got, expected)
 
 
 def test_fp8_decode_all_codes_exactly():

@@ -6,7 +6,10 @@ within the quantizers' domain (|x| up to 448 scales: uniform, log-uniform, near 
 boundaries, ±0, and ±Inf beside an infinite scale): the quotient has IEEE division's bits wherever that is
 at least 2^-17 (below, its FP8 and INT8 codes are ±0 both ways), and its FP8 and INT8 codes are those of
 IEEE division's quotient everywhere; for power-of-two scales (ue8m0) Triton's one product an element
-likewise. Also: act_quant keeps −0's code, and the compiled INT8 encoders give the reference's codes.
+likewise. Exhaustively, Triton's reciprocal of a scale (`quant.reciprocal`) on every positive normal fp32 below
+2^123, and the scale itself divided by a known qmax (`quant.block_scale` without TINY_SCALES) on every fp32
+amax, against `tl.div_rn`. Also: act_quant keeps −0's code, and the compiled INT8 encoders give the
+reference's codes.
 
 Run on a GPU machine: `python3 -m pytest -m gpu tests/gpu/test_quantize_division.py`.
 """
@@ -200,3 +203,66 @@ def test_int8_encode_rounds_and_clamps_as_the_reference(backend):
 
         fn(((v.numel() + 255) // 256,), (256,), (cupy.asarray(v), cupy.asarray(out), cupy.int64(v.numel())))
     assert torch.equal(out.cpu(), encode(v.cpu(), torch.int8))
+
+
+def _exhaustive_kernels():
+    """Kernels counting, over a range of fp32 bit patterns, where `quant.reciprocal` differs from
+    `tl.div_rn(1, s)` and where `quant.block_scale` without TINY_SCALES (the division by a known qmax)
+    differs from it with them (`tl.div_rn`): counts[0] += inputs whose results differ in their bits, not both
+    NaN; counts[1] = the largest such input's bits (0 if none)."""
+    import triton
+    import triton.language as tl
+
+    from quantcore.backends.triton.kernels.quant import block_scale, reciprocal
+
+    @triton.jit
+    def tally(counts_ptr, bits, new, old):
+        both_nan = (new != new) & (old != old)
+        differ = (new.to(tl.uint32, bitcast=True) != old.to(tl.uint32, bitcast=True)) & ~both_nan
+        tl.atomic_add(counts_ptr, tl.sum(differ.to(tl.int32)))
+        tl.atomic_max(counts_ptr + 1, tl.max(tl.where(differ, bits, 0).to(tl.int32, bitcast=True)))
+
+    @triton.jit
+    def reciprocals(counts_ptr, first, last, BLOCK: tl.constexpr):
+        bits = first + tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        bits = tl.minimum(bits, last).to(tl.uint32)
+        s = bits.to(tl.float32, bitcast=True)
+        tally(counts_ptr, bits, reciprocal(s), tl.div_rn(tl.where(True, 1.0, s), s))
+
+    @triton.jit
+    def scales(counts_ptr, first, eps, QFMT: tl.constexpr, BLOCK: tl.constexpr):
+        bits = (first + tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)).to(tl.uint32)
+        amax = bits.to(tl.float32, bitcast=True)
+        tally(counts_ptr, bits, block_scale(amax, eps, QFMT, False, False), block_scale(amax, eps, QFMT, False, True))
+    return reciprocals, scales
+
+
+def test_reciprocal_is_ieee_division_on_every_scale():
+    """Every positive normal fp32 scale below 2^123 (the quantizers' largest is 2^122, `quantizer_scales`;
+    `divide` rescales those below 2^-64), +Inf and NaN."""
+    reciprocals, _ = _exhaustive_kernels()
+    counts = torch.zeros(2, dtype=torch.int32, device="cuda")
+    first, last, chunk = 0x00800000, 0x7D000000, 2**28
+    for start in range(first, last, chunk):
+        reciprocals[(chunk // BLOCK,)](counts, start, last - 1, BLOCK=BLOCK)
+    for special in (0x7F800000, 0x7FC00000):
+        reciprocals[(1,)](counts, special, special, BLOCK=BLOCK)
+    differ, example = counts.tolist()
+    assert differ == 0, f"{differ} reciprocals differ from tl.div_rn's, e.g. of the scale bits {example:#010x}"
+
+
+@pytest.mark.parametrize("qfmt, qmax", [("fp8", 448.0), ("int8", 127.0)])
+def test_block_scale_by_a_known_qmax_is_ieee_division_on_every_amax(qfmt, qmax):
+    """All 2^32 fp32 amax bit patterns, with the smallest eps for which a kernel compiles `block_scale` without
+    TINY_SCALES (`quant.scales_may_be_tiny`)."""
+    from quantcore.backends.triton.kernels.quant import TINY_SCALE, scales_may_be_tiny
+
+    eps = qmax * TINY_SCALE.value * 2.0
+    assert not scales_may_be_tiny(eps, torch.float8_e4m3fn if qfmt == "fp8" else torch.int8)
+    _, scales = _exhaustive_kernels()
+    counts = torch.zeros(2, dtype=torch.int32, device="cuda")
+    chunk = 2**30
+    for first in range(0, 2**32, chunk):
+        scales[(chunk // BLOCK,)](counts, first, eps, QFMT=qfmt, BLOCK=BLOCK)
+    differ, example = counts.tolist()
+    assert differ == 0, f"{qfmt}: {differ} scales differ from tl.div_rn's, e.g. of the amax bits {example:#010x}"

@@ -18,7 +18,8 @@ PTX_MATH = tl.constexpr(not triton_interpreter())
 
 @triton.jit
 def rcp_approx(d):
-    """1/d within 1 ulp for fp32 d in [1, 256]: `rcp.approx.ftz` compiled. Triton's `1.0 / d` is
+    """1/d within 1 ulp for normal fp32 d with a normal reciprocal (the activations' d in [1, 256], the
+    quantizers' scales, `quant.reciprocal`): `rcp.approx.ftz` compiled. Triton's `1.0 / d` is
     `div.full`, whose range checks for huge and tiny d cost ~4 instructions an element besides the
     reciprocal (ncu of the Gluon GEMM's GELU epilogue: 73 instructions an element,
     docs/bench/round14/ncu_gelu_partition.txt)."""

@@ -466,7 +466,7 @@ def _requantized(accs, biases, g: gl.constexpr, row0, col0, M, N, out_scale_ptr,
     amax = nan_absmax(vals[0][0], 1)
     for i in gl.static_range(1, len(vals)):
         amax = nan_maximum(amax, nan_absmax(vals[i][0], 1))
-    scale = block_scale(amax, eps, OUT, UE8M0_OUT)
+    scale = block_scale(amax, eps, OUT, UE8M0_OUT, TINY_SCALES)
     # Stored from its own 1-D layout: widened to [R, 1] in the MMA's, each thread held 16 copies of its rows'
     # scales and stored every one (2.1 M store instructions against 0.26 M at 4096×32768×512, Nsight Compute).
     rows = row0 + gl.arange(0, scale.shape[0], layout=scale.type.layout)

@@ -13,7 +13,7 @@ import triton.language as tl
 from ....formats import format_of_dtype
 
 from .cast import load_f32, store_f32_as
-from .epilogue import activate
+from .epilogue import PTX_MATH, activate, rcp_approx
 from .fp8 import fp8e4m3_decode_f16, fp8e4m3_decode_f32, fp8e4m3_encode_as, nan_absmax, ue8m0_round_up
 
 
@@ -63,18 +63,55 @@ def decode_f32(codes, QFMT: tl.constexpr, HW_FP8: tl.constexpr):
         return codes.to(tl.float32)
 
 
+# RN(1/qmax) in fp32 for `block_scale`'s division by qmax (torch's fp32 division rounds once; the literal is
+# exactly that fp32 value, so the kernels' constant is it too).
+QMAX_RCP_FP8 = tl.constexpr(float(torch.tensor(1.0) / 448.0))
+QMAX_RCP_INT8 = tl.constexpr(float(torch.tensor(1.0) / 127.0))
+FP32_MAX = tl.constexpr(float(torch.finfo(torch.float32).max))
+
+
 @triton.jit
-def block_scale(amax, eps, QFMT: tl.constexpr, UE8M0: tl.constexpr):
-    """scale = max(amax, eps) / qmax with IEEE division, optionally rounded up to a power of two."""
+def block_scale(amax, eps, QFMT: tl.constexpr, UE8M0: tl.constexpr, TINY_SCALES: tl.constexpr = True):
+    """scale = max(amax, eps) / qmax with IEEE division, optionally rounded up to a power of two. TINY_SCALES
+    off: eps is at least qmax·2^-63 (`scales_may_be_tiny` is False), so every quotient is a normal number."""
     qmax = 448.0 if QFMT == "fp8" else 127.0
     # A NaN amax fails the comparison and stays NaN, where tl.maximum would return eps.
     floored = tl.where(amax < eps, eps, amax)
-    # tl.div_rn takes no scalar, and under Gluon tl.full makes no tensor (it needs a layout): a select
-    # makes qmax a tensor shaped and laid out like `floored`.
-    s = tl.div_rn(floored, tl.where(True, qmax, floored))
+    if TINY_SCALES:
+        # tl.div_rn takes no scalar, and under Gluon tl.full makes no tensor (it needs a layout): a select
+        # makes qmax a tensor shaped and laid out like `floored`.
+        s = tl.div_rn(floored, tl.where(True, qmax, floored))
+    else:
+        # The division by a known divisor of `divide`, its reciprocal a constant: exact while the quotient is
+        # normal. tl.div_rn compiles to these steps (its reciprocal refined from a constant, each time) plus a
+        # range check and a branch to a slow path: per row and group in the GEMMs' re-quantized epilogues,
+        # between the amax and the quotients, where the branches keep ptxas from interleaving the rows.
+        r = QMAX_RCP_FP8 if QFMT == "fp8" else QMAX_RCP_INT8
+        q0 = floored * r
+        s = tl.fma(tl.fma(q0, -qmax, floored), r, q0)
+        # +Inf: its remainder, Inf − Inf, is NaN, where IEEE division gives +Inf.
+        s = tl.where(floored > FP32_MAX, floored, s)
     if UE8M0:
         s = ue8m0_round_up(s)
     return s
+
+
+@triton.jit
+def reciprocal(s):
+    """RN(1/s) for fp32 s, a quantizer's scale as `divide` takes its reciprocal: positive and normal below
+    2^123 (ue8m0 scales, at least 2^-126, and the others after its rescaling), +Inf (0) or NaN (NaN). Compiled:
+    an approximate reciprocal, a Newton step and Markstein's final step, the steps `tl.div_rn` takes where its
+    range check passes, which it always does here; without that check and its branch to a slow path, which kept
+    ptxas from interleaving a thread's rows in the GEMMs' re-quantized epilogues. tests/gpu/test_quantize_division.py
+    compares it with `tl.div_rn` on every positive normal fp32 below 2^123, +Inf and NaN."""
+    if PTX_MATH:
+        r = rcp_approx(s)
+        # +Inf: the approximate reciprocal is 0, and taken as s = 0 the steps keep it (Inf · 0 would be NaN).
+        s = tl.where(r == 0.0, 0.0, s)
+        r = tl.fma(tl.fma(s * -1.0, r, 1.0), r, r)
+        return tl.fma(tl.fma(s * -1.0, r, 1.0), r, r)
+    else:
+        return tl.div_rn(tl.where(True, 1.0, s), s)
 
 
 # `divide` rescales where a scale lies below this: its reciprocal would overflow near the smallest subnormal.
@@ -108,7 +145,7 @@ def divide(x, scale, POW2: tl.constexpr, TINY_SCALES: tl.constexpr = True):
     if POW2:
         # A power of two (a normal one: ue8m0 scales are at least 2^-126) has an exact reciprocal, so x·(1/s)
         # is x/s rounded once, as the division rounds it (and ±0 or NaN where s is +Inf): one product an element.
-        return x * tl.broadcast_to(tl.div_rn(tl.where(True, 1.0, scale), scale), x.shape)
+        return x * tl.broadcast_to(reciprocal(scale), x.shape)
     s = scale
     if TINY_SCALES:
         # A scale below 2^-64 (eps allows down to the smallest subnormal, whose reciprocal overflows) is
@@ -116,7 +153,7 @@ def divide(x, scale, POW2: tl.constexpr, TINY_SCALES: tl.constexpr = True):
         f = tl.where(scale < TINY_SCALE, 18446744073709551616.0, 1.0)
         s = scale * f
         x = x * tl.broadcast_to(f, x.shape)
-    r = tl.div_rn(tl.where(True, 1.0, s), s)
+    r = reciprocal(s)
     # An infinite scale has r = 0: taken as s = 0 in the remainder, the result is q0 = x·0, which is ±0 for
     # finite x and NaN for ±Inf, as IEEE division by +Inf gives.
     s = tl.where(r == 0.0, 0.0, s)
@@ -149,7 +186,7 @@ def group_quantize(x, eps, GROUP: tl.constexpr, QFMT: tl.constexpr, UE8M0: tl.co
     R: tl.constexpr = x.shape[0]
     C: tl.constexpr = x.shape[1]
     x = tl.reshape(x, (R, C // GROUP, GROUP))
-    scale = block_scale(nan_absmax(x, 2), eps, QFMT, UE8M0)
+    scale = block_scale(nan_absmax(x, 2), eps, QFMT, UE8M0, TINY_SCALES)
     q = quantize(x, scale[:, :, None], QFMT, HW_FP8, UE8M0, TINY_SCALES)
     return tl.reshape(q, (R, C)), scale
 
