@@ -1,5 +1,5 @@
 // Round-30 probes' shared helpers (mc_gemm.cu, mc_wide.cu): mbarriers, TMA loads (multicast too), the cluster
-// barrier, in PTX.
+// barrier, in PTX; the ring's barriers and the grouped tile walk.
 #pragma once
 #include <stdint.h>
 
@@ -35,3 +35,19 @@ __device__ __forceinline__ void tma_load_mc(uint32_t dst, const void* map, uint3
 __device__ __forceinline__ void cluster_sync() {
   asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
+
+// The ring's barriers: `full` takes one arrival (the producer's expect_tx), `empty` one per consumer warpgroup of every
+// CTA that reads the slot (`consumers`); initialized before any CTA of the cluster may signal them.
+__device__ __forceinline__ void ring_init(uint32_t full, uint32_t empty, int stages, uint32_t consumers) {
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < stages; ++s) { mbar_init(full + 8 * s, 1); mbar_init(empty + 8 * s, consumers); }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  cluster_sync();
+}
+
+// Tile t's first row and column, m0 and n0, in grouped order (GROUP_M row tiles at a time, along the columns), from
+// the including kernel's GROUP_M, BM, BN, num_pm and num_pn.
+#define TILE_COORDS(t) \
+    const int per = GROUP_M * num_pn, first = (t / per) * GROUP_M, size = min(num_pm - first, GROUP_M); \
+    const int m0 = (first + (t % per) % size) * BM, n0 = ((t % per) / size) * BN;

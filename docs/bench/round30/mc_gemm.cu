@@ -58,18 +58,11 @@ mc_gemm(const __grid_constant__ TMap map_a, const __grid_constant__ TMap map_b, 
 #if CLUSTER == 2
   const int rank = blockIdx.x % 2;  // in the cluster
 #endif
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < STAGES; ++s) { mbar_init(full + 8 * s, 1); mbar_init(empty + 8 * s, 2 * CLUSTER); }
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  }
-  cluster_sync();
+  ring_init(full, empty, STAGES, 2 * CLUSTER);
   // Tiles blockIdx.x, + gridDim.x, ... in grouped order; the CTAs of a cluster (consecutive tiles, GROUP_M even)
   // share a column tile.
   const int num_pm = M / BM, num_pn = N / BN, tiles = num_pm * num_pn, nkb = K / BK;
   const int cluster = blockIdx.x, clusters = gridDim.x;
-#define TILE_COORDS(t) \
-    const int per = GROUP_M * num_pn, first = (t / per) * GROUP_M, size = min(num_pm - first, GROUP_M); \
-    const int m0 = (first + (t % per) % size) * BM, n0 = ((t % per) / size) * BN;
   if (wg == 0) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
     if (threadIdx.x == 0) {
