@@ -1,5 +1,5 @@
 """The table of `cublas_ab.py`'s JSON lines (argv[1]): per format, rows and shape the median Gluon time of each
-tree, its ratio to the baseline timed beside it (baseline time / Gluon time: above 1 is faster) and whether the
+tag (each tree; round 32's barrier_probe.sh: each variant), its ratio to the baseline timed beside it (baseline time / Gluon time: above 1 is faster) and whether the
 output bits agree across every process; then per format and rows the geometric mean and lowest ratio."""
 import json
 import statistics
@@ -10,11 +10,12 @@ rows = [json.loads(line) for line in open(sys.argv[1]) if line.startswith("{")]
 cases = defaultdict(lambda: defaultdict(list))
 for r in rows:
     cases[(r["fmt"], r["m"], r["n"], r["k"], r["tile"])][r["tag"]].append(r)
-print("fmt  M      N      K      tile      base us  ratio    new us  ratio  same bits")
+tags = list(dict.fromkeys(r["tag"] for r in rows))  # "base", "new" as cublas_ab.sh writes them; any others alike
+print("fmt  M      N      K      tile    " + "".join(f"{tag + ' us':>10}{'ratio':>7}" for tag in tags) + "  same bits")
 means = defaultdict(lambda: defaultdict(list))
 for (fmt, m, n, k, tile), by_tag in cases.items():
     line = f"{fmt:4} {m:5} {n:6} {k:6}  {tile:8}"
-    for tag in ("base", "new"):
+    for tag in tags:
         runs = by_tag.get(tag, [])
         if not runs:
             line += "        -      -"
