@@ -25,3 +25,13 @@ BASE=$BASE OUT=$OUT PROBE_MS=4096,16384 bash docs/bench/round28/int8_codes.sh > 
 mv $OUT/int8_codes.jsonl $OUT/whole_tile_scales_after_ab.jsonl
 # short_k_configs.txt / .jsonl: this commit's library.
 OUT=$OUT PAIRS=2 bash $R/short_k_configs.sh > $OUT/short_k_configs.txt
+# review/gpu_*.txt: the GPU suite on the review commit (quant.correct_quotient, one Markstein step for divide and
+# block_scale), QUANTCORE_NATIVE=0, PYTHONPATH also holding tests/: the division tests, the rest but test_gluon.py and
+# test_native_gpu.py (-n 16), then test_gluon.py (-n 16).
+PYTHONPATH=$PYTHONPATH:tests python3 -m pytest -q -rf -p no:cacheprovider -m gpu tests/gpu/test_quantize_division.py \
+  > $OUT/review/gpu_division.txt 2>&1
+PYTHONPATH=$PYTHONPATH:tests python3 -m pytest -q -rf -p no:cacheprovider -m gpu -n 16 tests/gpu \
+  --ignore=tests/gpu/test_gluon.py --ignore=tests/gpu/test_native_gpu.py --ignore=tests/gpu/test_quantize_division.py \
+  > $OUT/review/gpu_rest.txt 2>&1
+PYTHONPATH=$PYTHONPATH:tests python3 -m pytest -q -rf -p no:cacheprovider -m gpu -n 16 tests/gpu/test_gluon.py \
+  > $OUT/review/gpu_gluon.txt 2>&1

@@ -86,9 +86,7 @@ def block_scale(amax, eps, QFMT: tl.constexpr, UE8M0: tl.constexpr, TINY_SCALES:
         # normal. tl.div_rn compiles to these steps (its reciprocal refined from a constant, each time) plus a
         # range check and a branch to a slow path: per row and group in the GEMMs' re-quantized epilogues,
         # between the amax and the quotients, where the branches keep ptxas from interleaving the rows.
-        r = QMAX_RCP_FP8 if QFMT == "fp8" else QMAX_RCP_INT8
-        q0 = floored * r
-        s = tl.fma(tl.fma(q0, -qmax, floored), r, q0)
+        s = correct_quotient(floored, qmax, QMAX_RCP_FP8 if QFMT == "fp8" else QMAX_RCP_INT8)
         # +Inf: its remainder, Inf − Inf, is NaN, where IEEE division gives +Inf.
         s = tl.where(floored > FP32_MAX, floored, s)
     if UE8M0:
@@ -128,6 +126,19 @@ def scales_may_be_tiny(eps: float, dtype: torch.dtype | None) -> bool:
 
 
 @triton.jit
+def correct_quotient(x, s, r):
+    """RN(x / s) from r = RN(1/s) (`divide`'s steps, Markstein): q0 = RN(x·r), the remainder exactly by an FMA,
+    one correction; x, s and r alike in shape, or scalars."""
+    q0 = x * r
+    # The remainder negated, s·q0 − x, and added times −r: a zero quotient then keeps x's sign (x − s·q0
+    # is +0 for x = −0, and −0 + (+0)·r would be +0). Negated by multiplying by −1: a sign flip that folds
+    # into the FMA's operand, where Triton 3.6's unary minus gave +0 for −(+0) on the GPU
+    # (tests/gpu/test_quantize_division.py caught it; the interpreter's flips the sign).
+    neg_rem = tl.fma(s, q0, x * -1.0)
+    return tl.fma(neg_rem, r * -1.0, q0)
+
+
+@triton.jit
 def divide(x, scale, POW2: tl.constexpr, TINY_SCALES: tl.constexpr = True):
     """x / scale rounded as IEEE division rounds, for the quantizers: `scale` one per group (positive, or NaN
     / +Inf for a group holding one), shaped to broadcast to x's, |x| at most about qmax·scale. POW2: every
@@ -157,13 +168,7 @@ def divide(x, scale, POW2: tl.constexpr, TINY_SCALES: tl.constexpr = True):
     # An infinite scale has r = 0: taken as s = 0 in the remainder, the result is q0 = x·0, which is ±0 for
     # finite x and NaN for ±Inf, as IEEE division by +Inf gives.
     s = tl.where(r == 0.0, 0.0, s)
-    q0 = x * tl.broadcast_to(r, x.shape)
-    # The remainder negated, s·q0 − x, and added times −r: a zero quotient then keeps x's sign (x − s·q0
-    # is +0 for x = −0, and −0 + (+0)·r would be +0). Negated by multiplying by −1: a sign flip that folds
-    # into the FMA's operand, where Triton 3.6's unary minus gave +0 for −(+0) on the GPU
-    # (tests/gpu/test_quantize_division.py caught it; the interpreter's flips the sign).
-    neg_rem = tl.fma(tl.broadcast_to(s, x.shape), q0, x * -1.0)
-    return tl.fma(neg_rem, tl.broadcast_to(r * -1.0, x.shape), q0)
+    return correct_quotient(x, tl.broadcast_to(s, x.shape), tl.broadcast_to(r, x.shape))
 
 
 @triton.jit
