@@ -33,3 +33,7 @@
 #   The H200's measured table's scaled_mm entries (quantcore/data/priority/nvidia-h200.json):
 #     python3 -m quantcore bench --from-json h200/gemm_h200.json --write-priority /tmp/prio, its two scaled_mm
 #     entries copied into the shipped table, the other ops' left as round 13 wrote them.
+#
+# h200/no_scale_loads_ab.* (H200): the K loop without its scale loads (no_scale_loads.diff: K block 0's scales for
+# every K block, loaded once a tile; wrong numerics by design, so "same bits" reads NO) against f755fd0:
+#   BASE=<f755fd0 tree> OUT=. PAIRS=2 PROBE_MS=4096,16384 bash docs/bench/round23/cublas_ab.sh
