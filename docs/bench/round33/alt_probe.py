@@ -10,6 +10,8 @@ where config_for staggers, nostag (config_for without stagger, alt's control); F
 rows. VARIANTS=square: cuBLAS's structure on the 128×128 tile, FP8 at 4096 and 16384 rows: sq (the 128×128 tile as
 shipped: two K blocks a step, the second's wgmma under the first's promotion), sq_np (one K block a step, one
 partial: each warpgroup waits for its wgmma before promoting it), sq_np_alt (the same, the consumers alternating).
+VARIANTS=smem, on a tree with smem_scales.diff applied instead: base, and smem (the scales staged in shared memory by
+the producer, `GluonConfig.smem_scales`; the wide tile held at 4 stages, which the launch's estimate would cut to 3).
 
 Usage: python3 alt_probe.py TAG >> out.jsonl;  python3 alt_probe.py --warm I N;  python3 alt_probe.py --table out.jsonl
 """
@@ -42,7 +44,9 @@ def main():
         a, a_s = ops.act_quant(torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=g), dtype=fmts[fmt])
         b, b_s = ops.weight_quant(torch.randn(n, k, device="cuda", dtype=torch.bfloat16, generator=g), dtype=fmts[fmt])
         base = gl.config_for(m, n, k, 128, None)
-        if VARIANTS == "square":
+        if VARIANTS == "smem":  # on a tree with smem_scales.diff instead
+            cfgs = {"base": base, "smem": replace(base, smem_scales=True, stages=4 if base.block_n == 256 else None)}
+        elif VARIANTS == "square":
             d = gl.GluonConfig()
             cfgs = {"base": base, "sq": d, "sq_np": replace(d, pipeline=False),
                     "sq_np_alt": replace(d, pipeline=False, alternate=True)}

@@ -37,3 +37,7 @@
 # h200/no_scale_loads_ab.* (H200): the K loop without its scale loads (no_scale_loads.diff: K block 0's scales for
 # every K block, loaded once a tile; wrong numerics by design, so "same bits" reads NO) against f755fd0:
 #   BASE=<f755fd0 tree> OUT=. PAIRS=2 PROBE_MS=4096,16384 bash docs/bench/round23/cublas_ab.sh
+#
+# h200/smem_scales.* (H200): alt_probe.py with VARIANTS=smem on a tree with smem_scales.diff applied (the producer
+# copies each K block's activation and weight scales into shared memory with cp.async, tracked by the slot's ready
+# barrier; the consumers read them after the K block's first wgmma), compiled in 12 processes, two timed processes.
