@@ -41,3 +41,6 @@
 # h200/smem_scales.* (H200): alt_probe.py with VARIANTS=smem on a tree with smem_scales.diff applied (the producer
 # copies each K block's activation and weight scales into shared memory with cp.async, tracked by the slot's ready
 # barrier; the consumers read them after the K block's first wgmma), compiled in 12 processes, two timed processes.
+#
+# prefetch_mid_ab.* (H100): each step loads the next K block's scales after its first wgmma (prefetch_mid.diff) against
+# f755fd0: BASE=<f755fd0 tree> OUT=. PAIRS=2 PROBE_MS=512,4096,16384 bash docs/bench/round23/cublas_ab.sh
