@@ -22,7 +22,8 @@ import statistics
 import sys
 from dataclasses import replace
 
-SHAPES = ((2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048))
+from quantcore.bench.shapes import DEEPSEEK_NK as SHAPES  # the six bench shapes (N, K)
+
 VARIANTS = os.environ.get("VARIANTS", "alt")
 CASES = [(f, m, n, k) for f in ("fp8", "int8") for m in (512, 4096, 16384) for n, k in SHAPES]
 if VARIANTS == "square":
