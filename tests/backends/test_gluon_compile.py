@@ -239,7 +239,7 @@ def test_a_staggered_wide_tile_lowers_where_a_tile_fits_the_ring(K, stagger):
 
 
 @pytest.mark.parametrize("qdtype, out_quant, bias, spills", [
-    ("float8_e4m3fn", None, None, 32),
+    ("float8_e4m3fn", None, None, 48),
     # A second copy of the re-quantized epilogue, for the last column's loop, and ptxas keeps a few values on the
     # stack (20 and 36 bytes under Triton 3.9's ptxas; 204 and 184, a few pointers inside the main loop, before the
     # walk's tile counts came from one function, docs/bench/round26/walk_ab.txt): measured faster all the same than the
@@ -251,16 +251,34 @@ def test_a_last_column_tile_of_skipped_sub_tiles_lowers(qdtype, out_quant, bias,
     """N = 2112 on 128×256 in 64-column sub-tiles: the last column's tiles in loops of their own (`TAIL_NSUB` 1), in
     which the producer loads A and one B box, each consumer runs one sub-tile's wgmmas (two K blocks a step, the
     pair and the odd last block, as a tile of one sub-tile does) and stores with masks; the whole tiles as before:
-    A and four B boxes, four sub-tiles' wgmmas, a TMA store per sub-tile and consumer."""
+    A and four B boxes, four sub-tiles' wgmmas (twice where the plain output takes K block 0 out of the loop,
+    `PRELOAD`), a TMA store per sub-tile and consumer."""
     k = compiled(M=4096, N=2112, K=7168, qdtype=qdtype, out_quant=out_quant, out_group=128, bias=bias,
                  config=dict(block_n=256, sub_n=64, producer_regs=24))
-    assert k["constants"]["TAIL_NSUB"] == 1 and k["constants"]["TMA_OUT"]
+    c = k["constants"]
+    assert c["TAIL_NSUB"] == 1 and c["TMA_OUT"] and c["PRELOAD"] == (out_quant is None and bias is None)
     mma = "f32.e4m3.e4m3" if qdtype == "float8_e4m3fn" else "s32.s8.s8"
     assert count(k, r"cp\.async\.bulk\.tensor\.2d\.shared::\w+\.global") == (1 + 4) + (1 + 1)
-    assert count(k, rf"wgmma\.mma_async\.sync\.aligned\.m64n64k32\.{mma}") == 2 * (4 * 4 + 3 * 4)
+    assert count(k, rf"wgmma\.mma_async\.sync\.aligned\.m64n64k32\.{mma}") == 2 * ((1 + c["PRELOAD"]) * 4 * 4 + 3 * 4)
     assert count(k, r"cp\.async\.bulk\.tensor\.2d\.global\.shared") == 2 * 4
     assert spill_bytes(k) <= spills
     assert "C7514" not in k["ptxas"] and "C7515" not in k["ptxas"], k["ptxas"]
+
+
+@pytest.mark.parametrize("qdtype", ["float8_e4m3fn", "int8"])
+def test_only_a_plain_output_loads_k_block_0s_scales_during_the_tile_before(qdtype):
+    """On the wide tile a plain output's K block 0 runs out of the K loop on scales loaded while the tile before ran
+    its epilogue (`PRELOAD`): the K loop's wgmmas once more, and its scale loads twice more (the first tile's and each
+    next tile's); with a bias or a re-quantized output, where that measured slower, every K block in the loop."""
+    wide = dict(block_n=256, sub_n=64, producer_regs=24)
+    plain, *others = (compiled(M=4096, N=7168, K=2048, qdtype=qdtype, config=wide, **epilogue)
+                      for epilogue in ({}, dict(bias="bfloat16"), dict(out_quant=qdtype, out_group=128)))
+    mma = r"wgmma\.mma_async\.sync\.aligned\.m64n64k32"
+    scale_loads = r"ld\.global\.b32"  # the activation and weight scales: fp32 (a bf16 bias is 16-bit)
+    assert plain["constants"]["PRELOAD"] and not any(k["constants"]["PRELOAD"] for k in others)
+    for k in others:
+        assert count(plain, mma) == 2 * count(k, mma) == 2 * 2 * 4 * 4
+        assert count(plain, scale_loads) == 3 * count(k, scale_loads) == 3 * 2 * (2 + 4)
 
 
 def test_int8_codes_come_two_at_a_time_as_fp8_codes_do():
@@ -300,20 +318,21 @@ def test_a_re_quantized_output_with_masked_stores_lowers():
 @pytest.mark.parametrize("config, stages, regs, spills", [
     (dict(sub_n=64), 6, 232, 0),
     (dict(block_n=192, sub_n=64), 4, 232, 0),
-    # ptxas keeps two or three of the epilogue's shared-memory addresses on the stack, reloaded once per
-    # tile (read in the SASS: nothing is spilled in the K loop).
-    (dict(block_n=256, sub_n=64, producer_regs=24), 4, 240, 32),
+    # ptxas keeps a few of the epilogue's shared-memory addresses and scale pointers on the stack, reloaded once per
+    # tile (read in the SASS: nothing is spilled in the K loop; 48 bytes under Triton 3.9's ptxas, 28 under 3.6's).
+    (dict(block_n=256, sub_n=64, producer_regs=24), 4, 240, 48),
 ], ids=["128x128/64", "128x192/64", "128x256/64"])
 def test_column_sub_tiles_lower(qdtype, config, stages, regs, spills):
     """Wide tiles in 64-column sub-tiles: B in one TMA box per sub-tile, one m64n64k32 wgmma per 32 of K,
-    sub-tile and consumer, one promotion FMA per element, one TMA store per sub-tile and consumer."""
+    sub-tile and consumer (twice: K block 0, whose scales were loaded during the tile before, and the K loop),
+    one promotion FMA per element, one TMA store per sub-tile and consumer."""
     k = compiled(M=4096, N=6144, K=2048, qdtype=qdtype, config=config)  # N a whole number of each tile
     nsub = config.get("block_n", 128) // 64
     c = k["constants"]
-    assert c["BLOCK_N"] == 64 * nsub and c["PIPELINE"] and c["TMA_OUT"] and c["STAGES"] == stages
+    assert c["BLOCK_N"] == 64 * nsub and c["PIPELINE"] and c["TMA_OUT"] and c["STAGES"] == stages and c["PRELOAD"]
     assert k["shared"] <= k["smem_per_block"]
     mma = "f32.e4m3.e4m3" if qdtype == "float8_e4m3fn" else "s32.s8.s8"
-    assert count(k, rf"wgmma\.mma_async\.sync\.aligned\.m64n64k32\.{mma}") == 2 * nsub * 4
+    assert count(k, rf"wgmma\.mma_async\.sync\.aligned\.m64n64k32\.{mma}") == 2 * 2 * nsub * 4
     assert count(k, r"cp\.async\.bulk\.tensor\.2d\.shared::\w+\.global") == 1 + nsub
     assert count(k, r"cp\.async\.bulk\.tensor\.2d\.global\.shared") == 2 * nsub
     assert count(k, r"fma\.rn\.f32") >= 2 * nsub * 32

@@ -56,11 +56,16 @@ block-wise kernel and DeepGEMM hide it by giving the work to different warps. So
   A re-quantized output's scales with masked stores.
 
 The activation scales are read per K block by the consumers (the contract allows any strides, so
-they cannot come through TMA); each K block's loads are issued before its mbarrier wait, so their
-latency hides behind it. The weight scale is one scalar per sub-tile and K block when SCALE_BN is a
-multiple of SUB_N (folded into the row scale, as `gemm.py` does: part · (a_s · b_s)), else one per
-column (part · a_s · b_s). FP8 wgmma adds products at reduced precision within a K block, as
-Triton's tl.dot and cuBLAS do on Hopper (backends.base.REDUCED_FP8_ACCUMULATION).
+they cannot come through TMA); each K block's loads are issued before its mbarrier wait, so that part of
+their latency hides behind it. Where the producer runs ahead that wait is short: a K loop without scale
+loads, wrong by design, ran FP8 0.3-3.5 % and INT8 4-9 % faster on the H200 (docs/performance.md, round
+33). With PRELOAD a tile's K block 0 scales are loaded during the tile before, once its main loop is
+done, and their latency passes in its epilogue: taken for plain outputs on column sub-tiles, as with a
+bias or a re-quantized output it measured slower (round 34). The weight scale is one scalar per sub-tile
+and K block when SCALE_BN is a multiple of SUB_N (folded into the row scale, as `gemm.py` does:
+part · (a_s · b_s)), else one per column (part · a_s · b_s). FP8 wgmma adds products at reduced
+precision within a K block, as Triton's tl.dot and cuBLAS do on Hopper
+(backends.base.REDUCED_FP8_ACCUMULATION).
 
 Written against Triton 3.6's `triton.experimental.gluon` (and compiles with 3.9's); this module
 imports it at its top and is imported only when the Gluon variant is launched.
@@ -156,6 +161,19 @@ def _next_tile(start):
     """The first of this program's tiles (pid, pid + programs, ...) from the start-th on."""
     pid = gl.program_id(0)
     return pid + gl.cdiv(gl.maximum(start - pid, 0), gl.num_programs(0)) * gl.num_programs(0)
+
+
+@gluon.jit
+def _next_of(tile, M, N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr, TAIL_NSUB: gl.constexpr,
+             PRELOAD: gl.constexpr):
+    """(row tile, column tile) of this program's tile after the tile-th (with TAIL_NSUB, after the last whole column
+    tile comes the last column's first; after the last tile, the last tile again), where PRELOAD needs it; else
+    (0, 0)."""
+    if PRELOAD:
+        _whole, tiles = _walk(M, N, BLOCK_M, BLOCK_N, TAIL_NSUB)
+        return _tile(gl.minimum(tile + gl.num_programs(0), tiles - 1), M, N, BLOCK_M, BLOCK_N, GROUP_M, TAIL_NSUB)
+    else:
+        return 0, 0
 
 
 @gluon.jit
@@ -273,16 +291,13 @@ def _promote(accs, part, scales, empty, it, G: gl.constexpr, PENDING: gl.constex
 
 
 @gluon.jit
-def _step(accs, a_bufs, b_bufs, ready, empty, it, kb, a_s_ptrs, b_s_ptrs, stride_ask, stride_bsk, zero,
-          C: gl.constexpr, UNIFORM_BS: gl.constexpr, KSTEP: gl.constexpr, OVERLAP: gl.constexpr):
-    """KSTEP K blocks (kb, ... of the tile; it, ... of this program) into the sub-tile accumulators
-    `accs`: one wgmma per K block and sub-tile, in that order. OVERLAP: each is issued before the one
-    before it is promoted (two sub-tile partials in registers), else after."""
+def _step(accs, a_bufs, b_bufs, ready, empty, it, scales, zero, C: gl.constexpr, UNIFORM_BS: gl.constexpr,
+          OVERLAP: gl.constexpr):
+    """len(scales) K blocks (it, ... of this program; `scales` theirs, as `_k_scales` gives them) into the
+    sub-tile accumulators `accs`: one wgmma per K block and sub-tile, in that order. OVERLAP: each is issued
+    before the one before it is promoted (two sub-tile partials in registers), else after."""
     NSUB: gl.constexpr = len(accs)
-    # Every scale load is issued before the first mbarrier wait, which hides its latency.
-    scales = ()
-    for k in gl.static_range(KSTEP):
-        scales = scales + (_k_scales(a_s_ptrs, b_s_ptrs, kb + k, stride_ask, stride_bsk), )
+    KSTEP: gl.constexpr = len(scales)
     part = _issue(a_bufs, b_bufs, ready, it, zero, C, 0)
     for g in gl.static_range(1, KSTEP * NSUB):
         # Group g (K block g // NSUB, sub-tile g % NSUB) is issued, group g - 1 promoted.
@@ -297,10 +312,12 @@ def _step(accs, a_bufs, b_bufs, ready, empty, it, kb, a_s_ptrs, b_s_ptrs, stride
 
 
 @gluon.jit
-def _mainloop(a_bufs, b_bufs, ready, empty, it, num_kb, a_s_ptrs, b_s_ptrs, stride_ask, stride_bsk, zero,
-              C: gl.constexpr, UNIFORM_BS: gl.constexpr, PIPELINE: gl.constexpr):
+def _mainloop(a_bufs, b_bufs, ready, empty, it, num_kb, a_s_ptrs, b_s_ptrs, stride_ask, stride_bsk, first, zero,
+              C: gl.constexpr, UNIFORM_BS: gl.constexpr, PIPELINE: gl.constexpr, PRELOAD: gl.constexpr):
     """One tile's fp32 accumulators, one per column sub-tile, over its num_kb K blocks, the first being
-    the it-th of this program."""
+    the it-th of this program. Each K block's scales are loaded before its mbarrier wait, which hides part
+    of their latency; with PRELOAD (column sub-tiles only) K block 0's are `first`, loaded during the tile
+    before (`_tile_work`)."""
     NSUB: gl.constexpr = len(b_s_ptrs)
     accs = ()
     for j in gl.static_range(NSUB):
@@ -310,20 +327,24 @@ def _mainloop(a_bufs, b_bufs, ready, empty, it, num_kb, a_s_ptrs, b_s_ptrs, stri
         # in flight across the loop's back edge: a loop-carried in-flight accumulator is copied there,
         # and ptxas then serializes every wgmma (its warning C7514/C7515).
         for kb in range(0, num_kb - 1, 2):
-            accs = _step(accs, a_bufs, b_bufs, ready, empty, it, kb, a_s_ptrs, b_s_ptrs, stride_ask, stride_bsk,
-                         zero, C, UNIFORM_BS, 2, True)
+            scales = (_k_scales(a_s_ptrs, b_s_ptrs, kb, stride_ask, stride_bsk),
+                      _k_scales(a_s_ptrs, b_s_ptrs, kb + 1, stride_ask, stride_bsk))
+            accs = _step(accs, a_bufs, b_bufs, ready, empty, it, scales, zero, C, UNIFORM_BS, True)
             it += 2
         if num_kb % 2 == 1:
-            accs = _step(accs, a_bufs, b_bufs, ready, empty, it, num_kb - 1, a_s_ptrs, b_s_ptrs, stride_ask,
-                         stride_bsk, zero, C, UNIFORM_BS, 1, True)
+            scales = (_k_scales(a_s_ptrs, b_s_ptrs, num_kb - 1, stride_ask, stride_bsk), )
+            accs = _step(accs, a_bufs, b_bufs, ready, empty, it, scales, zero, C, UNIFORM_BS, True)
             it += 1
     else:
         # One K block per step; pipelined, each sub-tile's wgmma runs while the one before is promoted.
         # (Steps of two K blocks in several sub-tiles spill accumulators under ptxas, measured at
         # BLOCK_N = 192 and 256 in 64-column sub-tiles.)
-        for kb in range(num_kb):
-            accs = _step(accs, a_bufs, b_bufs, ready, empty, it, kb, a_s_ptrs, b_s_ptrs, stride_ask, stride_bsk,
-                         zero, C, UNIFORM_BS, 1, PIPELINE)
+        if PRELOAD:
+            accs = _step(accs, a_bufs, b_bufs, ready, empty, it, (first, ), zero, C, UNIFORM_BS, PIPELINE)
+            it += 1
+        for kb in range(1 if PRELOAD else 0, num_kb):
+            scales = (_k_scales(a_s_ptrs, b_s_ptrs, kb, stride_ask, stride_bsk), )
+            accs = _step(accs, a_bufs, b_bufs, ready, empty, it, scales, zero, C, UNIFORM_BS, PIPELINE)
             it += 1
     return accs, it
 
@@ -345,6 +366,21 @@ def _b_scale_ptrs(b_scale_ptr, pid_n, N, stride_bsn, zero, SCALE_BN: gl.constexp
             # Tail columns wrap back into range: their loads need no mask, and they are never stored.
             ptrs = ptrs + (b_scale_ptr + ((cols % N) // SCALE_BN) * stride_bsn, )
     return ptrs
+
+
+@gluon.jit
+def _scale_ptrs(params, pid_m, pid_n, zero, C: gl.constexpr, SCALE_BN: gl.constexpr, NSUB: gl.constexpr,
+                LIVE: gl.constexpr):
+    """Consumer C's pointers to tile (pid_m, pid_n)'s K block 0 scales: its rows' activation scales and the weight
+    scales of the first LIVE of the tile's NSUB column sub-tiles (`_b_scale_ptrs`)."""
+    a_scale_ptr, b_scale_ptr, _bias, _out, _out_s, M, N, _K, stride_asm, _sak, stride_bsn, _sbk, _sb, _som, _sos, \
+        _eps, _own = params
+    ROWS: gl.constexpr = zero.shape[0]
+    rows = pid_m * 2 * ROWS + C * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, zero.type.layout))
+    # Tail rows wrap back into range: their scale loads need no mask, and they are never stored.
+    b_s_ptrs = _b_scale_ptrs(b_scale_ptr, pid_n, N, stride_bsn, zero, SCALE_BN, NSUB, LIVE,
+                             SCALE_BN % zero.shape[1] == 0)
+    return a_scale_ptr + (rows % M) * stride_asm, b_s_ptrs
 
 
 @gluon.jit
@@ -551,16 +587,19 @@ def _epilogue(c_smem, acc_ready, acc_free, params, BIAS: gl.constexpr, ACTIVATIO
 def _tile_work(work, at, C: gl.constexpr, SCALE_BN: gl.constexpr, BIAS: gl.constexpr, ACTIVATION: gl.constexpr,
                OUT: gl.constexpr, OUT_GROUP: gl.constexpr, UE8M0_OUT: gl.constexpr, GROUP_TAIL: gl.constexpr,
                TINY_SCALES: gl.constexpr, PIPELINE: gl.constexpr, TMA_OUT: gl.constexpr, EPI_ROWS: gl.constexpr,
-               STAGGER: gl.constexpr, BLOCK_N: gl.constexpr, LIVE: gl.constexpr):
+               STAGGER: gl.constexpr, BLOCK_N: gl.constexpr, LIVE: gl.constexpr, PRELOAD: gl.constexpr):
     """Consumer warpgroup C's share of one tile, as `_consume` says (`work`: its ring, out_desc, epi_smem,
     bias_stage and params): the main loop over num_kb K blocks and the tile's first LIVE column sub-tiles (all
     of them, but on N's last column tile, whose sub-tiles past N are skipped) from the it-th slot on, then their
     epilogue, the TMA stores taken only with all sub-tiles (their buffers are taken in turn by whole tiles).
-    `at`: (it, h, t, num_kb, pid_m, pid_n, zero) of `_consume`'s loop. Returns the next (it, h)."""
+    `at`: (it, h, t, num_kb, pid_m, pid_n, zero, first, nxt_m, nxt_n) of `_consume`'s loop: with PRELOAD, `first`
+    this tile's K block 0 scales (`_k_scales`, all BLOCK_N / SUB_N sub-tiles' weight scales) and (nxt_m, nxt_n) this
+    program's next tile, whose K block 0 scales are loaded once the main loop is done. Returns the next
+    (it, h, first)."""
     ring, out_desc, epi_smem, bias_stage, params = work
-    it, h, t, num_kb, pid_m, pid_n, zero = at
-    a_scale_ptr, b_scale_ptr, bias_ptr, out_ptr, out_scale_ptr, M, N, K, stride_asm, stride_ask, stride_bsn, \
-        stride_bsk, stride_bias, stride_om, stride_osm, eps, own_steps = params
+    it, h, t, num_kb, pid_m, pid_n, zero, first, nxt_m, nxt_n = at
+    _a_s, _b_s, bias_ptr, out_ptr, out_scale_ptr, M, N, K, _sam, stride_ask, _sbn, stride_bsk, stride_bias, \
+        stride_om, stride_osm, eps, own_steps = params
     a_bufs, b_bufs, ready, empty, stagger_bar = ring
     c_smem, acc_ready, acc_free = epi_smem
     bias_smem, bias_ready, bias_free = bias_stage
@@ -572,13 +611,17 @@ def _tile_work(work, at, C: gl.constexpr, SCALE_BN: gl.constexpr, BIAS: gl.const
     EPI: gl.constexpr = c_smem.type.shape[0] // 2  # output buffers per warpgroup (with TMA_OUT)
     # Column sub-tiles per re-quantization group (1 where a group lies within one, or without one).
     SPAN: gl.constexpr = OUT_GROUP // SUB_N if OUT_GROUP > SUB_N else 1
+    NSUB: gl.constexpr = BLOCK_N // SUB_N
     row0 = pid_m * 2 * ROWS + C * ROWS
-    rows = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, mma))
-    # Tail rows wrap back into range: their scale loads need no mask, and they are never stored.
-    a_s_ptrs = a_scale_ptr + (rows % M) * stride_asm
-    b_s_ptrs = _b_scale_ptrs(b_scale_ptr, pid_n, N, stride_bsn, zero, SCALE_BN, BLOCK_N // SUB_N, LIVE, UNIFORM_BS)
-    accs, it = _mainloop(a_bufs, b_bufs, ready, empty, it, num_kb, a_s_ptrs, b_s_ptrs, stride_ask, stride_bsk, zero, C,
-                         UNIFORM_BS, PIPELINE)
+    a_s_ptrs, b_s_ptrs = _scale_ptrs(params, pid_m, pid_n, zero, C, SCALE_BN, NSUB, LIVE)
+    if PRELOAD:
+        first = (first[0], first[1][:LIVE])
+    accs, it = _mainloop(a_bufs, b_bufs, ready, empty, it, num_kb, a_s_ptrs, b_s_ptrs, stride_ask, stride_bsk, first,
+                         zero, C, UNIFORM_BS, PIPELINE, PRELOAD)
+    if PRELOAD:
+        # Their latency passes in this tile's epilogue, not before the next tile's first wgmma.
+        nxt_a, nxt_b = _scale_ptrs(params, nxt_m, nxt_n, zero, C, SCALE_BN, NSUB, NSUB)
+        first = _k_scales(nxt_a, nxt_b, 0, stride_ask, stride_bsk)
     if STAGGER and C == 0:
         if t == 0:  # a branch: the arrival's barrier over the warpgroup would cost every tile
             mbarrier.arrive(stagger_bar, count=1)
@@ -633,7 +676,7 @@ def _tile_work(work, at, C: gl.constexpr, SCALE_BN: gl.constexpr, BIAS: gl.const
         if BIAS != "none":
             _barrier()  # every thread's bias reads done before the one arrival
             mbarrier.arrive(bias_free.index(t % 2), count=1)
-    return it, h
+    return it, h, first
 
 
 @gluon.jit
@@ -641,7 +684,7 @@ def _consume(ring, out_desc, epi_smem, bias_stage, params, C: gl.constexpr, SCAL
              BIAS: gl.constexpr, ACTIVATION: gl.constexpr, OUT: gl.constexpr, OUT_GROUP: gl.constexpr,
              UE8M0_OUT: gl.constexpr, GROUP_TAIL: gl.constexpr, TINY_SCALES: gl.constexpr, BLOCK_N: gl.constexpr,
              GROUP_M: gl.constexpr, PIPELINE: gl.constexpr, TMA_OUT: gl.constexpr, EPI_ROWS: gl.constexpr,
-             STAGGER: gl.constexpr, TAIL_NSUB: gl.constexpr):
+             STAGGER: gl.constexpr, TAIL_NSUB: gl.constexpr, PRELOAD: gl.constexpr):
     """Consumer warpgroup C: rows [C·ROWS, (C+1)·ROWS) of every tile of this program, K block by K
     block from the slot ring (`ring`: a_bufs, b_bufs, ready, empty), in column sub-tiles of SUB_N, then the
     epilogue sub-tile by sub-tile (`epi_smem`: c_smem, acc_ready, acc_free):
@@ -653,8 +696,9 @@ def _consume(ring, out_desc, epi_smem, bias_stage, params, C: gl.constexpr, SCAL
     it (`bias_stage`: bias_smem, bias_ready, bias_free; `_stage_bias`). `params`: the kernel's pointers,
     sizes, strides, eps and own_steps (`block_scaled_mm_ws_kernel`). STAGGER: consumer 1 starts a main loop behind
     consumer 0 (`block_scaled_mm_ws_kernel`). TAIL_NSUB: N's last column tiles, walked after the others in a loop of
-    their own, take only their first TAIL_NSUB sub-tiles (`_tile_work`)."""
-    _a_s, _b_s, _bias, _out, _out_s, M, N, K, _sam, _sak, _sbn, _sbk, _sb, _som, _sos, _eps, _own = params
+    their own, take only their first TAIL_NSUB sub-tiles (`_tile_work`). PRELOAD: each tile's K block 0 scales are
+    loaded during the tile before (`_tile_work`)."""
+    _a_s, _b_s, _bias, _out, _out_s, M, N, K, _sam, stride_ask, _sbn, stride_bsk, _sb, _som, _sos, _eps, _own = params
     a_bufs, b_bufs, _ready, _empty, stagger_bar = ring
     BLOCK_M: gl.constexpr = a_bufs.type.shape[1]
     BLOCK_K: gl.constexpr = a_bufs.type.shape[2]
@@ -680,18 +724,26 @@ def _consume(ring, out_desc, epi_smem, bias_stage, params, C: gl.constexpr, SCAL
     # TAIL_NSUB, the whole column tiles' loop, then the last column's (`_tile` orders them so). (A branch per
     # tile between the two in one loop made ptxas spill the weight scales' pointers inside the main loop.)
     whole, tiles = _walk(M, N, BLOCK_M, BLOCK_N, TAIL_NSUB)
+    first = 0
+    if PRELOAD:
+        # The first tile's K block 0 scales (a program past the last tile reads the last tile's, unused).
+        pid_m, pid_n = _tile(gl.minimum(gl.program_id(0), tiles - 1), M, N, BLOCK_M, BLOCK_N, GROUP_M, TAIL_NSUB)
+        a_s_ptrs, b_s_ptrs = _scale_ptrs(params, pid_m, pid_n, zero, C, SCALE_BN, NSUB, NSUB)
+        first = _k_scales(a_s_ptrs, b_s_ptrs, 0, stride_ask, stride_bsk)
     for tile in range(gl.program_id(0), whole, gl.num_programs(0)):
         pid_m, pid_n = _tile(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M, TAIL_NSUB)
-        it, h = _tile_work(work, (it, h, t, num_kb, pid_m, pid_n, zero), C, SCALE_BN, BIAS, ACTIVATION, OUT,
-                           OUT_GROUP, UE8M0_OUT, GROUP_TAIL, TINY_SCALES, PIPELINE, TMA_OUT, EPI_ROWS, STAGGER, BLOCK_N,
-                           NSUB)
+        nxt_m, nxt_n = _next_of(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M, TAIL_NSUB, PRELOAD)
+        it, h, first = _tile_work(work, (it, h, t, num_kb, pid_m, pid_n, zero, first, nxt_m, nxt_n), C, SCALE_BN, BIAS,
+                                  ACTIVATION, OUT, OUT_GROUP, UE8M0_OUT, GROUP_TAIL, TINY_SCALES, PIPELINE, TMA_OUT,
+                                  EPI_ROWS, STAGGER, BLOCK_N, NSUB, PRELOAD)
         t += 1
     if TAIL_NSUB:
         for tile in range(_next_tile(whole), tiles, gl.num_programs(0)):
             pid_m, pid_n = _tile(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M, TAIL_NSUB)
-            it, h = _tile_work(work, (it, h, t, num_kb, pid_m, pid_n, zero), C, SCALE_BN, BIAS, ACTIVATION, OUT,
-                               OUT_GROUP, UE8M0_OUT, GROUP_TAIL, TINY_SCALES, PIPELINE, TMA_OUT, EPI_ROWS, STAGGER,
-                               BLOCK_N, TAIL_NSUB)
+            nxt_m, nxt_n = _next_of(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M, TAIL_NSUB, PRELOAD)
+            it, h, first = _tile_work(work, (it, h, t, num_kb, pid_m, pid_n, zero, first, nxt_m, nxt_n), C, SCALE_BN,
+                                      BIAS, ACTIVATION, OUT, OUT_GROUP, UE8M0_OUT, GROUP_TAIL, TINY_SCALES, PIPELINE,
+                                      TMA_OUT, EPI_ROWS, STAGGER, BLOCK_N, TAIL_NSUB, PRELOAD)
             t += 1
     if TMA_OUT:
         tma.store_wait(pendings=0)
@@ -705,7 +757,7 @@ def block_scaled_mm_ws_kernel(
         OUT_GROUP: gl.constexpr, UE8M0_OUT: gl.constexpr, GROUP_TAIL: gl.constexpr, TINY_SCALES: gl.constexpr,
         BLOCK_N: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr, PIPELINE: gl.constexpr,
         TMA_OUT: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, EPI_ROWS: gl.constexpr,
-        EPILOGUE_REGS: gl.constexpr, STAGGER: gl.constexpr, TAIL_NSUB: gl.constexpr):
+        EPILOGUE_REGS: gl.constexpr, STAGGER: gl.constexpr, TAIL_NSUB: gl.constexpr, PRELOAD: gl.constexpr):
     """a [M, K] @ b [N, K]^T with block scales and a fused epilogue, on sm_90.
 
     a_desc / b_desc: Gluon TMA descriptors over a and b (e4m3 or int8, both alike) with blocks
@@ -727,6 +779,7 @@ def block_scaled_mm_ws_kernel(
     which only a tile's K blocks that fit the ring (cdiv(K, BLOCK_K) <= STAGES) allow. TAIL_NSUB > 0 (without
     EPI_ROWS): N's last column tile has that many column sub-tiles within N, fewer than BLOCK_N / SUB_N, and only
     they are loaded, multiplied and stored, that tile's in a column of its own walked after the others (`_tile`).
+    PRELOAD (column sub-tiles only): each tile's K block 0 scales are loaded while the tile before runs its epilogue.
     """
     gl.static_assert(TAIL_NSUB == 0 or EPI_ROWS == 0, "a tail of skipped sub-tiles needs the register epilogue")
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
@@ -786,10 +839,10 @@ def block_scaled_mm_ws_kernel(
         gl.warp_specialize([
             (_consume, (ring, out_desc, epi_smem, bias_stage, params, 0, SCALE_BN, BIAS, ACTIVATION, OUT, OUT_GROUP,
                         UE8M0_OUT, GROUP_TAIL, TINY_SCALES, BLOCK_N, GROUP_M, PIPELINE, TMA_OUT, EPI_ROWS,
-                        STAGGER, TAIL_NSUB)),
+                        STAGGER, TAIL_NSUB, PRELOAD)),
             (_consume, (ring, out_desc, epi_smem, bias_stage, params, 1, SCALE_BN, BIAS, ACTIVATION, OUT, OUT_GROUP,
                         UE8M0_OUT, GROUP_TAIL, TINY_SCALES, BLOCK_N, GROUP_M, PIPELINE, TMA_OUT, EPI_ROWS,
-                        STAGGER, TAIL_NSUB)),
+                        STAGGER, TAIL_NSUB, PRELOAD)),
             (_produce, (a_desc, b_desc, ring, bias_stage, params, BLOCK_N, GROUP_M, BIAS, BIAS_SMEM, TAIL_NSUB)),
             (_epilogue, (c_smem, acc_ready, acc_free, params, BIAS, ACTIVATION, OUT, OUT_GROUP, UE8M0_OUT, GROUP_TAIL,
                          TINY_SCALES, BLOCK_N, GROUP_M, EPI_ROWS)),
@@ -798,9 +851,9 @@ def block_scaled_mm_ws_kernel(
         gl.warp_specialize([
             (_consume, (ring, out_desc, epi_smem, bias_stage, params, 0, SCALE_BN, BIAS, ACTIVATION, OUT, OUT_GROUP,
                         UE8M0_OUT, GROUP_TAIL, TINY_SCALES, BLOCK_N, GROUP_M, PIPELINE, TMA_OUT, EPI_ROWS,
-                        STAGGER, TAIL_NSUB)),
+                        STAGGER, TAIL_NSUB, PRELOAD)),
             (_consume, (ring, out_desc, epi_smem, bias_stage, params, 1, SCALE_BN, BIAS, ACTIVATION, OUT, OUT_GROUP,
                         UE8M0_OUT, GROUP_TAIL, TINY_SCALES, BLOCK_N, GROUP_M, PIPELINE, TMA_OUT, EPI_ROWS,
-                        STAGGER, TAIL_NSUB)),
+                        STAGGER, TAIL_NSUB, PRELOAD)),
             (_produce, (a_desc, b_desc, ring, bias_stage, params, BLOCK_N, GROUP_M, BIAS, BIAS_SMEM, TAIL_NSUB)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
