@@ -164,19 +164,6 @@ def _next_tile(start):
 
 
 @gluon.jit
-def _next_of(tile, M, N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr, TAIL_NSUB: gl.constexpr,
-             PRELOAD: gl.constexpr):
-    """(row tile, column tile) of this program's tile after the tile-th (with TAIL_NSUB, after the last whole column
-    tile comes the last column's first; after the last tile, the last tile again), where PRELOAD needs it; else
-    (0, 0)."""
-    if PRELOAD:
-        _whole, tiles = _walk(M, N, BLOCK_M, BLOCK_N, TAIL_NSUB)
-        return _tile(gl.minimum(tile + gl.num_programs(0), tiles - 1), M, N, BLOCK_M, BLOCK_N, GROUP_M, TAIL_NSUB)
-    else:
-        return 0, 0
-
-
-@gluon.jit
 def _load_tile(a_desc, b_desc, ring, pid_m, pid_n, K, it, BLOCK_N: gl.constexpr, LIVE: gl.constexpr):
     """Every K block of tile (pid_m, pid_n) into the slot ring (`ring`: a_bufs, b_bufs, ready, empty), from the
     it-th slot of this program on: A's rows whole, B's first LIVE column sub-tiles' boxes (the rest of the slot
@@ -732,7 +719,10 @@ def _consume(ring, out_desc, epi_smem, bias_stage, params, C: gl.constexpr, SCAL
         first = _k_scales(a_s_ptrs, b_s_ptrs, 0, stride_ask, stride_bsk)
     for tile in range(gl.program_id(0), whole, gl.num_programs(0)):
         pid_m, pid_n = _tile(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M, TAIL_NSUB)
-        nxt_m, nxt_n = _next_of(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M, TAIL_NSUB, PRELOAD)
+        # This program's next tile (after the last whole column tile, the last column's first; after the last tile,
+        # the last again), whose K block 0 scales PRELOAD loads (without it unused, and compiled away).
+        nxt_m, nxt_n = _tile(gl.minimum(tile + gl.num_programs(0), tiles - 1), M, N, BLOCK_M, BLOCK_N, GROUP_M,
+                             TAIL_NSUB)
         it, h, first = _tile_work(work, (it, h, t, num_kb, pid_m, pid_n, zero, first, nxt_m, nxt_n), C, SCALE_BN, BIAS,
                                   ACTIVATION, OUT, OUT_GROUP, UE8M0_OUT, GROUP_TAIL, TINY_SCALES, PIPELINE, TMA_OUT,
                                   EPI_ROWS, STAGGER, BLOCK_N, NSUB, PRELOAD)
@@ -740,7 +730,8 @@ def _consume(ring, out_desc, epi_smem, bias_stage, params, C: gl.constexpr, SCAL
     if TAIL_NSUB:
         for tile in range(_next_tile(whole), tiles, gl.num_programs(0)):
             pid_m, pid_n = _tile(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M, TAIL_NSUB)
-            nxt_m, nxt_n = _next_of(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M, TAIL_NSUB, PRELOAD)
+            nxt_m, nxt_n = _tile(gl.minimum(tile + gl.num_programs(0), tiles - 1), M, N, BLOCK_M, BLOCK_N, GROUP_M,
+                                 TAIL_NSUB)
             it, h, first = _tile_work(work, (it, h, t, num_kb, pid_m, pid_n, zero, first, nxt_m, nxt_n), C, SCALE_BN,
                                       BIAS, ACTIVATION, OUT, OUT_GROUP, UE8M0_OUT, GROUP_TAIL, TINY_SCALES, PIPELINE,
                                       TMA_OUT, EPI_ROWS, STAGGER, BLOCK_N, TAIL_NSUB, PRELOAD)
