@@ -30,3 +30,6 @@
 # two_sets.diff, rotate.diff, share_weight_scale.diff: compiled offline only (Triton 3.6's ptxas, sm_90a), FP8
 # 4096x7168x16384 on config_for's tile (128x256, 64-column sub-tiles), with tests/backends/test_gluon_compile.py's
 # compile_launch and ptxas -v; docs/performance.md, round 34, gives their instruction and spill counts.
+#
+# review/gpu_gluon.txt: b4263ef's tree, timeout 330 pytest -q -rf -m gpu -n 16 tests/gpu/test_gluon.py (the call's time
+# ran out at 169 of 170 tests, none failed).
