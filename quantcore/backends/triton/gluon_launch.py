@@ -204,6 +204,24 @@ def tail_sub_tiles(config: GluonConfig, N: int, staged: bool) -> int:
     return 0 if staged or live == config.block_n // config.sub else live
 
 
+def preload(config: GluonConfig, requantized: bool, bias: bool, staged: bool, stagger: bool, tail: int) -> str:
+    """Where the kernel loads each tile's K block 0 scales during the tile before (`PRELOAD`, column sub-tiles
+    only): "loop" once that tile's main loop is done, for a plain output; "stores" once its epilogue's stores are
+    issued, for a re-quantized output where neither the stagger (a tile's K blocks fit the ring) nor N's last column
+    loop (`tail`, TAIL_NSUB) is on; else "none". Measured on the H100 against the K loop loading every K block's:
+    a plain output 0.6 % (FP8) and 1.6-2.0 % (INT8) faster in geometric mean at 4096 and 16384 rows, 2.4-3.0 % at
+    K = 512 (docs/bench/round34/first_scales_ab.txt); a re-quantized output 0.1-1.8 % faster at K = 1536-16384 (N of
+    4096 or more) with the loads after its stores (docs/bench/round35/final_epilogue.txt), from -1.5 to +3 % with
+    them after the main loop (round 34), and 2-7 % slower at K = 512 or N = 2112 either way; with a bias, slower at
+    every shape and either place, by up to 8 % (docs/bench/round35/preload_*.txt). Why those lose is not known.
+    """
+    if staged or bias or config.sub == config.block_n:
+        return "none"
+    if not requantized:
+        return "loop"
+    return "none" if stagger or tail else "stores"
+
+
 def _fitted(cfg: GluonConfig, block_k: int, out_bytes: int, block_n: int, profile, staged: bool,
             bias: bool = False) -> tuple[int, bool]:
     """(stages, pipeline) of `cfg` for this call: its stages, or as many as fit `profile`'s shared memory."""
@@ -274,6 +292,8 @@ def scaled_mm(a, a_scale, b, b_scale, *, block_n, block_k, bias, activation, out
     programs = min(tiles, profile.sm_count or tiles)
     own_rows = 0 if not epi_rows else config.own_rows if config.own_rows is not None else \
         own_rows_for(triton.cdiv(tiles, programs), triton.cdiv(K, block_k)) // epi_rows * epi_rows
+    stagger = config.stagger and triton.cdiv(K, block_k) <= stages
+    tail = tail_sub_tiles(config, N, bool(epi_rows))
     boxes = ([bm, block_k], [config.sub, block_k], [bm // 2, config.sub])
     layouts = _layout(boxes[0], a.dtype), _layout(boxes[1], b.dtype), _layout(boxes[2], out_bits)
     # The launcher makes (or keeps) the descriptors of a, b and out, given in their places.
@@ -286,12 +306,8 @@ def scaled_mm(a, a_scale, b, b_scale, *, block_n, block_k, bias, activation, out
         BLOCK_N=bn, STAGES=stages, GROUP_M=config.group_m, PIPELINE=pipeline, TMA_OUT=tma_out,
         CONSUMER_REGS=config.consumer_regs(bool(epi_rows)), PRODUCER_REGS=config.producer(bool(epi_rows)),
         EPI_ROWS=epi_rows, EPILOGUE_REGS=config.epilogue_regs, num_warps=_WARPS,
-        STAGGER=config.stagger and triton.cdiv(K, block_k) <= stages,
-        TAIL_NSUB=tail_sub_tiles(config, N, bool(epi_rows)),
-        # Each tile's K block 0 scales loaded during the tile before. On the H100 the plain wide-tile GEMM took
-        # 0.6 % (FP8) and 1.6-2.0 % (INT8) less time in geometric mean at 4096 and 16384 rows, 2.4-3.0 % at K = 512;
-        # with a bias and a re-quantized output, up to 8 % more (docs/bench/round34/first_scales*.txt).
-        PRELOAD=bias is None and out_quant is None and not epi_rows and config.sub < bn,
+        STAGGER=stagger, TAIL_NSUB=tail,
+        PRELOAD=preload(config, out_quant is not None, bias is not None, bool(epi_rows), stagger, tail),
         # The promotion is one FMA per element, as the tiled kernel's under Triton 3.6's default (which
         # later versions turn off).
         enable_fp_fusion=True), a.device, descriptors,

@@ -59,9 +59,12 @@ The activation scales are read per K block by the consumers (the contract allows
 they cannot come through TMA); each K block's loads are issued before its mbarrier wait, so that part of
 their latency hides behind it. Where the producer runs ahead that wait is short: a K loop without scale
 loads, wrong by design, ran FP8 0.3-3.5 % and INT8 4-9 % faster on the H200 (docs/performance.md, round
-33). With PRELOAD a tile's K block 0 scales are loaded during the tile before, once its main loop is
-done, and their latency passes in its epilogue: taken for plain outputs on column sub-tiles, as with a
-bias or a re-quantized output it measured slower (round 34). The weight scale is one scalar per sub-tile
+33). With PRELOAD a tile's K block 0 scales are loaded during the tile before, and K block 0 runs as a
+step of its own, out of the K loop: for a plain output once that tile's main loop is done ("loop"), so
+that their latency passes in its epilogue (round 34); for a re-quantized one once its stores are issued
+("stores", round 35; loaded where "loop" loads them, they gained less or lost, round 34). Neither is taken
+with a bias, nor for a re-quantized output where a tile's K blocks fit the ring or N's last column has a
+loop of its own: there both measured slower (`gluon_launch.preload`). The weight scale is one scalar per sub-tile
 and K block when SCALE_BN is a multiple of SUB_N (folded into the row scale, as `gemm.py` does:
 part · (a_s · b_s)), else one per column (part · a_s · b_s). FP8 wgmma adds products at reduced
 precision within a K block, as Triton's tl.dot and cuBLAS do on Hopper
@@ -300,11 +303,11 @@ def _step(accs, a_bufs, b_bufs, ready, empty, it, scales, zero, C: gl.constexpr,
 
 @gluon.jit
 def _mainloop(a_bufs, b_bufs, ready, empty, it, num_kb, a_s_ptrs, b_s_ptrs, stride_ask, stride_bsk, first, zero,
-              C: gl.constexpr, UNIFORM_BS: gl.constexpr, PIPELINE: gl.constexpr, PRELOAD: gl.constexpr):
+              C: gl.constexpr, UNIFORM_BS: gl.constexpr, PIPELINE: gl.constexpr, FIRST: gl.constexpr):
     """One tile's fp32 accumulators, one per column sub-tile, over its num_kb K blocks, the first being
     the it-th of this program. Each K block's scales are loaded before its mbarrier wait, which hides part
-    of their latency; with PRELOAD (column sub-tiles only) K block 0's are `first`, loaded during the tile
-    before (`_tile_work`)."""
+    of their latency; with FIRST (column sub-tiles only) K block 0's are `first`, loaded during the tile
+    before (`_tile_work`'s PRELOAD), and K block 0 runs as a step of its own ahead of the K loop."""
     NSUB: gl.constexpr = len(b_s_ptrs)
     accs = ()
     for j in gl.static_range(NSUB):
@@ -326,10 +329,10 @@ def _mainloop(a_bufs, b_bufs, ready, empty, it, num_kb, a_s_ptrs, b_s_ptrs, stri
         # One K block per step; pipelined, each sub-tile's wgmma runs while the one before is promoted.
         # (Steps of two K blocks in several sub-tiles spill accumulators under ptxas, measured at
         # BLOCK_N = 192 and 256 in 64-column sub-tiles.)
-        if PRELOAD:
+        if FIRST:
             accs = _step(accs, a_bufs, b_bufs, ready, empty, it, (first, ), zero, C, UNIFORM_BS, PIPELINE)
             it += 1
-        for kb in range(1 if PRELOAD else 0, num_kb):
+        for kb in range(1 if FIRST else 0, num_kb):
             scales = (_k_scales(a_s_ptrs, b_s_ptrs, kb, stride_ask, stride_bsk), )
             accs = _step(accs, a_bufs, b_bufs, ready, empty, it, scales, zero, C, UNIFORM_BS, PIPELINE)
             it += 1
@@ -368,6 +371,14 @@ def _scale_ptrs(params, pid_m, pid_n, zero, C: gl.constexpr, SCALE_BN: gl.conste
     b_s_ptrs = _b_scale_ptrs(b_scale_ptr, pid_n, N, stride_bsn, zero, SCALE_BN, NSUB, LIVE,
                              SCALE_BN % zero.shape[1] == 0)
     return a_scale_ptr + (rows % M) * stride_asm, b_s_ptrs
+
+
+@gluon.jit
+def _first_scales(params, pid_m, pid_n, zero, C: gl.constexpr, SCALE_BN: gl.constexpr, NSUB: gl.constexpr):
+    """Consumer C's K block 0 scales of tile (pid_m, pid_n), all its NSUB column sub-tiles' (`_k_scales`)."""
+    _a_s, _b_s, _bias, _out, _out_s, _M, _N, _K, _sam, stride_ask, _sbn, stride_bsk, _sb, _som, _sos, _e, _o = params
+    a_s_ptrs, b_s_ptrs = _scale_ptrs(params, pid_m, pid_n, zero, C, SCALE_BN, NSUB, NSUB)
+    return _k_scales(a_s_ptrs, b_s_ptrs, 0, stride_ask, stride_bsk)
 
 
 @gluon.jit
@@ -579,10 +590,10 @@ def _tile_work(work, at, C: gl.constexpr, SCALE_BN: gl.constexpr, BIAS: gl.const
     bias_stage and params): the main loop over num_kb K blocks and the tile's first LIVE column sub-tiles (all
     of them, but on N's last column tile, whose sub-tiles past N are skipped) from the it-th slot on, then their
     epilogue, the TMA stores taken only with all sub-tiles (their buffers are taken in turn by whole tiles).
-    `at`: (it, h, t, num_kb, pid_m, pid_n, zero, first, nxt_m, nxt_n) of `_consume`'s loop: with PRELOAD, `first`
-    this tile's K block 0 scales (`_k_scales`, all BLOCK_N / SUB_N sub-tiles' weight scales) and (nxt_m, nxt_n) this
-    program's next tile, whose K block 0 scales are loaded once the main loop is done. Returns the next
-    (it, h, first)."""
+    `at`: (it, h, t, num_kb, pid_m, pid_n, zero, first, nxt_m, nxt_n) of `_consume`'s loop: with PRELOAD ("loop" or
+    "stores", else "none"), `first` this tile's K block 0 scales (`_k_scales`, all BLOCK_N / SUB_N sub-tiles' weight
+    scales) and (nxt_m, nxt_n) this program's next tile, whose K block 0 scales are loaded once the main loop is done
+    ("loop") or once the epilogue's stores are issued ("stores"). Returns the next (it, h, first)."""
     ring, out_desc, epi_smem, bias_stage, params = work
     it, h, t, num_kb, pid_m, pid_n, zero, first, nxt_m, nxt_n = at
     _a_s, _b_s, bias_ptr, out_ptr, out_scale_ptr, M, N, K, _sam, stride_ask, _sbn, stride_bsk, stride_bias, \
@@ -601,14 +612,13 @@ def _tile_work(work, at, C: gl.constexpr, SCALE_BN: gl.constexpr, BIAS: gl.const
     NSUB: gl.constexpr = BLOCK_N // SUB_N
     row0 = pid_m * 2 * ROWS + C * ROWS
     a_s_ptrs, b_s_ptrs = _scale_ptrs(params, pid_m, pid_n, zero, C, SCALE_BN, NSUB, LIVE)
-    if PRELOAD:
+    if PRELOAD != "none":
         first = (first[0], first[1][:LIVE])
     accs, it = _mainloop(a_bufs, b_bufs, ready, empty, it, num_kb, a_s_ptrs, b_s_ptrs, stride_ask, stride_bsk, first,
-                         zero, C, UNIFORM_BS, PIPELINE, PRELOAD)
-    if PRELOAD:
+                         zero, C, UNIFORM_BS, PIPELINE, PRELOAD != "none")
+    if PRELOAD == "loop":
         # Their latency passes in this tile's epilogue, not before the next tile's first wgmma.
-        nxt_a, nxt_b = _scale_ptrs(params, nxt_m, nxt_n, zero, C, SCALE_BN, NSUB, NSUB)
-        first = _k_scales(nxt_a, nxt_b, 0, stride_ask, stride_bsk)
+        first = _first_scales(params, nxt_m, nxt_n, zero, C, SCALE_BN, NSUB)
     if STAGGER and C == 0:
         if t == 0:  # a branch: the arrival's barrier over the warpgroup would cost every tile
             mbarrier.arrive(stagger_bar, count=1)
@@ -660,6 +670,8 @@ def _tile_work(work, at, C: gl.constexpr, SCALE_BN: gl.constexpr, BIAS: gl.const
                 else:
                     gl.store(out_ptr + rows[:, None] * stride_om + cols[None, :],
                              res.to(out_ptr.dtype.element_ty), mask=mask)
+        if PRELOAD == "stores":
+            first = _first_scales(params, nxt_m, nxt_n, zero, C, SCALE_BN, NSUB)
         if BIAS != "none":
             _barrier()  # every thread's bias reads done before the one arrival
             mbarrier.arrive(bias_free.index(t % 2), count=1)
@@ -683,9 +695,9 @@ def _consume(ring, out_desc, epi_smem, bias_stage, params, C: gl.constexpr, SCAL
     it (`bias_stage`: bias_smem, bias_ready, bias_free; `_stage_bias`). `params`: the kernel's pointers,
     sizes, strides, eps and own_steps (`block_scaled_mm_ws_kernel`). STAGGER: consumer 1 starts a main loop behind
     consumer 0 (`block_scaled_mm_ws_kernel`). TAIL_NSUB: N's last column tiles, walked after the others in a loop of
-    their own, take only their first TAIL_NSUB sub-tiles (`_tile_work`). PRELOAD: each tile's K block 0 scales are
-    loaded during the tile before (`_tile_work`)."""
-    _a_s, _b_s, _bias, _out, _out_s, M, N, K, _sam, stride_ask, _sbn, stride_bsk, _sb, _som, _sos, _eps, _own = params
+    their own, take only their first TAIL_NSUB sub-tiles (`_tile_work`). PRELOAD ("loop", "stores"; "none"): each
+    tile's K block 0 scales are loaded during the tile before (`_tile_work`)."""
+    _a_s, _b_s, _bias, _out, _out_s, M, N, K, _sam, _sak, _sbn, _sbk, _sb, _som, _sos, _eps, _own = params
     a_bufs, b_bufs, _ready, _empty, stagger_bar = ring
     BLOCK_M: gl.constexpr = a_bufs.type.shape[1]
     BLOCK_K: gl.constexpr = a_bufs.type.shape[2]
@@ -712,11 +724,10 @@ def _consume(ring, out_desc, epi_smem, bias_stage, params, C: gl.constexpr, SCAL
     # tile between the two in one loop made ptxas spill the weight scales' pointers inside the main loop.)
     whole, tiles = _walk(M, N, BLOCK_M, BLOCK_N, TAIL_NSUB)
     first = 0
-    if PRELOAD:
+    if PRELOAD != "none":
         # The first tile's K block 0 scales (a program past the last tile reads the last tile's, unused).
         pid_m, pid_n = _tile(gl.minimum(gl.program_id(0), tiles - 1), M, N, BLOCK_M, BLOCK_N, GROUP_M, TAIL_NSUB)
-        a_s_ptrs, b_s_ptrs = _scale_ptrs(params, pid_m, pid_n, zero, C, SCALE_BN, NSUB, NSUB)
-        first = _k_scales(a_s_ptrs, b_s_ptrs, 0, stride_ask, stride_bsk)
+        first = _first_scales(params, pid_m, pid_n, zero, C, SCALE_BN, NSUB)
     for tile in range(gl.program_id(0), whole, gl.num_programs(0)):
         pid_m, pid_n = _tile(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M, TAIL_NSUB)
         # This program's next tile (after the last whole column tile, the last column's first; after the last tile,
@@ -770,7 +781,8 @@ def block_scaled_mm_ws_kernel(
     which only a tile's K blocks that fit the ring (cdiv(K, BLOCK_K) <= STAGES) allow. TAIL_NSUB > 0 (without
     EPI_ROWS): N's last column tile has that many column sub-tiles within N, fewer than BLOCK_N / SUB_N, and only
     they are loaded, multiplied and stored, that tile's in a column of its own walked after the others (`_tile`).
-    PRELOAD (column sub-tiles only): each tile's K block 0 scales are loaded while the tile before runs its epilogue.
+    PRELOAD (column sub-tiles only; "none" without): each tile's K block 0 scales are loaded during the tile before,
+    once its main loop is done ("loop") or once its epilogue's stores are issued ("stores").
     """
     gl.static_assert(TAIL_NSUB == 0 or EPI_ROWS == 0, "a tail of skipped sub-tiles needs the register epilogue")
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
