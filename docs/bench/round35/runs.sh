@@ -20,6 +20,12 @@
 #                             the main loop (p1, shipped) and after the stores (p3, QC_PRELOAD_PLAIN=3), one process of
 #                             each in turn, two rounds
 #
+# stalls_ncu.sh (call 5), preload_variants.diff's tree again:
+#   stalls_ncu.txt   Nsight Compute, the kernel's duration, instructions executed and every
+#                    smsp__average_warps_issue_stalled_*_per_issue_active.ratio, for the same four kernels as
+#                    epilogue_ncu.txt; the table at its end is what the script printed
+#                    from them.
+#
 # final_and_suite.sh (call 3), the rule as in gluon_launch.preload (the tree before dafd462's last edit, below):
 #   final_epilogue.*  round 28's probe against base, two pairs of processes, 4096 and 16384 rows
 #   gpu_division.txt  pytest -m gpu tests/gpu/test_quantize_division.py

@@ -213,7 +213,9 @@ def preload(config: GluonConfig, requantized: bool, bias: bool, staged: bool, st
     K = 512 (docs/bench/round34/first_scales_ab.txt); a re-quantized output 0.1-1.8 % faster at K = 1536-16384 (N of
     4096 or more) with the loads after its stores (docs/bench/round35/final_epilogue.txt), from -1.5 to +3 % with
     them after the main loop (round 34), and 2-7 % slower at K = 512 or N = 2112 either way; with a bias, slower at
-    every shape and either place, by up to 8 % (docs/bench/round35/preload_*.txt). Why those lose is not known.
+    every shape and either place, by up to 8 % (docs/bench/round35/preload_*.txt). Where they lose, what grows
+    is the code outside the K loop (the peeled K block 0); at K = 512 the loss is mostly instruction fetch
+    (docs/bench/round35/stalls_ncu.txt).
     """
     if staged or bias or config.sub == config.block_n:
         return "none"
