@@ -785,6 +785,8 @@ def block_scaled_mm_ws_kernel(
     once its main loop is done ("loop") or once its epilogue's stores are issued ("stores").
     """
     gl.static_assert(TAIL_NSUB == 0 or EPI_ROWS == 0, "a tail of skipped sub-tiles needs the register epilogue")
+    # The staged epilogue never reaches the loads "stores" places after the register epilogue's stores.
+    gl.static_assert(PRELOAD != "stores" or EPI_ROWS == 0, "PRELOAD 'stores' needs the register epilogue")
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
     NSUB: gl.constexpr = BLOCK_N // b_desc.block_type.shape[0]
     # Slot s holds B's sub-tiles s·NSUB, ..., s·NSUB + NSUB - 1.
