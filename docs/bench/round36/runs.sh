@@ -1,0 +1,21 @@
+#!/bin/bash
+# How round 36's files were made. H100 80GB HBM3 (device.txt), driver 580.159.04, power limit 700 W, torch
+# 2.11.0+cu130, Triton 3.6.0; every call with QUANTCORE_NATIVE=0. The tree measured is 26bf583 with a_regs.diff
+# applied (`git archive 26bf583 | tar -x -C <tree>; patch -p1 < a_regs.diff`): a GluonConfig field `a_regs` (the
+# kernel's A_REGS) that loads each K block's A rows of a consumer into registers in wgmma's operand layout once
+# (ldmatrix) and hands them to every column sub-tile's wgmma, which otherwise reads them from shared memory again.
+# Off, it compiles to 26bf583's SASS byte for byte at 128x192 (N = 2112) and at 128x128 (512x7168x2048), and to the
+# same instruction count with a few integer instructions different outside the K loop at 128x256 (offline, Triton
+# 3.6's ptxas, sm_90a). Not shipped: the library is 26bf583's.
+#
+# aregs_call.sh (call 1):
+#   (first every variant compiled, in 12 processes: PROBE_WARM=1; its log, warm.log, came back empty)
+#   aregs.jsonl   aregs_probe.py, two processes one after the other (run1, run2): per case the variants and cuBLAS
+#                 block-wise FP8 (or torch._int_mm) timed interleaved (timing.gpu_times_us: L2 flushed, median of 15),
+#                 bf16 output, 4096 and 16384 rows, the six bench shapes
+#   aregs.txt     aregs_table.py aregs.jsonl: medians over the two processes, "=" where a variant's bits equal base's
+#
+# aregs_ncu.sh (call 2):
+#   aregs_ncu.txt  Nsight Compute (--clock-control none; SpeedOfLight, ComputeWorkloadAnalysis, MemoryWorkloadAnalysis
+#                  and shared-memory wavefronts) on round 29's long_k_ncu.py, FP8 16384x2112x7168, the 128x192 tile
+#                  without and with a_regs
