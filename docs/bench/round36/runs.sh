@@ -1,6 +1,6 @@
 #!/bin/bash
 # How round 36's files were made. H100 80GB HBM3 (device.txt), driver 580.159.04, power limit 700 W, torch
-# 2.11.0+cu130, Triton 3.6.0; every call with QUANTCORE_NATIVE=0. The tree measured is 26bf583 with a_regs.diff
+# 2.11.0+cu130, Triton 3.6.0; every call with QUANTCORE_NATIVE=0. Calls 1 and 2 measured 26bf583 with a_regs.diff
 # applied (`git archive 26bf583 | tar -x -C <tree>; patch -p1 < a_regs.diff`): a GluonConfig field `a_regs` (the
 # kernel's A_REGS) that loads each K block's A rows of a consumer into registers in wgmma's operand layout once
 # (ldmatrix) and hands them to every column sub-tile's wgmma, which otherwise reads them from shared memory again.
@@ -19,3 +19,8 @@
 #   aregs_ncu.txt  Nsight Compute (--clock-control none; SpeedOfLight, ComputeWorkloadAnalysis, MemoryWorkloadAnalysis
 #                  and shared-memory wavefronts) on round 29's long_k_ncu.py, FP8 16384x2112x7168, the 128x192 tile
 #                  without and with a_regs
+#
+# rows16384_ncu.sh (call 3), 26bf583's quantcore (the library of this round):
+#   rows16384_ncu.txt  Nsight Compute (--clock-control none; SpeedOfLight, MemoryWorkloadAnalysis, DRAM bytes read,
+#                      L2 hit rate and read sectors) on round 29's long_k_ncu.py, gluon (config_for) and cublas, FP8
+#                      16384x4096x7168 and 16384x7168x16384
