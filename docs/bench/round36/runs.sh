@@ -24,3 +24,18 @@
 #   rows16384_ncu.txt  Nsight Compute (--clock-control none; SpeedOfLight, MemoryWorkloadAnalysis, DRAM bytes read,
 #                      L2 hit rate and read sectors) on round 29's long_k_ncu.py, gluon (config_for) and cublas, FP8
 #                      16384x4096x7168 and 16384x7168x16384
+#
+# Calls 4-9 ran the tree of probe_variants.diff (applied to 26bf583): a GluonConfig field `depth` (the kernel's DEPTH,
+# the sub-tile wgmmas a consumer keeps in flight, 2 as shipped) whose other values select a probe's schedule: 3 (a
+# third wgmma in flight), 0 (no promotion: each K block's wgmmas accumulate into the accumulators themselves), 12 (K
+# block 0's scales for every K block: no scale load in the K loop), 22 (each scale product tied to its waited partial)
+# and 32 (each K block's scales loaded at the start of the K block before, their products formed at its end). 0 and 12
+# are wrong by design. At depth 2 it compiles to 26bf583's SASS byte for byte (offline, Triton 3.6's ptxas, five
+# cases: the plain 128x256 tile at K = 16384 in FP8 and INT8, bias + re-quantized INT8 at K = 512, N = 2112 and the
+# 128x128 tile at 512 rows). Each call's script is here; aregs_table.py made each .txt from its .jsonl.
+#   depth_call.sh (call 4):    depth.*    PROBE_SET=depth, FP8 and INT8
+#   promote_call.sh (call 5):  promote.*  PROBE_SET=promote, FP8 (before depth 12 was added: base, d0, cublas_tw)
+#   promote_ncu.sh (call 6):   promote_ncu.txt, promote_ncu_table.txt   Nsight Compute at 16384x4096x7168
+#   loads_call.sh (call 7):    loads.*    PROBE_SET=promote with d12; loads_ncu.txt: base and d12 under Nsight Compute
+#   late_call.sh (call 8):     late.*     PROBE_SET=late, FP8 and INT8
+#   ahead_call.sh (call 9):    ahead.*    PROBE_SET=ahead, FP8 and INT8
