@@ -32,10 +32,14 @@
 # and 32 (each K block's scales loaded at the start of the K block before, their products formed at its end). 0 and 12
 # are wrong by design. At depth 2 it compiles to 26bf583's SASS byte for byte (offline, Triton 3.6's ptxas, five
 # cases: the plain 128x256 tile at K = 16384 in FP8 and INT8, bias + re-quantized INT8 at K = 512, N = 2112 and the
-# 128x128 tile at 512 rows). Each call's script is here; aregs_table.py made each .txt from its .jsonl.
-#   depth_call.sh (call 4):    depth.*    PROBE_SET=depth, FP8 and INT8
-#   promote_call.sh (call 5):  promote.*  PROBE_SET=promote, FP8 (before depth 12 was added: base, d0, cublas_tw)
-#   promote_ncu.sh (call 6):   promote_ncu.txt, promote_ncu_table.txt   Nsight Compute at 16384x4096x7168
-#   loads_call.sh (call 7):    loads.*    PROBE_SET=promote with d12; loads_ncu.txt: base and d12 under Nsight Compute
-#   late_call.sh (call 8):     late.*     PROBE_SET=late, FP8 and INT8
-#   ahead_call.sh (call 9):    ahead.*    PROBE_SET=ahead, FP8 and INT8
+# 128x128 tile at 512 rows). aregs_table.py made each .txt from its .jsonl. What each call ran, as probe_call.sh and
+# promote_ncu.sh do it now (the calls ran one script each with the same commands, timeouts of 200-250 s; call 7's ncu part used the stall and
+# cycle metrics only):
+#   call 4:  PROBE_SET=depth bash probe_call.sh depth                  depth.*    FP8 and INT8
+#   call 5:  PROBE_SET=promote PROBE_FMTS=fp8 bash probe_call.sh promote  promote.*  (before depth 12 was added: base,
+#            d0, cublas_tw)
+#   call 6:  bash promote_ncu.sh promote_ncu base d0 cublas cublas_tw  promote_ncu.txt, promote_ncu_table.txt
+#   call 7:  PROBE_SET=promote PROBE_FMTS=fp8 bash probe_call.sh loads; bash promote_ncu.sh loads_ncu base d12
+#            loads.*, loads_ncu.txt
+#   call 8:  PROBE_SET=late bash probe_call.sh late                    late.*     FP8 and INT8
+#   call 9:  PROBE_SET=ahead bash probe_call.sh ahead                  ahead.*    FP8 and INT8
