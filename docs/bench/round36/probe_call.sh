@@ -1,5 +1,5 @@
 #!/bin/bash
-# Calls 4, 5 and 7-9 of round 36 (probe_variants.diff's tree): every variant of PROBE_SET compiled first, then two timed
+# Calls 1, 4, 5 and 7-9 of round 36: every variant of PROBE_SET compiled first, then two timed
 # processes of aregs_probe.py, then the table. Usage: PROBE_SET=<set> [PROBE_FMTS=fp8] OUT=<dir> bash probe_call.sh NAME
 name=$1
 (PROBE_WARM=1 PROBE_JOBS=12 python3 docs/bench/round36/aregs_probe.py warm > $OUT/${name}_warm.log 2>&1); echo "warm rc $?"

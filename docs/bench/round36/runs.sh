@@ -8,8 +8,8 @@
 # same instruction count with a few integer instructions different outside the K loop at 128x256 (offline, Triton
 # 3.6's ptxas, sm_90a). Not shipped: the library is 26bf583's.
 #
-# aregs_call.sh (call 1):
-#   (first every variant compiled, in 12 processes: PROBE_WARM=1; its log, warm.log, came back empty)
+# aregs_call.sh (call 1; it then ran probe_call.sh's commands itself, with a 200 s timeout a process):
+#   (first every variant compiled, in 12 processes: PROBE_WARM=1; its log came back empty)
 #   aregs.jsonl   aregs_probe.py, two processes one after the other (run1, run2): per case the variants and cuBLAS
 #                 block-wise FP8 (or torch._int_mm) timed interleaved (timing.gpu_times_us: L2 flushed, median of 15),
 #                 bf16 output, 4096 and 16384 rows, the six bench shapes
