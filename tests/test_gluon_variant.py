@@ -249,6 +249,20 @@ def test_consumer_1_starts_a_main_loop_behind_on_a_wide_tile_where_k_is_short(M,
     assert not gluon_launch.config_for(M, N, K, 128, None, staged=True).stagger
 
 
+@pytest.mark.parametrize("requantized, preload, tail, fp8, told", [
+    (True, "none", 0, True, True), (True, "none", 0, False, True), (True, "none", 1, False, True),
+    (True, "none", 1, True, False), (True, "stores", 0, False, False), (False, "none", 0, False, False),
+    (False, "loop", 0, True, False)])
+def test_the_kernel_is_told_k_is_positive_where_that_measured_faster(requantized, preload, tail, fp8, told):
+    """A re-quantized output on column sub-tiles without K block 0 ahead of the K loop tells the compiler that K >= 1
+    (no zero-trip path, whose own zeroing of the accumulators ran every tile), but FP8 with N's last column in a loop of
+    its own; a bf16 output never (ptxas spilled there); the default tile, without column sub-tiles, never."""
+    gluon_launch = pytest.importorskip("quantcore.backends.triton.gluon_launch")
+    wide = gluon_launch.WIDE[0]
+    assert gluon_launch.k_positive(wide, requantized, preload, tail, fp8) == told
+    assert not gluon_launch.k_positive(gluon_launch.DEFAULT, requantized, preload, tail, fp8)
+
+
 @pytest.mark.parametrize("fmt", ["fp8_e4m3", "int8"])
 def test_naming_it_selects_it_with_its_numerics(installed, fmt):
     impl = registry.select(gemm_query(fmt=fmt), backend=GLUON)

@@ -285,6 +285,8 @@ def test_k_block_0s_scales_are_loaded_during_the_tile_before_where_that_measured
     scale_loads = r"ld\.global\.b32"  # the activation and weight scales: fp32 (a bf16 bias is 16-bit)
     assert plain["constants"]["PRELOAD"] == "loop" and requantized["constants"]["PRELOAD"] == "stores"
     assert others[-1]["constants"]["STAGGER"] and all(k["constants"]["PRELOAD"] == "none" for k in others)
+    # Without K block 0 ahead of the loop, a re-quantized output's kernel is told that K >= 1 (`k_positive`).
+    assert [k["constants"]["K_POSITIVE"] for k in (plain, requantized, *others)] == [False, False, False, True, True]
     for k in others:
         assert count(plain, mma) == count(requantized, mma) == 2 * count(k, mma) == 2 * 2 * 4 * 4
         assert count(plain, scale_loads) == count(requantized, scale_loads) == 3 * count(k, scale_loads)

@@ -224,6 +224,18 @@ def preload(config: GluonConfig, requantized: bool, bias: bool, staged: bool, st
     return "none" if stagger or tail else "stores"
 
 
+def k_positive(config: GluonConfig, requantized: bool, preload: str, tail: int, fp8: bool) -> bool:
+    """Whether the kernel tells the compiler that K is at least 1 (`K_POSITIVE`; the spec's checks refuse an empty K).
+    On the column sub-tile schedule without PRELOAD, where no K block runs ahead of the K loop, the compiler otherwise
+    keeps the loop's zero-trip path, and ptxas zeroes each tile's accumulators on it as well as before the loop: 63
+    more instructions a tile in each consumer thread. Told for re-quantized outputs there. Measured on the H100 against
+    the kernel without it, time over the plain GEMM at 4096 rows (docs/bench/round37/final/table.txt): INT8 bias +
+    re-quantized 1.077 → 1.043, re-quantized 1.045 → 1.034; FP8 1.065 → 1.058 and 1.039 → 1.036. Not for FP8 at N =
+    2112, where N's last column runs in a loop of its own (`tail`): 0.5-2.5 % slower there (round37/gated/table.txt).
+    Not with a bf16 output: there ptxas spills 556-632 bytes into the K loop instead (Triton 3.6, offline)."""
+    return (requantized and preload == "none" and config.sub < config.block_n and not (fp8 and tail))
+
+
 def _fitted(cfg: GluonConfig, block_k: int, out_bytes: int, block_n: int, profile, staged: bool,
             bias: bool = False) -> tuple[int, bool]:
     """(stages, pipeline) of `cfg` for this call: its stages, or as many as fit `profile`'s shared memory."""
@@ -296,6 +308,7 @@ def scaled_mm(a, a_scale, b, b_scale, *, block_n, block_k, bias, activation, out
         own_rows_for(triton.cdiv(tiles, programs), triton.cdiv(K, block_k)) // epi_rows * epi_rows
     stagger = config.stagger and triton.cdiv(K, block_k) <= stages
     tail = tail_sub_tiles(config, N, bool(epi_rows))
+    preloaded = preload(config, out_quant is not None, bias is not None, bool(epi_rows), stagger, tail)
     boxes = ([bm, block_k], [config.sub, block_k], [bm // 2, config.sub])
     layouts = _layout(boxes[0], a.dtype), _layout(boxes[1], b.dtype), _layout(boxes[2], out_bits)
     # The launcher makes (or keeps) the descriptors of a, b and out, given in their places.
@@ -308,8 +321,8 @@ def scaled_mm(a, a_scale, b, b_scale, *, block_n, block_k, bias, activation, out
         BLOCK_N=bn, STAGES=stages, GROUP_M=config.group_m, PIPELINE=pipeline, TMA_OUT=tma_out,
         CONSUMER_REGS=config.consumer_regs(bool(epi_rows)), PRODUCER_REGS=config.producer(bool(epi_rows)),
         EPI_ROWS=epi_rows, EPILOGUE_REGS=config.epilogue_regs, num_warps=_WARPS,
-        STAGGER=stagger, TAIL_NSUB=tail,
-        PRELOAD=preload(config, out_quant is not None, bias is not None, bool(epi_rows), stagger, tail),
+        STAGGER=stagger, TAIL_NSUB=tail, PRELOAD=preloaded,
+        K_POSITIVE=k_positive(config, out_quant is not None, preloaded, tail, a.dtype == torch.float8_e4m3fn),
         # The promotion is one FMA per element, as the tiled kernel's under Triton 3.6's default (which
         # later versions turn off).
         enable_fp_fusion=True), a.device, descriptors,

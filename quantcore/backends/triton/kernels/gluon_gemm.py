@@ -683,7 +683,7 @@ def _consume(ring, out_desc, epi_smem, bias_stage, params, C: gl.constexpr, SCAL
              BIAS: gl.constexpr, ACTIVATION: gl.constexpr, OUT: gl.constexpr, OUT_GROUP: gl.constexpr,
              UE8M0_OUT: gl.constexpr, GROUP_TAIL: gl.constexpr, TINY_SCALES: gl.constexpr, BLOCK_N: gl.constexpr,
              GROUP_M: gl.constexpr, PIPELINE: gl.constexpr, TMA_OUT: gl.constexpr, EPI_ROWS: gl.constexpr,
-             STAGGER: gl.constexpr, TAIL_NSUB: gl.constexpr, PRELOAD: gl.constexpr):
+             STAGGER: gl.constexpr, TAIL_NSUB: gl.constexpr, PRELOAD: gl.constexpr, K_POSITIVE: gl.constexpr):
     """Consumer warpgroup C: rows [C·ROWS, (C+1)·ROWS) of every tile of this program, K block by K
     block from the slot ring (`ring`: a_bufs, b_bufs, ready, empty), in column sub-tiles of SUB_N, then the
     epilogue sub-tile by sub-tile (`epi_smem`: c_smem, acc_ready, acc_free):
@@ -696,7 +696,7 @@ def _consume(ring, out_desc, epi_smem, bias_stage, params, C: gl.constexpr, SCAL
     sizes, strides, eps and own_steps (`block_scaled_mm_ws_kernel`). STAGGER: consumer 1 starts a main loop behind
     consumer 0 (`block_scaled_mm_ws_kernel`). TAIL_NSUB: N's last column tiles, walked after the others in a loop of
     their own, take only their first TAIL_NSUB sub-tiles (`_tile_work`). PRELOAD ("loop", "stores"; "none"): each
-    tile's K block 0 scales are loaded during the tile before (`_tile_work`)."""
+    tile's K block 0 scales are loaded during the tile before (`_tile_work`). K_POSITIVE: as the kernel's."""
     _a_s, _b_s, _bias, _out, _out_s, M, N, K, _sam, _sak, _sbn, _sbk, _sb, _som, _sos, _eps, _own = params
     a_bufs, b_bufs, _ready, _empty, stagger_bar = ring
     BLOCK_M: gl.constexpr = a_bufs.type.shape[1]
@@ -710,6 +710,11 @@ def _consume(ring, out_desc, epi_smem, bias_stage, params, C: gl.constexpr, SCAL
     zero = gl.zeros([ROWS, SUB_N], gl.int32 if a_bufs.dtype == gl.int8 else gl.float32, mma)
 
     num_kb = gl.cdiv(K, BLOCK_K)
+    if K_POSITIVE:
+        # K >= 1 (the spec's checks). Told so, the compiler drops the K loop's zero-trip path, whose own zeroing
+        # of the accumulators ran on every tile beside the loop's (`gluon_launch.k_positive`).
+        gl.assume(num_kb > 0)
+        gl.assume(K != 0)
     if STAGGER and C == 1:
         # Consumer 1 starts a main loop behind consumer 0, which then runs its epilogue beside consumer 1's wgmmas,
         # and consumer 1 its own beside consumer 0's next main loop. (The launch asks for it only where a tile's K
@@ -759,7 +764,8 @@ def block_scaled_mm_ws_kernel(
         OUT_GROUP: gl.constexpr, UE8M0_OUT: gl.constexpr, GROUP_TAIL: gl.constexpr, TINY_SCALES: gl.constexpr,
         BLOCK_N: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr, PIPELINE: gl.constexpr,
         TMA_OUT: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, EPI_ROWS: gl.constexpr,
-        EPILOGUE_REGS: gl.constexpr, STAGGER: gl.constexpr, TAIL_NSUB: gl.constexpr, PRELOAD: gl.constexpr):
+        EPILOGUE_REGS: gl.constexpr, STAGGER: gl.constexpr, TAIL_NSUB: gl.constexpr, PRELOAD: gl.constexpr,
+        K_POSITIVE: gl.constexpr):
     """a [M, K] @ b [N, K]^T with block scales and a fused epilogue, on sm_90.
 
     a_desc / b_desc: Gluon TMA descriptors over a and b (e4m3 or int8, both alike) with blocks
@@ -782,7 +788,8 @@ def block_scaled_mm_ws_kernel(
     EPI_ROWS): N's last column tile has that many column sub-tiles within N, fewer than BLOCK_N / SUB_N, and only
     they are loaded, multiplied and stored, that tile's in a column of its own walked after the others (`_tile`).
     PRELOAD (column sub-tiles only; "none" without): each tile's K block 0 scales are loaded during the tile before,
-    once its main loop is done ("loop") or once its epilogue's stores are issued ("stores").
+    once its main loop is done ("loop") or once its epilogue's stores are issued ("stores"). K_POSITIVE: the compiler
+    is told that K is at least 1, as it always is (`gluon_launch.k_positive` says where).
     """
     gl.static_assert(TAIL_NSUB == 0 or EPI_ROWS == 0, "a tail of skipped sub-tiles needs the register epilogue")
     # The staged epilogue never reaches the loads "stores" places after the register epilogue's stores.
@@ -844,10 +851,10 @@ def block_scaled_mm_ws_kernel(
         gl.warp_specialize([
             (_consume, (ring, out_desc, epi_smem, bias_stage, params, 0, SCALE_BN, BIAS, ACTIVATION, OUT, OUT_GROUP,
                         UE8M0_OUT, GROUP_TAIL, TINY_SCALES, BLOCK_N, GROUP_M, PIPELINE, TMA_OUT, EPI_ROWS,
-                        STAGGER, TAIL_NSUB, PRELOAD)),
+                        STAGGER, TAIL_NSUB, PRELOAD, K_POSITIVE)),
             (_consume, (ring, out_desc, epi_smem, bias_stage, params, 1, SCALE_BN, BIAS, ACTIVATION, OUT, OUT_GROUP,
                         UE8M0_OUT, GROUP_TAIL, TINY_SCALES, BLOCK_N, GROUP_M, PIPELINE, TMA_OUT, EPI_ROWS,
-                        STAGGER, TAIL_NSUB, PRELOAD)),
+                        STAGGER, TAIL_NSUB, PRELOAD, K_POSITIVE)),
             (_produce, (a_desc, b_desc, ring, bias_stage, params, BLOCK_N, GROUP_M, BIAS, BIAS_SMEM, TAIL_NSUB)),
             (_epilogue, (c_smem, acc_ready, acc_free, params, BIAS, ACTIVATION, OUT, OUT_GROUP, UE8M0_OUT, GROUP_TAIL,
                          TINY_SCALES, BLOCK_N, GROUP_M, EPI_ROWS)),
@@ -856,9 +863,9 @@ def block_scaled_mm_ws_kernel(
         gl.warp_specialize([
             (_consume, (ring, out_desc, epi_smem, bias_stage, params, 0, SCALE_BN, BIAS, ACTIVATION, OUT, OUT_GROUP,
                         UE8M0_OUT, GROUP_TAIL, TINY_SCALES, BLOCK_N, GROUP_M, PIPELINE, TMA_OUT, EPI_ROWS,
-                        STAGGER, TAIL_NSUB, PRELOAD)),
+                        STAGGER, TAIL_NSUB, PRELOAD, K_POSITIVE)),
             (_consume, (ring, out_desc, epi_smem, bias_stage, params, 1, SCALE_BN, BIAS, ACTIVATION, OUT, OUT_GROUP,
                         UE8M0_OUT, GROUP_TAIL, TINY_SCALES, BLOCK_N, GROUP_M, PIPELINE, TMA_OUT, EPI_ROWS,
-                        STAGGER, TAIL_NSUB, PRELOAD)),
+                        STAGGER, TAIL_NSUB, PRELOAD, K_POSITIVE)),
             (_produce, (a_desc, b_desc, ring, bias_stage, params, BLOCK_N, GROUP_M, BIAS, BIAS_SMEM, TAIL_NSUB)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
