@@ -22,6 +22,12 @@
 # Call 5, the same tree: NO_PROBE=1 PART=gluon bash final_and_suite.sh
 #   gpu_gluon.txt     pytest -m gpu -n 16 tests/gpu/test_gluon.py
 #
+# Call 6, plain outputs beside cuBLAS block-wise / torch._int_mm: round 23's probe in two trees, one process of each in
+# turn, two rounds (round 34's variants_ab.sh), 4096 and 16384 rows:
+#   OUT=plain_kp ROUNDS=2 BUDGET=420 TAGS="base:<base> kp:<tree>" bash docs/bench/round34/variants_ab.sh
+#   plain_kp/ab.*   kp: the shipped tree with k_positive also true for PRELOAD "loop" (plain outputs on column
+#                   sub-tiles), whose K loop has 2 instructions fewer (offline)
+#
 # Compiled offline only (Triton 3.6's ptxas, sm_90a), not measured:
 #   late_release.diff  each K block's slot released after the next K block's ready wait instead of before it, to take
 #                      one named barrier out of the K loop: the loop keeps two (Triton's barrier analysis puts one on

@@ -232,7 +232,9 @@ def k_positive(config: GluonConfig, requantized: bool, preload: str, tail: int, 
     the kernel without it, time over the plain GEMM at 4096 rows (docs/bench/round37/final/table.txt): INT8 bias +
     re-quantized 1.077 → 1.043, re-quantized 1.045 → 1.034; FP8 1.065 → 1.058 and 1.039 → 1.036. Not for FP8 at N =
     2112, where N's last column runs in a loop of its own (`tail`): 0.5-2.4 % slower there (round37/gated/table.txt).
-    Not with a bf16 output: there ptxas spills 556-632 bytes into the K loop instead (Triton 3.6, offline)."""
+    Not with a bf16 output: there ptxas spills 556-632 bytes into the K loop instead (Triton 3.6, offline). Not with
+    PRELOAD, where the accumulators are zeroed once already: a plain output 2.6-4.0 % slower in geometric mean beside
+    cuBLAS (round37/plain_kp/ab.txt)."""
     return (requantized and preload == "none" and config.sub < config.block_n and not (fp8 and tail))
 
 
