@@ -3,8 +3,10 @@
 folder (`quantcore.userdirs.data_dir()/priority`, `QUANTCORE_DATA_DIR` moves it), never into the
 installed package. A table there takes precedence over the shipped one for its GPU model.
 
-A file maps "op/format" to {M bucket: [implementation labels, fastest first]}. Only the
-implementations that were measured are listed; the registry appends the rest in default order.
+A file maps "op/format" to {M bucket: [implementation labels, fastest first]} ("priority"), and for
+GEMMs, whose ranking changes with K too, optionally "op/format" to {K bucket: {M bucket: labels}}
+("by_k", ranked over the shapes of each K bucket alone). Only the implementations that were measured
+are listed; the registry appends the rest in default order.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import json
 import math
 import re
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
@@ -25,8 +27,9 @@ DATA = "data/priority"
 
 @dataclass(frozen=True)
 class Table:
-    """One GPU model's measured priorities: {"op/format": {M bucket: labels}}, for GPU `device` of
-    architecture `arch` ("sm_90"; None in tables written before it was recorded), read from `path`
+    """One GPU model's measured priorities: {"op/format": {M bucket: labels}}, and `by_k` {"op/format":
+    {K bucket: {M bucket: labels}}} where a GEMM's ranking was also built per K bucket, for GPU `device`
+    of architecture `arch` ("sm_90"; None in tables written before it was recorded), read from `path`
     (`shipped`: the package's own table, else the user's)."""
 
     device: str
@@ -34,6 +37,7 @@ class Table:
     path: str
     shipped: bool
     priority: dict[str, dict[int, tuple[str, ...]]]
+    by_k: dict[str, dict[int, dict[int, tuple[str, ...]]]] = field(default_factory=dict)
 
 
 def device_slug(name: str) -> str:
@@ -65,9 +69,14 @@ def _load(slug: str, folder: str) -> Table | None:
     for path, is_shipped in ((user, False), (shipped, True)):
         if path.is_file():
             data = json.loads(path.read_text())
-            priority = {key: {int(m): tuple(order) for m, order in by_m.items()} for key, by_m in data["priority"].items()}
-            return Table(data.get("device", slug), data.get("arch"), str(path), is_shipped, priority)
+            priority = {key: _by_m(by_m) for key, by_m in data["priority"].items()}
+            by_k = {key: {int(k): _by_m(by_m) for k, by_m in per_k.items()} for key, per_k in data.get("by_k", {}).items()}
+            return Table(data.get("device", slug), data.get("arch"), str(path), is_shipped, priority, by_k)
     return None
+
+
+def _by_m(by_m: dict[str, list[str]]) -> dict[int, tuple[str, ...]]:
+    return {int(m): tuple(order) for m, order in by_m.items()}
 
 
 def forget() -> None:
@@ -81,13 +90,30 @@ def table(device_name: str) -> dict[str, dict[int, tuple[str, ...]]]:
     return found.priority if found else {}
 
 
-def lookup(device_name: str, op: str, fmt: str, m_bucket: int) -> tuple[str, ...] | None:
-    """Measured order for a call, taking the nearest measured bucket at or below `m_bucket`."""
+def table_by_k(device_name: str) -> dict[str, dict[int, dict[int, tuple[str, ...]]]]:
+    """The per-K GEMM rankings in force for a GPU model (`Table.by_k`), or {} when there are none."""
+    found = load(device_name)
+    return found.by_k if found else {}
+
+
+def lookup(device_name: str, op: str, fmt: str, m_bucket: int, k_bucket: int | None = None) -> tuple[str, ...] | None:
+    """Measured order for a call, taking the nearest measured bucket at or below `m_bucket` (and, for a
+    GEMM of K bucket `k_bucket` whose table was built per K, the nearest K bucket at or below `k_bucket`)."""
+    per_k = table_by_k(device_name).get(f"{op}/{fmt}") if k_bucket is not None else None
+    if per_k:
+        by_m = per_k[_at_or_below(per_k, k_bucket)]
+        if min(by_m) <= m_bucket:  # per-K rankings start at some M: below it, the one over every K
+            return by_m[_at_or_below(by_m, m_bucket)]
     by_m = table(device_name).get(f"{op}/{fmt}")
     if not by_m:
         return None
-    below = [m for m in by_m if m <= m_bucket] or [min(by_m)]
-    return by_m[max(below)]
+    return by_m[_at_or_below(by_m, m_bucket)]
+
+
+def _at_or_below(buckets, bucket: int) -> int:
+    """The nearest of `buckets` at or below `bucket`, else the smallest."""
+    below = [b for b in buckets if b <= bucket] or [min(buckets)]
+    return max(below)
 
 
 def build(records, m_of) -> dict[str, dict[str, list[str]]]:
@@ -96,12 +122,29 @@ def build(records, m_of) -> dict[str, dict[str, list[str]]]:
     `records` are bench Records of quantcore's own implementations; `m_of(record)` gives its bucket.
     An implementation missing a shape of the bucket is ranked after those that ran them all.
     """
+    return _ranked(records, lambda r: (f"{r.op}/{r.fmt}", m_of(r)))
+
+
+def build_by_k(records, m_of, k_of) -> dict[str, dict[str, dict[str, list[str]]]]:
+    """`build` per K bucket as well: {"op/fmt": {K bucket: {M bucket: labels}}} over the records for which
+    `k_of(record)` gives a bucket (None: the op's ranking does not depend on K)."""
+    keyed = [r for r in records if k_of(r) is not None]
+    ranked = _ranked(keyed, lambda r: (f"{r.op}/{r.fmt}|{k_of(r)}", m_of(r)))
+    out: dict[str, dict[str, dict[str, list[str]]]] = defaultdict(dict)
+    for key, by_m in sorted(ranked.items(), key=lambda item: int(item[0].split("|")[1])):
+        opfmt, k = key.split("|")
+        out[opfmt][k] = by_m
+    return dict(out)
+
+
+def _ranked(records, key_of) -> dict[str, dict[str, list[str]]]:
+    """{key: {M bucket: labels by geometric-mean time}} for `key_of(record)` = (key, M bucket)."""
     times: dict[tuple[str, int], dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     shapes: dict[tuple[str, int], set] = defaultdict(set)
     for r in records:
         if r.us is None:
             continue
-        key = (f"{r.op}/{r.fmt}", m_of(r))
+        key = key_of(r)
         times[key][r.impl].append(math.log(r.us))
         shapes[key].add(tuple(r.shape))
     out: dict[str, dict[str, list[str]]] = defaultdict(dict)
@@ -112,12 +155,16 @@ def build(records, m_of) -> dict[str, dict[str, list[str]]]:
     return dict(out)
 
 
-def write(device_name: str, priority: dict, source: str, root: Path | None = None, arch: str | None = None) -> Path:
-    """Write a priority table for `device_name` (of architecture `arch`, "sm_90") into folder `root`
-    (default `user_folder()`, which the registry reads) as `<device slug>.json`, whole or not at all,
-    and return its path."""
+def write(device_name: str, priority: dict, source: str, root: Path | None = None, arch: str | None = None,
+          by_k: dict | None = None) -> Path:
+    """Write a priority table for `device_name` (of architecture `arch`, "sm_90"; `by_k` its per-K GEMM
+    rankings, `build_by_k`) into folder `root` (default `user_folder()`, which the registry reads) as
+    `<device slug>.json`, whole or not at all, and return its path."""
     path = (user_folder() if root is None else Path(root)) / f"{device_slug(device_name)}.json"
-    text = json.dumps({"device": device_name, "arch": arch, "source": source, "priority": priority}, indent=1) + "\n"
+    data = {"device": device_name, "arch": arch, "source": source, "priority": priority}
+    if by_k:
+        data["by_k"] = by_k
+    text = json.dumps(data, indent=1) + "\n"
     userdirs.write_atomically(path, text.encode())
     forget()
     return path

@@ -13,6 +13,7 @@ from pydantic import BaseModel
 
 from . import capability, measured, opdef, registry
 from .backends import native
+from .specs.gemm_query import GemmQuery
 from .opdefs import BUILTIN
 
 SCHEMA = 2  # the JSON's layout version: bumped whenever a field changes meaning or is removed
@@ -47,7 +48,9 @@ class Row(BaseModel):
 
 class MRange(BaseModel):
     """What runs an op and dtype for calls of `m_min` to `m_max` rows (None: no upper end) on GPU
-    model `device`, whose measured table `table` refines the priority."""
+    model `device`, whose measured table `table` refines the priority; for a GEMM whose table ranks it per
+    K as well, `k_min` to `k_max` its K (None and None: rows for any K), at 128×128 blocks, N as K, K a
+    multiple of 512 (where cuBLAS's block-wise GEMM can run)."""
 
     device: str
     table: str
@@ -56,6 +59,8 @@ class MRange(BaseModel):
     m_min: int
     m_max: int | None
     selected: str | None
+    k_min: int | None = None
+    k_max: int | None = None
 
 
 class Report(BaseModel):
@@ -108,24 +113,45 @@ def _priority_in_force(profile: capability.DeviceProfile) -> tuple[tuple[str, ..
 
 def _by_m(profile: capability.DeviceProfile, table: measured.Table) -> list[MRange]:
     """Per op and dtype of `table`, the M ranges over which one implementation runs (merged where the
-    selection does not change), as the registry selects on a GPU named as the table's."""
+    selection does not change), as the registry selects on a GPU named as the table's; then per K range
+    those of the GEMMs ranked per K too (`Table.by_k`)."""
     gpu = profile.model_copy(update={"name": table.device, "simulated_from": None})
-    out = []
+    out: list[MRange] = []
     for op in opdef.all_ops():
         for fmt in op.formats:
-            buckets = sorted(table.priority.get(f"{op.name}/{fmt}", ()))
-            for i, bucket in enumerate(buckets):
+            for m_min, m_max, bucket in _spans(table.priority.get(f"{op.name}/{fmt}", ()), 1):
                 query = registry.Query(op.name, gpu, fmt, blocks=op.report_blocks, m_bucket=bucket)
-                selected = registry.explain_query(query).selected
-                # A bucket b holds the calls whose rows round up to b..(next bucket)/2 (registry lookup).
-                m_min = 1 if i == 0 else bucket // 2 + 1
-                m_max = buckets[i + 1] // 2 if i + 1 < len(buckets) else None
-                if out and (out[-1].op, out[-1].dtype, out[-1].selected) == (op.name, fmt, selected):
-                    out[-1].m_max = m_max
-                else:
-                    out.append(MRange(device=table.device, table=table.path, op=op.name, dtype=fmt, m_min=m_min,
-                                      m_max=m_max, selected=selected))
+                _extend(out, MRange(device=table.device, table=table.path, op=op.name, dtype=fmt, m_min=m_min,
+                                    m_max=m_max, selected=registry.explain_query(query).selected))
+    for key, per_k in table.by_k.items():
+        op_name, fmt = key.split("/")
+        for k_min, k_max, k in _spans(per_k, 1):
+            by_m = per_k[k]
+            # Below the per-K rankings' first M bucket the ranking over every K applies (`measured.lookup`).
+            for m_min, m_max, bucket in _spans(by_m, min(by_m) // 2 + 1):
+                query = GemmQuery(op_name, gpu, fmt, None, (128, 128), bucket, (k, k), block_k=128)
+                _extend(out, MRange(device=table.device, table=table.path, op=op_name, dtype=fmt, m_min=m_min,
+                                    m_max=m_max, selected=registry.explain_query(query).selected, k_min=k_min,
+                                    k_max=k_max))
     return out
+
+
+def _spans(buckets, first: int) -> list[tuple[int, int | None, int]]:
+    """(least, greatest or None, bucket) of the values each bucket serves: a bucket b holds the values that round
+    up to b..(next bucket)/2, the first from `first` (the registry's lookup takes the nearest bucket at or below)."""
+    ordered = sorted(buckets)
+    return [(first if i == 0 else b // 2 + 1, ordered[i + 1] // 2 if i + 1 < len(ordered) else None, b)
+            for i, b in enumerate(ordered)]
+
+
+def _extend(out: list[MRange], r: MRange) -> None:
+    """Append `r`, or widen the last range where it selects the same for the same op, dtype and K range."""
+    last = out[-1] if out else None
+    if last and (last.op, last.dtype, last.selected, last.k_min, last.k_max) == (r.op, r.dtype, r.selected, r.k_min,
+                                                                                 r.k_max):
+        last.m_max = r.m_max
+    else:
+        out.append(r)
 
 
 def _reason(c: registry.Candidate, candidates: list[registry.Candidate], priority: tuple[str, ...]) -> str:
@@ -140,6 +166,7 @@ def _reason(c: registry.Candidate, candidates: list[registry.Candidate], priorit
 
 def _span(r: MRange) -> str:
     return f"M {r.m_min}+" if r.m_max is None else f"M {r.m_min}-{r.m_max}"
+
 
 
 def render(report: Report) -> str:
@@ -171,11 +198,20 @@ def render(report: Report) -> str:
                      f"{r.reason}{numerics}")
     for table in dict.fromkeys((r.device, r.table) for r in report.by_m):
         lines += ["", f"per M on {table[0]} (measured table {table[1]}):"]
-        per_op: dict[tuple[str, str], list[MRange]] = {}
+        per_op: dict[tuple[str, str, int | None], list[MRange]] = {}
         for r in report.by_m:
             if (r.device, r.table) == table:
-                per_op.setdefault((r.op, r.dtype), []).append(r)
-        for (op, dtype), ranges in per_op.items():
+                per_op.setdefault((r.op, r.dtype, r.k_min), []).append(r)
+        shown: list[tuple[str, str, int | None, int | None, str]] = []  # K ranges of the same spans merged
+        for (op, dtype, k_min), ranges in per_op.items():
             spans = "; ".join(f"{_span(r)}: {r.selected or 'nothing'}" for r in ranges)
-            lines.append(f"{op:<{widths[0]}} {dtype:<{widths[2]}} {spans if len(ranges) > 1 else ranges[0].selected}")
+            if len(ranges) == 1 and k_min is None:
+                spans = ranges[0].selected or "nothing"
+            if shown and shown[-1][0:2] == (op, dtype) and shown[-1][2] is not None and shown[-1][4] == spans:
+                shown[-1] = (op, dtype, shown[-1][2], ranges[-1].k_max, spans)
+            else:
+                shown.append((op, dtype, k_min, ranges[-1].k_max, spans))
+        for op, dtype, k_min, k_max, spans in shown:
+            k_span = "" if k_min is None else f" K {k_min}+" if k_max is None else f" K {k_min}-{k_max}"
+            lines.append(f"{op:<{widths[0]}} {dtype:<{widths[2]}}{k_span}{':' if k_span else ''} {spans}")
     return "\n".join(lines)

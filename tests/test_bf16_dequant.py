@@ -95,6 +95,7 @@ def test_never_selected_without_being_named(monkeypatch, op, profile):
 def test_a_measured_table_naming_it_is_not_followed(monkeypatch):
     h100 = capability.simulated_profile("sm90").model_copy(update={"name": "NVIDIA H100 80GB HBM3"})
     monkeypatch.setattr(measured, "table", lambda name: {"scaled_mm/fp8_e4m3": {1: (LABEL, "cupy")}})
+    monkeypatch.setattr(measured, "table_by_k", lambda name: {})
     for module in (capability, base):  # CuPy counted as installed
         monkeypatch.setattr(module, "module_available", lambda _: True)
     query = GemmQuery("scaled_mm", h100, "fp8_e4m3", blocks=(128, 128), m_bucket=4096, nk=(2112, 7168), block_k=128)

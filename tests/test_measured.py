@@ -39,6 +39,7 @@ def test_lookup_takes_the_nearest_bucket_below(monkeypatch, tmp_path):
     data = json.loads(path.read_text())["priority"]
     monkeypatch.setattr(measured, "table", lambda name: {k: {int(m): tuple(v) for m, v in d.items()}
                                                          for k, d in data.items()} if name == H100.name else {})
+    monkeypatch.setattr(measured, "table_by_k", lambda name: {})  # no per-K rankings: the ones over every K
     assert measured.lookup(H100.name, "scaled_mm", "fp8_e4m3", 64) == ("cupy",)
     assert measured.lookup(H100.name, "scaled_mm", "fp8_e4m3", 16384) == ("torch[cublas]", "triton")
     assert measured.lookup(H100.name, "act_quant", "fp8_e4m3", 64) is None
@@ -77,7 +78,7 @@ def test_cublas_variant_constraints_are_data():
 def test_written_tables_go_to_the_user_data_folder_and_take_precedence(monkeypatch, tmp_path):
     monkeypatch.setenv("QUANTCORE_DATA_DIR", str(tmp_path))
     shipped = measured.load(H100.name)
-    # the shipped H100 table: the Gluon GEMM first at 4096 rows, cuBLAS at 16384 (docs/bench/round23/gemm_h100.txt)
+    # the shipped H100 table: the Gluon GEMM first at 4096 rows, cuBLAS at 16384 (docs/bench/round38/gemm/gemm_h100.txt)
     assert shipped.shipped and shipped.priority["scaled_mm/fp8_e4m3"][4096][0] == "triton[gluon]"
     assert shipped.priority["scaled_mm/fp8_e4m3"][16384][0] == "torch[cublas]"
     path = measured.write(H100.name, {"scaled_mm/fp8_e4m3": {"1": ["cupy", "triton"]}}, "test")
@@ -107,3 +108,48 @@ def test_the_gemm_specs_mark_every_fused_epilogue(op):
     for options, expected in cases:
         query = opdef.get(op).spec(*args, **options).query
         assert query.fused == query.fuses_epilogue == expected, options
+
+
+def test_gemms_are_ranked_per_k_bucket_where_the_table_has_them(monkeypatch, tmp_path):
+    monkeypatch.setenv("QUANTCORE_DATA_DIR", str(tmp_path))
+
+    def gemm(impl, m, k, us):
+        return Record(op="scaled_mm", fmt="fp8_e4m3", shape=[m, 4096, k], impl=impl, us=us, unit="TFLOP/s")
+
+    # cuBLAS ahead at long K, the Gluon GEMM at short K: over every K the Gluon GEMM is first.
+    records = [gemm("triton[gluon]", 4096, 512, 10), gemm("torch[cublas]", 4096, 512, 13),
+               gemm("triton[gluon]", 4096, 7168, 100), gemm("torch[cublas]", 4096, 7168, 96),
+               gemm("triton", 1, 7168, 5), gemm("triton[gluon]", 1, 7168, 9)]
+    m_of = lambda r: m_bucket(r.shape[0])  # noqa: E731
+    priority = measured.build(records, m_of)
+    by_k = measured.build_by_k(records, m_of, lambda r: registry.k_bucket(r.shape[2]) if r.shape[0] >= 512 else None)
+    assert priority["scaled_mm/fp8_e4m3"]["4096"] == ["triton[gluon]", "torch[cublas]"]
+    assert by_k == {"scaled_mm/fp8_e4m3": {"512": {"4096": ["triton[gluon]", "torch[cublas]"]},
+                                           "8192": {"4096": ["torch[cublas]", "triton[gluon]"]}}}
+    measured.write(H100.name, priority, "test", by_k=by_k)
+    assert measured.load(H100.name).by_k["scaled_mm/fp8_e4m3"][8192] == {4096: ("torch[cublas]", "triton[gluon]")}
+
+    def first(m, k):
+        return measured.lookup(H100.name, "scaled_mm", "fp8_e4m3", m_bucket(m), registry.k_bucket(k))[0]
+
+    assert first(4096, 7168) == first(16384, 16384) == first(4096, 5000) == "torch[cublas]"  # K bucket 8192 and up
+    assert first(4096, 4096) == first(4096, 512) == first(4096, 100) == "triton[gluon]"  # nearest K at or below
+    assert first(1, 7168) == "triton"  # below the per-K rankings' first M: the one over every K
+    assert measured.lookup(H100.name, "scaled_mm", "fp8_e4m3", 4096)[0] == "triton[gluon]"  # no K: over every K
+    # the registry asks with the GEMM's K
+    q = GemmQuery("scaled_mm", H100, "fp8_e4m3", blocks=(128, 128), m_bucket=4096, nk=(2112, 7168))
+    assert q.k_bucket == 8192 and registry.current_priority(q)[0] == "torch[cublas]"
+    assert registry.current_priority(replace(q, nk=(2112, 1536)))[0] == "triton[gluon]"
+    assert registry.Query("scaled_mm", H100, "fp8_e4m3", m_bucket=4096).k_bucket is None
+
+
+def test_the_shipped_h100_table_sends_long_k_fp8_gemms_to_cublas_and_short_k_to_the_gluon_gemm():
+    """docs/bench/round38/gemm/gemm_h100.txt: at 4096 rows cuBLAS block-wise is 0.3-3.7 % faster from K = 7168, the
+    Gluon GEMM 0.7-12 % faster at K <= 2048; at 16384 rows cuBLAS from K = 7168, the Gluon GEMM at K <= 1536."""
+    def first(m, k):
+        q = GemmQuery("scaled_mm", H100, "fp8_e4m3", blocks=(128, 128), m_bucket=m_bucket(m), nk=(4096, k))
+        return registry.current_priority(q)[0]
+
+    assert [first(4096, k) for k in (512, 2048, 7168, 16384)] == ["triton[gluon]"] * 2 + ["torch[cublas]"] * 2
+    assert [first(16384, k) for k in (512, 1536, 7168)] == ["triton[gluon]"] * 2 + ["torch[cublas]"]
+    assert first(1, 16384) == "triton"

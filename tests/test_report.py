@@ -29,8 +29,10 @@ def selected_at(table: measured.Table, profile, op: str, fmt: str, m: int) -> st
 
 
 def check_ranges(rep: report.Report, table: measured.Table) -> None:
-    """The report's M ranges for `table` tile every M from 1 up and each says what the registry runs."""
-    ranges = [r for r in rep.by_m if r.table == table.path]
+    """The report's M ranges for `table` tile every M from 1 up and each says what the registry runs; so do its
+    per-K ranges of the GEMMs ranked per K (`Table.by_k`), every K from 1 up, from their first M."""
+    check_k_ranges(rep, table)
+    ranges = [r for r in rep.by_m if r.table == table.path and r.k_min is None]
     assert {(r.op, f"{r.dtype}") for r in ranges} == {tuple(key.split("/")) for key in table.priority}
     for key in table.priority:
         op, fmt = key.split("/")
@@ -40,6 +42,22 @@ def check_ranges(rep: report.Report, table: measured.Table) -> None:
         for r in mine:
             for m in {r.m_min, r.m_max or 65536}:
                 assert selected_at(table, rep.device, op, fmt, m) == r.selected, (key, m)
+
+
+def check_k_ranges(rep: report.Report, table: measured.Table) -> None:
+    ranges = [r for r in rep.by_m if r.table == table.path and r.k_min is not None]
+    assert {f"{r.op}/{r.dtype}" for r in ranges} == set(table.by_k)
+    gpu = rep.device.model_copy(update={"name": table.device, "simulated_from": None})
+    for key, per_k in table.by_k.items():
+        op, fmt = key.split("/")
+        mine = [r for r in ranges if (r.op, r.dtype) == (op, fmt)]
+        spans = sorted({(r.k_min, r.k_max) for r in mine}, key=lambda s: s[0])
+        assert spans[0][0] == 1 and spans[-1][1] is None and all(a[1] + 1 == b[0] for a, b in zip(spans, spans[1:]))
+        for r in mine:
+            for m in {r.m_min, r.m_max or 65536}:
+                for k in {-(-r.k_min // 512) * 512, r.k_max or 65536}:  # K in whole cuBLAS K tiles
+                    query = GemmQuery(op, gpu, fmt, None, (128, 128), m_bucket(m), (k, k), block_k=128)
+                    assert registry.explain_query(query).selected == r.selected, (key, m, k)
 
 
 def test_a_simulated_gpu_shows_what_real_gpus_of_its_architecture_select_per_m():

@@ -10,6 +10,8 @@ from .baselines import gemm_floor_bytes
 from .run import BenchResult
 from .shapes import DECODE_M, READ_CEILING
 
+K_FROM_M = 512  # the rows from which `write_priority` ranks GEMMs per K bucket as well
+
 
 def _fmt(x: float | None, spec: str = ".2f") -> str:
     return "—" if x is None else format(x, spec)
@@ -182,9 +184,18 @@ def simulated_gemms(result: BenchResult) -> str:
 def write_priority(result: BenchResult, root: Path | None = None) -> Path:
     """Turn a run into the measured priority table of its GPU model, written into folder `root`
     (default: the user's data folder, which the registry reads; never the installed package)."""
-    weights = ("weight_quant", "weight_dequant")  # no M: one bucket
-    table = measured.build([r for r in result.records if r.impl in registry.compared(r.op)],
-                           lambda r: 0 if r.op in weights else registry.m_bucket(r.shape[0]))
-    path = measured.write(result.device.name, table, f"{result.command} on {result.date}", root, result.device.arch)
+    records = [r for r in result.records if r.impl in registry.compared(r.op)]
+
+    def m_of(r):
+        return 0 if r.op in ("weight_quant", "weight_dequant") else registry.m_bucket(r.shape[0])  # no M: one bucket
+
+    def k_of(r):
+        # GEMMs ([M, N, K]) from K_FROM_M rows are ranked per K bucket too: there the faster of the Gluon GEMM and
+        # cuBLAS's changes with K (docs/performance.md, round 38); below, one or two shapes a bucket would rank
+        # kernels a few % apart by the noise of single shapes.
+        return registry.k_bucket(r.shape[2]) if r.op == "scaled_mm" and r.shape[0] >= K_FROM_M else None
+
+    path = measured.write(result.device.name, measured.build(records, m_of), f"{result.command} on {result.date}",
+                          root, result.device.arch, measured.build_by_k(records, m_of, k_of))
     registry.clear_caches()  # selections and kept plans made under the previous table
     return path

@@ -17,7 +17,7 @@ from .explain import Candidate, Explanation, explain_query
 from .plugins import Plugin
 from .priorities import (DEFAULT_PRIORITY, PRIORITY_ENV, current_priority, explicit_priority, priority,
                          priority_context, priority_state, with_reference)
-from .query import Query, m_bucket
+from .query import Query, k_bucket, m_bucket
 from .selection import BackendChoice, NumericsWarning, clear_caches, reset, select
 from .table import (REFERENCE, broken_plugins, compared, epoch, impls, plugin_status, reference, register,
                     unregister)
@@ -25,6 +25,6 @@ from .table import (REFERENCE, broken_plugins, compared, epoch, impls, plugin_st
 __all__ = [
     "Candidate", "Explanation", "explain_query", "Plugin", "DEFAULT_PRIORITY", "PRIORITY_ENV", "current_priority",
     "explicit_priority", "priority", "priority_context", "priority_state", "with_reference", "Query", "m_bucket",
-    "BackendChoice", "NumericsWarning", "clear_caches", "reset", "select", "REFERENCE", "broken_plugins", "compared",
-    "epoch", "impls", "plugin_status", "reference", "register", "unregister",
+    "k_bucket", "BackendChoice", "NumericsWarning", "clear_caches", "reset", "select", "REFERENCE", "broken_plugins",
+    "compared", "epoch", "impls", "plugin_status", "reference", "register", "unregister",
 ]

@@ -36,6 +36,11 @@ class Query:
         return self.op
 
     @property
+    def k_bucket(self) -> int | None:
+        """The bucket of the call's K where its measured ranking depends on K too (a GEMM's), else None."""
+        return None
+
+    @property
     def fuses_epilogue(self) -> bool:
         """Whether the call has an epilogue that a measured ranking applies to only among implementations
         computing it in their kernel (`Impl.separate_epilogue` is the opposite)."""
@@ -45,3 +50,8 @@ class Query:
 def m_bucket(m: int) -> int:
     """Rows rounded up to a power of two, capped at 16384: the granularity of measured priorities."""
     return min(1 << max(m - 1, 0).bit_length(), 16384)
+
+
+def k_bucket(k: int) -> int:
+    """A GEMM's K rounded up to a power of two: the granularity of its per-K measured priorities."""
+    return 1 << max(k - 1, 0).bit_length()

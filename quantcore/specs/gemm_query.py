@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..backends.base import Constraints
-from ..registry.query import Query
+from ..registry.query import Query, k_bucket as bucket_of_k
 
 
 @dataclass(frozen=True)
@@ -37,6 +37,11 @@ class GemmQuery(Query):
         128 rows, which the table gives the tiled kernel, was faster there with SiLU or GELU (the Gluon
         kernel's time / the tiled kernel's 0.84-0.89 over seven shapes)."""
         return self.fused
+
+    @property
+    def k_bucket(self) -> int | None:
+        """K rounded up to a power of two: the GEMMs' ranking changes with K as well as M (`measured.build_by_k`)."""
+        return bucket_of_k(self.nk[1]) if self.nk else None
 
     @property
     def measured_as(self) -> str:
