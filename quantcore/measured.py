@@ -129,29 +129,28 @@ def build_by_k(records, m_of, k_of) -> dict[str, dict[str, dict[str, list[str]]]
     """`build` per K bucket as well: {"op/fmt": {K bucket: {M bucket: labels}}} over the records for which
     `k_of(record)` gives a bucket (None: the op's ranking does not depend on K)."""
     keyed = [r for r in records if k_of(r) is not None]
-    ranked = _ranked(keyed, lambda r: (f"{r.op}/{r.fmt}|{k_of(r)}", m_of(r)))
+    ranked = _ranked(keyed, lambda r: ((f"{r.op}/{r.fmt}", k_of(r)), m_of(r)))
     out: dict[str, dict[str, dict[str, list[str]]]] = defaultdict(dict)
-    for key, by_m in sorted(ranked.items(), key=lambda item: int(item[0].split("|")[1])):
-        opfmt, k = key.split("|")
-        out[opfmt][k] = by_m
+    for (opfmt, k), by_m in sorted(ranked.items(), key=lambda item: item[0][1]):
+        out[opfmt][str(k)] = by_m
     return dict(out)
 
 
-def _ranked(records, key_of) -> dict[str, dict[str, list[str]]]:
+def _ranked(records, key_of) -> dict:
     """{key: {M bucket: labels by geometric-mean time}} for `key_of(record)` = (key, M bucket)."""
-    times: dict[tuple[str, int], dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
-    shapes: dict[tuple[str, int], set] = defaultdict(set)
+    times: dict[tuple, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    shapes: dict[tuple, set] = defaultdict(set)
     for r in records:
         if r.us is None:
             continue
         key = key_of(r)
         times[key][r.impl].append(math.log(r.us))
         shapes[key].add(tuple(r.shape))
-    out: dict[str, dict[str, list[str]]] = defaultdict(dict)
-    for (opfmt, m), by_impl in sorted(times.items()):
-        n = len(shapes[(opfmt, m)])
+    out: dict = defaultdict(dict)
+    for (group, m), by_impl in sorted(times.items()):
+        n = len(shapes[(group, m)])
         ranked = sorted(by_impl, key=lambda i: (len(by_impl[i]) < n, sum(by_impl[i]) / len(by_impl[i])))
-        out[opfmt][str(m)] = ranked
+        out[group][str(m)] = ranked
     return dict(out)
 
 
