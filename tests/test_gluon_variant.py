@@ -5,6 +5,7 @@ measured priority lists it, and run where a call names it."""
 from __future__ import annotations
 
 import importlib.machinery
+import itertools
 import re
 
 import pytest
@@ -23,10 +24,10 @@ OPS_FMTS = [(op, fmt) for op in ("scaled_mm", "quant_linear") for fmt in ("fp8_e
 
 
 def gemm_query(profile="sm90", fmt="fp8_e4m3", op="scaled_mm", m=4096, block_k=128, out_fmt=None, fused=False,
-               out_group=128):
+               out_group=128, k=2048):
     p = capability.simulated_profile(profile) if isinstance(profile, str) else profile
     blocks = (128, block_k) + ((out_group,) if out_fmt else ())
-    return GemmQuery(op, p, fmt, out_fmt, blocks, m_bucket(m), nk=(7168, 2048), block_k=block_k,
+    return GemmQuery(op, p, fmt, out_fmt, blocks, m_bucket(m), nk=(7168, k), block_k=block_k,
                      out_group=out_group if out_fmt else 0, fused=fused or out_fmt is not None)  # as specs.gemm
 
 
@@ -57,25 +58,26 @@ def test_a_gpu_with_the_shipped_tables_selects_it_exactly_where_they_rank_it_fir
     for table in (t for t in measured.tables() if t.arch == "sm_90"):
         gpu = capability.simulated_profile("sm90").model_copy(update={"name": table.device})
         for op, fmt in OPS_FMTS:
-            for m in (1, 64, 128, 512, 4096, 16384):
-                # Both GEMM ops follow scaled_mm's ranking, each from its first entry it has an
-                # implementation of (quant_linear has no cuBLAS variant).
-                order = measured.lookup(table.device, "scaled_mm", fmt, m_bucket(m)) or ()
+            for m, k in itertools.product((1, 64, 128, 512, 4096, 16384), (512, 2048, 7168, 16384)):
+                # Both GEMM ops follow scaled_mm's ranking (per M, and per K where the table has it), each
+                # from its first entry it has an implementation of (quant_linear has no cuBLAS variant).
+                q = gemm_query(gpu, fmt, op, m, k=k)
+                order = measured.lookup(table.device, "scaled_mm", fmt, q.m_bucket, q.k_bucket) or ()
                 own = [name for name in order if any(i.named_by(name) for i in registry.impls(op))]
                 first = own[:1] == [GLUON]
                 ranked_first += [first]
-                assert (registry.select(gemm_query(gpu, fmt, op, m)).label == GLUON) == first, \
-                    (table.device, op, fmt, m)
+                assert (registry.select(q).label == GLUON) == first, (table.device, op, fmt, m, k)
                 # With an epilogue, the same ranking without cuBLAS, which would run it in passes of its own.
                 fused = [name for name in own if name != "torch[cublas]"][:1] == [GLUON]
-                selected = registry.select(gemm_query(gpu, fmt, op, m, fused=True)).label
-                assert (selected == GLUON) == fused, (table.device, op, fmt, m, "epilogue")
+                selected = registry.select(gemm_query(gpu, fmt, op, m, fused=True, k=k)).label
+                assert (selected == GLUON) == fused, (table.device, op, fmt, m, k, "epilogue")
     assert any(ranked_first)  # the H100's table ranks it first for FP8 at 512 rows, INT8 from 512
 
 
 def test_a_measured_table_that_lists_it_selects_it(installed, monkeypatch):
     gpu = capability.simulated_profile("sm90").model_copy(update={"name": "NVIDIA H100 80GB HBM3"})
-    monkeypatch.setattr(measured, "lookup", lambda name, op, fmt, bucket: (GLUON, "triton") if bucket >= 4096 else None)
+    monkeypatch.setattr(measured, "lookup",
+                        lambda name, op, fmt, bucket, k_bucket=None: (GLUON, "triton") if bucket >= 4096 else None)
     registry.clear_caches()
     assert registry.select(gemm_query(gpu, m=4096)).label == GLUON
     assert registry.select(gemm_query(gpu, "int8", "quant_linear", m=16384)).label == GLUON
