@@ -70,7 +70,8 @@ def _load(slug: str, folder: str) -> Table | None:
         if path.is_file():
             data = json.loads(path.read_text())
             priority = {key: _by_m(by_m) for key, by_m in data["priority"].items()}
-            by_k = {key: {int(k): _by_m(by_m) for k, by_m in per_k.items()} for key, per_k in data.get("by_k", {}).items()}
+            by_k = {key: {int(k): _by_m(by_m) for k, by_m in per_k.items()}
+                    for key, per_k in data.get("by_k", {}).items()}
             return Table(data.get("device", slug), data.get("arch"), str(path), is_shipped, priority, by_k)
     return None
 

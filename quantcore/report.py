@@ -13,8 +13,8 @@ from pydantic import BaseModel
 
 from . import capability, measured, opdef, registry
 from .backends import native
-from .specs.gemm_query import GemmQuery
 from .opdefs import BUILTIN
+from .specs.gemm_query import GemmQuery
 
 SCHEMA = 2  # the JSON's layout version: bumped whenever a field changes meaning or is removed
 
@@ -166,7 +166,6 @@ def _reason(c: registry.Candidate, candidates: list[registry.Candidate], priorit
 
 def _span(r: MRange) -> str:
     return f"M {r.m_min}+" if r.m_max is None else f"M {r.m_min}-{r.m_max}"
-
 
 
 def render(report: Report) -> str:

@@ -61,11 +61,11 @@ def priority_state() -> tuple:
 
 def current_priority(query: Query) -> tuple[str, ...]:
     """The priority in force for a call: context, then environment, then the measured table of this
-    GPU model (not while simulating another; per M, and for a GEMM per K where the table has it), then the default for the device kind. A measured table
-    never brings in an opt-in variant (only a priority the user names does): one found in a table,
-    written by hand, is dropped; nor, for a call with a fused epilogue (a GEMM's bias, activation or
-    re-quantized output: `Query.fuses_epilogue`), one that runs the epilogue as passes of its own
-    (`Impl.separate_epilogue`)."""
+    GPU model (not while simulating another; per M, and for a GEMM per K where the table has it), then
+    the default for the device kind. A measured table never brings in an opt-in variant (only a
+    priority the user names does): one found in a table, written by hand, is dropped; nor, for a call
+    with a fused epilogue (a GEMM's bias, activation or re-quantized output: `Query.fuses_epilogue`),
+    one that runs the epilogue as passes of its own (`Impl.separate_epilogue`)."""
     explicit = explicit_priority()
     if explicit:
         order = explicit[0]

@@ -49,9 +49,9 @@ class Query:
 
 def m_bucket(m: int) -> int:
     """Rows rounded up to a power of two, capped at 16384: the granularity of measured priorities."""
-    return min(1 << max(m - 1, 0).bit_length(), 16384)
+    return min(k_bucket(m), 16384)
 
 
 def k_bucket(k: int) -> int:
-    """A GEMM's K rounded up to a power of two: the granularity of its per-K measured priorities."""
+    """A GEMM's K rounded up to a power of two (uncapped): the granularity of its per-K measured priorities."""
     return 1 << max(k - 1, 0).bit_length()
