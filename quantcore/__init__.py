@@ -3,12 +3,12 @@
 `quantcore.ops` holds the ops; `quantcore.explain(op, ...)` says which implementation would run and
 why; `quantcore.simulate("sm80")` and `quantcore.priority("cupy")` are context managers that change,
 respectively, the device profile selection sees and the backend priority. Importing quantcore also
-registers the ops as `torch.ops.quantcore.<name>` custom ops (`quantcore.library`), so that
+registers the ops as `torch.ops.quantcore.<name>` custom ops (`quantcore.library`, which `ops` reads), so that
 `torch.export.load` of a program that uses them works after a plain `import quantcore`. Triton and
 CuPy are imported only when one of their kernels first runs.
 """
 
-from . import library, ops
+from . import ops
 from .capability import DeviceProfile, profile_for, simulate
 from .errors import InvalidInputError, NonFiniteInputError, QuantcoreError, UnsupportedError
 from .ops import explain

@@ -115,7 +115,7 @@ def _main(argv: list[str] | None) -> int:
 
 
 def _native() -> int:
-    from .backends import native
+    from .runtime import native
 
     if not native.enabled():
         print(f"quantcore: {native.NATIVE_ENV}=0 turns the native launch path off", file=sys.stderr)
@@ -130,7 +130,7 @@ def _native() -> int:
 
 
 def _bench(args: argparse.Namespace, argv: list[str] | None) -> int:
-    from . import measured
+    from .registry import measured
     from .bench import BenchResult, run
     from .bench.summary import summarize, write_priority
     from .errors import UnsupportedError

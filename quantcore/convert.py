@@ -22,7 +22,7 @@ from pydantic import BaseModel
 
 from .backends.torch.quant import block_scale, encode, weight_blocks
 from .formats import DEFAULT_BLOCK, DEFAULT_EPS
-from .specs import checks
+from .definitions import checks
 
 _OP = "fp8_to_int8_blocks"
 _CHUNK_ELEMENTS = 1 << 24  # weight elements per step: bounds the float64 temporaries (128 MiB each)

@@ -17,6 +17,10 @@ DEFAULT_BLOCK = (128, 128)
 SCALE_FORMATS = ("fp32", "ue8m0")
 SCALE_LAYOUTS = ("row", "m_major")
 ACTIVATIONS = (None, "gelu", "gelu_tanh", "silu")
+# The activations' constants, shared by every backend's forward and by the gradients (docs/numerics.md).
+SQRT1_2 = 0.7071067811865476
+SQRT_2_OVER_PI = 0.7978845608028654
+GELU_TANH_CUBIC = 0.044715
 GELU_APPROXIMATIONS = ("none", "tanh")
 FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 

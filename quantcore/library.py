@@ -1,4 +1,6 @@
-"""quantcore's ops as `torch.library` custom ops, for `torch.compile` and `torch.export`.
+"""quantcore's ops made callable: each op's public function (`FUNCTIONS`, generated from its definition
+by `runtime.entry`; `quantcore.ops` lists them) and its `torch.library` custom ops, for `torch.compile`
+and `torch.export`.
 
 Importing this module registers `torch.ops.quantcore.<name>` for act_quant, act_dequant,
 weight_quant, weight_dequant, scaled_mm, scaled_mm_quant (the re-quantized-output GEMM: one op per
@@ -22,7 +24,7 @@ every backend, an Autograd one above it, a fake for tracing) rather than `torch.
 whose Python wrappers run on every call: an inference call pays one redispatch below autograd.
 
 Autograd (a `torch.autograd.Function` recorded by the Autograd kernel, formulas in
-`quantcore.gradients`): `quant_linear` gives x and bias gradients, `scaled_mm` bias; their other
+`quantcore.definitions.gradients`): `quant_linear` gives x and bias gradients, `scaled_mm` bias; their other
 tensor arguments (quantized codes and scales) are refused in the forward when they require grad. The other ops are not differentiable:
 their outputs never require grad, as a cast to an integer dtype's do not. `quantcore.ops` runs
 through these custom ops when grad mode is on and an input requires grad, so eager calls get the
@@ -36,12 +38,13 @@ from typing import Any, Callable
 
 import torch
 
-from . import opdef
-from .backends import native
-from .dispatch import PLAIN_TENSORS, call, kept
+from . import definitions
+from .definitions import BUILTIN
+from .definitions.op import CustomOp, OpDef, register_op, requires_grad, unregister_op
 from .errors import InvalidInputError
-from .opdef import CustomOp, OpDef, requires_grad
-from .opdefs import BUILTIN
+from .runtime import entry, native
+from .runtime.dispatch import call, kept
+from .runtime.plans import PLAIN_TENSORS
 
 NAMESPACE = "quantcore"
 
@@ -55,11 +58,11 @@ def _backend(name: str | None):
 
 
 def _real(op: OpDef, custom: CustomOp, schema_tensors: list[str]) -> Callable[..., Any]:
-    """The real kernel: the op's public function (`OpDef.kernel`: below autograd, no gradient to ask
-    about), its outputs in the fake's layout. Tensors arrive as the schema orders them (`schema_tensors`,
+    """The real kernel: the op's public function without its question about gradients (its
+    `entry.Functions.kernel`: it runs below autograd), its outputs in the fake's layout. Tensors arrive as the schema orders them (`schema_tensors`,
     its positional arguments), which must be the function's order: those the function takes positionally
     go on so, the others (scaled_mm's keyword-only bias, positional in the schema) by name."""
-    function, layout = op.kernel, custom.layout
+    function, layout = FUNCTIONS[op.name].kernel, custom.layout
     params = list(inspect.signature(function).parameters.values())[:len(op.tensors)]
     kinds = [p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for p in params]
     leading = [p.name for p in params]
@@ -113,7 +116,7 @@ def _autograd(op: OpDef, custom: CustomOp, overload: torch._ops.OpOverload,
     kernel `real` itself where the dispatcher below autograd would run nothing else (`_only_real_below`),
     saving the redispatch and its second boxing of the arguments into Python, else redispatches:
     `torch.library.custom_op`'s wrappers, which did this before, cost ~14 µs more a call on the CPU
-    machine (docs/performance.md, round 11). Otherwise it
+    machine. Otherwise it
     records a `torch.autograd.Function` whose backward is the op's `Gradient`; an op without one
     marks its outputs non-differentiable. The dispatcher passes
     a Python kernel only the arguments given: the `Gradient` gets every keyword-only one, the
@@ -192,7 +195,7 @@ _LIBRARY = torch.library.Library(NAMESPACE, "DEF")
 def _register(op: OpDef, custom: CustomOp) -> torch._ops.OpOverload:
     """Define `torch.ops.quantcore.<custom.name>`: the real kernel for every backend, the Autograd kernel
     above it and the fake kernel for tracing. Returns its overload."""
-    _LIBRARY.define(custom.name + custom.schema)
+    _LIBRARY.define(custom.name + op.schema(custom))
     overload = getattr(torch.ops.quantcore, custom.name).default
     real = _real(op, custom, [a.name for a in overload._schema.arguments if not a.kwarg_only])
     autograd = _autograd(op, custom, overload, real)
@@ -205,8 +208,31 @@ def _register(op: OpDef, custom: CustomOp) -> torch._ops.OpOverload:
     return overload
 
 
-CUSTOM_OPS: dict[str, torch._ops.OpOverload] = {
-    custom.name: _register(op, custom) for op in BUILTIN for custom in op.custom_ops}
+FUNCTIONS: dict[str, entry.Functions] = {}  # op name -> its generated functions
+CUSTOM_OPS: dict[str, torch._ops.OpOverload] = {}
+
+
+def _define(op: OpDef) -> Callable[..., Any]:
+    FUNCTIONS[op.name] = entry.generate(op, call_with_gradient)
+    for custom in op.custom_ops:
+        CUSTOM_OPS[custom.name] = _register(op, custom)
+    return FUNCTIONS[op.name].public
+
+
+def define(op: OpDef) -> Callable[..., Any]:
+    """Add an op from outside quantcore: registered for selection, `explain` and the report, its custom
+    ops defined as `torch.ops.quantcore.<name>`, and its public function returned (generated from its spec,
+    as `quantcore.ops`' are). Its implementations are added with `registry.register`."""
+    register_op(op)
+    return _define(op)
+
+
+def undefine(op: OpDef) -> None:
+    """Forget an op added with `define` (its custom ops stay defined: torch.library cannot drop them)."""
+    unregister_op(op)
+    FUNCTIONS.pop(op.name, None)
+
+
 
 
 def _schema_backend(backend: Any) -> Any:
@@ -222,8 +248,8 @@ def call_with_gradient(name: str, tensors: tuple, options: dict[str, Any], backe
     the plain call is (same errors, before anything runs), then run through the custom op whose
     `Gradient` applies, so that autograd records it. A call no gradient applies to (`scaled_mm` with
     `out_quant`) runs plainly: its outputs never require grad."""
-    op = opdef.get(name)
-    op.spec(*tensors, **options)
+    op = definitions.get(name)
+    op.prepare(tensors, options)
     custom = next((c for c in op.custom_ops if c.gradient is not None and c.gradient.applies(options)), None)
     backend = _schema_backend(backend)
     if custom is None or not (backend is None or isinstance(backend, str)):
@@ -232,3 +258,7 @@ def call_with_gradient(name: str, tensors: tuple, options: dict[str, Any], backe
     schema = getattr(torch.ops.quantcore, custom.name).default._schema
     kwargs = {a.name: options[a.name] for a in schema.arguments if a.kwarg_only and a.name in options}
     return CUSTOM_OPS[custom.name](*tensors, **kwargs, backend=backend)
+
+
+for _op in BUILTIN:
+    _define(_op)

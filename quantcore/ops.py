@@ -1,6 +1,6 @@
 """quantcore's public ops. Each validates its arguments (raising `InvalidInputError`), picks an
 implementation through the registry and launches it; the validated plan is kept per argument
-signature (`dispatch.py`), so repeated calls with same-shaped inputs skip straight to the launch.
+signature (`quantcore.runtime`), so repeated calls with same-shaped inputs skip straight to the launch.
 
 `backend=None` (or "auto") chooses automatically; a name ("triton", "cupy", "torch") forces that
 backend and raises `UnsupportedError` with its reasons when it cannot run; a sequence of names sets
@@ -15,26 +15,26 @@ other ops' outputs never require grad, whatever the backend and the inputs.
 
 from __future__ import annotations
 
-from . import opdef, registry
-from .opdefs import epilogue, gemm, quant
+from . import definitions, registry
+from .definitions import checks
+from .library import FUNCTIONS
 from .registry import BackendChoice, Explanation
-from .specs import checks
 
-# Each op's signature, docstring, spec, schema and formats live in its `quantcore.opdefs` definition.
-act_quant = quant.ACT_QUANT.function
-act_dequant = quant.ACT_DEQUANT.function
-weight_quant = quant.WEIGHT_QUANT.function
-weight_dequant = quant.WEIGHT_DEQUANT.function
-scaled_mm = gemm.SCALED_MM.function
-quant_linear = gemm.QUANT_LINEAR.function
-dequant_bias = epilogue.DEQUANT_BIAS.function
-quantized_gelu = epilogue.QUANTIZED_GELU.function
+# Each op's signature, docstring and validation live in its `quantcore.definitions` module.
+act_quant = FUNCTIONS["act_quant"].public
+act_dequant = FUNCTIONS["act_dequant"].public
+weight_quant = FUNCTIONS["weight_quant"].public
+weight_dequant = FUNCTIONS["weight_dequant"].public
+scaled_mm = FUNCTIONS["scaled_mm"].public
+quant_linear = FUNCTIONS["quant_linear"].public
+dequant_bias = FUNCTIONS["dequant_bias"].public
+quantized_gelu = FUNCTIONS["quantized_gelu"].public
 
 
 def explain(op: str, *args, backend: BackendChoice = None, **kwargs) -> Explanation:
     """Which implementation `quantcore.ops.<op>(*args, **kwargs)` would run here, and why each other
     implementation was not chosen. Prints readably; `.model_dump()` gives the data."""
-    known = [d.name for d in opdef.all_ops()]
+    known = [d.name for d in definitions.all_ops()]
     if op not in known:
         raise checks.fail("explain", f"unknown op {op!r}; expected one of {sorted(known)}")
-    return registry.explain_query(opdef.get(op).spec(*args, **kwargs).query, backend)
+    return registry.explain_query(definitions.get(op).spec(*args, **kwargs).query, backend)

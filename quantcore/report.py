@@ -11,15 +11,16 @@ import textwrap
 
 from pydantic import BaseModel
 
-from . import capability, measured, opdef, registry
-from .backends import native
-from .opdefs import BUILTIN
-from .specs.gemm_query import GemmQuery
+from . import capability, definitions, registry
+from .definitions import BUILTIN
+from .definitions.query import GemmQuery
+from .registry import measured
+from .runtime import native
 
 SCHEMA = 2  # the JSON's layout version: bumped whenever a field changes meaning or is removed
 
 # The input formats each built-in op is reported for (`OpDef.formats`; dequant_bias reads the GEMM's
-# output dtype). `build` reports every defined op, those added with `opdef.register_op` too.
+# output dtype). `build` reports every defined op, those added with `library.define` too.
 REPORTED_FORMATS: dict[str, tuple[str, ...]] = {op.name: op.formats for op in BUILTIN}
 
 STATUSES = {
@@ -92,7 +93,7 @@ def build(simulate: str | None = None) -> Report:
     # A simulated GPU is never refined: show what real GPUs of its architecture with a table select.
     tables = [own] if own else [t for t in measured.tables() if t.arch == profile.arch] if refined and simulated else []
     rows = []
-    for op in opdef.all_ops():
+    for op in definitions.all_ops():
         for fmt in op.formats:
             candidates = registry.explain_query(registry.Query(op.name, profile, fmt, blocks=op.report_blocks)).candidates
             rows += [Row(op=op.name, impl=c.impl, dtype=fmt, status=c.status, numerics=c.numerics,
@@ -117,7 +118,7 @@ def _by_m(profile: capability.DeviceProfile, table: measured.Table) -> list[MRan
     those of the GEMMs ranked per K too (`Table.by_k`)."""
     gpu = profile.model_copy(update={"name": table.device, "simulated_from": None})
     out: list[MRange] = []
-    for op in opdef.all_ops():
+    for op in definitions.all_ops():
         for fmt in op.formats:
             for m_min, m_max, bucket in _spans(table.priority.get(f"{op.name}/{fmt}", ()), 1):
                 query = registry.Query(op.name, gpu, fmt, blocks=op.report_blocks, m_bucket=bucket)

@@ -11,15 +11,15 @@ from typing import Any, Callable
 import pytest
 
 import quantcore
-from quantcore import UnsupportedError, opdef, registry
-from quantcore.backends.base import Impl
+from quantcore import UnsupportedError, definitions, registry
+from quantcore.registry.impl import Impl
 
 
 def simulate_on_cpu(monkeypatch, name: str) -> None:
     """Make CPU tensors report the simulated profile `name` ("cpu": the CPU's own), as a CUDA device
     does under `quantcore.simulate`, with Triton and CuPy counted as installed."""
     from quantcore import capability
-    from quantcore.backends import base
+    from quantcore.registry import impl as base
 
     for module in (capability, base):
         monkeypatch.setattr(module, "module_available", lambda _: True)
@@ -46,7 +46,7 @@ class LaunchSpy:
 
         def function(impl: Impl) -> Callable[..., Any]:
             launch = stub(impl) if stub else spy.real(impl)
-            contract = set(opdef.get(impl.op).launch_args)
+            contract = set(definitions.get(impl.op).launch_args)
 
             def seen(kwargs: dict[str, Any]) -> None:
                 spy.calls.append((impl, {k: v for k, v in kwargs.items() if k not in contract}))
@@ -65,7 +65,7 @@ class LaunchSpy:
 
     def reference_stub(self, impl: Impl) -> Callable[..., Any]:
         """A stand-in launch computing the reference's result from the contract's arguments."""
-        contract = opdef.get(impl.op).launch_args
+        contract = definitions.get(impl.op).launch_args
         reference = self.real(registry.reference(impl.op))
         return lambda **kwargs: reference(**{k: kwargs[k] for k in contract})
 
@@ -76,13 +76,13 @@ def check_binding(spy: LaunchSpy, op: str, args: tuple, kwargs: dict, backend: s
     nothing can run, that both say so and nothing was launched). Returns (the Impl, the output)."""
     explained = quantcore.explain(op, *args, backend=backend, **kwargs)
     try:
-        chosen = registry.select(opdef.get(op).spec(*args, **kwargs).query, backend)
+        chosen = registry.select(definitions.get(op).spec(*args, **kwargs).query, backend)
     except UnsupportedError:
         chosen = None
     assert explained.selected == (chosen.label if chosen else None), (op, backend, str(explained))
     registry.clear_caches()  # no kept plan from an earlier call: the dispatcher selects and launches anew
     spy.calls.clear()
-    run = opdef.get(op).function
+    run = getattr(quantcore.ops, op)
     if chosen is None:
         with pytest.raises(UnsupportedError):
             run(*args, backend=backend, **kwargs)

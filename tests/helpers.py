@@ -9,7 +9,7 @@ import torch
 
 import oracle
 from quantcore import ops
-from quantcore.specs.tolerances import activation_within, requant_within_one_step
+from quantcore.definitions.tolerances import activation_within, requant_within_one_step
 
 
 def randn(shape, dtype=torch.float32, gen=None, scale=1.0, device="cpu"):

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 import oracle
 from helpers import assert_same_q, assert_same_scale, randn
 from quantcore import ops
-from quantcore.specs.tolerances import activation_within, gemm_tolerance, requant_within_one_step
+from quantcore.definitions.tolerances import activation_within, gemm_tolerance, requant_within_one_step
 
 FMTS = {torch.float8_e4m3fn: "fp8_e4m3", torch.int8: "int8"}
 

@@ -11,9 +11,9 @@ import torch
 import quantcore.library
 from helpers import DIFFERENTIABLE, TORCH_ACTIVATIONS, outputs_of_every_op_on_grad_inputs, randn, reference_quant_linear
 from quantcore import InvalidInputError, ops
-from quantcore.gradients import activation_grad
+from quantcore.definitions.gradients import activation_grad
 from quantcore.nn import QuantLinear
-from quantcore.specs.tolerances import GRADIENT, rel_error
+from quantcore.definitions.tolerances import GRADIENT, rel_error
 
 qc = torch.ops.quantcore
 FP8, INT8 = torch.float8_e4m3fn, torch.int8

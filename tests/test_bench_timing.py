@@ -6,7 +6,7 @@ import time
 
 import torch
 
-from quantcore import opdef
+from quantcore import definitions
 from quantcore.backends import torch as reference
 from quantcore.bench import baselines, timing
 
@@ -86,7 +86,7 @@ def test_compiled_references_keep_their_graphs_apart():
             codes, scales = torch.zeros(m, k, dtype=qdtype), torch.rand(m, k // 128)
             for op, args, options in (("act_quant", (x,), {"dtype": qdtype}), ("act_dequant", (codes, scales), {}),
                                       ("quantized_gelu", (codes, scales), {})):
-                kwargs = opdef.get(op).spec(*args, **options).kwargs
+                kwargs = definitions.get(op).spec(*args, **options).kwargs
                 got = baselines.compiled_call(op, kwargs, backend="eager")()  # raises at the recompile limit
                 expected = getattr(reference, op)(**kwargs)
                 for g, e in zip(*(r if isinstance(r, tuple) else (r,) for r in (got, expected))):

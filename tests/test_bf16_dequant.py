@@ -15,14 +15,15 @@ import oracle
 import quantcore
 from binding import simulate_on_cpu
 from helpers import assert_same_q, randn
-from quantcore import InvalidInputError, NumericsWarning, capability, measured, opdef, ops, registry, report
-from quantcore.backends import base
+from quantcore import InvalidInputError, NumericsWarning, capability, definitions, ops, registry, report
+from quantcore.registry import measured
+from quantcore.registry import impl as base
 from quantcore.backends.torch import bf16_dequant
 from quantcore.backends.torch import quant as torch_quant
-from quantcore.gradients import activation_grad
+from quantcore.definitions.gradients import activation_grad
 from quantcore.nn import QuantLinear
-from quantcore.specs.gemm_query import GemmQuery
-from quantcore.specs.tolerances import BF16_DEQUANT_ADDITION, GEMM_FP32_OUT, bf16_dequant_bound, rel_error
+from quantcore.definitions.query import GemmQuery
+from quantcore.definitions.tolerances import BF16_DEQUANT_ADDITION, GEMM_FP32_OUT, bf16_dequant_bound, rel_error
 from test_validation import BAD
 
 LABEL = "torch[bf16_dequant]"
@@ -73,8 +74,8 @@ def _auto_choices(op):
 def test_never_selected_without_being_named(monkeypatch, op, profile):
     simulate_on_cpu(monkeypatch, profile)
     for fmt in FORMATS:
-        args, kwargs = opdef.get(op).example(fmt)
-        query = opdef.get(op).spec(*args, **kwargs).query
+        args, kwargs = definitions.get(op).example(fmt)
+        query = definitions.get(op).spec(*args, **kwargs).query
         for backend in _auto_choices(op):
             explained = quantcore.explain(op, *args, backend=backend, **kwargs)
             assert explained.selected != LABEL, (profile, fmt, backend)
@@ -105,17 +106,17 @@ def test_a_measured_table_naming_it_is_not_followed(monkeypatch):
 
 @pytest.mark.parametrize("op", GEMMS)
 def test_forcing_it_runs_it_and_warns_once(monkeypatch, op):
-    args, kwargs = opdef.get(op).example("fp8_e4m3")
-    default = opdef.get(op).function(*args, **kwargs)
+    args, kwargs = definitions.get(op).example("fp8_e4m3")
+    default = getattr(quantcore.ops, op)(*args, **kwargs)
     with pytest.warns(NumericsWarning, match="operands rounded to bf16 after scaling"):
-        forced = opdef.get(op).function(*args, backend=LABEL, **kwargs)
+        forced = getattr(quantcore.ops, op)(*args, backend=LABEL, **kwargs)
     assert not torch.equal(forced, default)  # bf16 operands: a different function
     for choice in ((LABEL,), (LABEL, "triton")):
-        assert torch.equal(opdef.get(op).function(*args, backend=choice, **kwargs), forced)
+        assert torch.equal(getattr(quantcore.ops, op)(*args, backend=choice, **kwargs), forced)
     with quantcore.priority(LABEL):
-        assert torch.equal(opdef.get(op).function(*args, **kwargs), forced)
+        assert torch.equal(getattr(quantcore.ops, op)(*args, **kwargs), forced)
     monkeypatch.setenv("QUANTCORE_PRIORITY", f"{LABEL},triton")
-    assert torch.equal(opdef.get(op).function(*args, **kwargs), forced)
+    assert torch.equal(getattr(quantcore.ops, op)(*args, **kwargs), forced)
 
 
 def test_needs_torch_with_an_fp32_bf16_gemm_on_cuda(monkeypatch):
@@ -227,7 +228,7 @@ def test_bad_input_with_the_variant_forced():
 # --- explain and report ------------------------------------------------------------------------------
 
 def test_explain_shows_its_numerics_chosen_or_not():
-    args, kwargs = opdef.get("scaled_mm").example("int8")
+    args, kwargs = definitions.get("scaled_mm").example("int8")
     chosen = quantcore.explain("scaled_mm", *args, backend=LABEL, **kwargs)
     assert chosen.selected == LABEL and chosen.numerics == bf16_dequant.NUMERICS
     assert f"runs {LABEL} (numerics: operands rounded to bf16 after scaling" in str(chosen)

@@ -10,9 +10,9 @@ from __future__ import annotations
 import pytest
 
 from binding import LaunchSpy, check_binding, choices, simulate_on_cpu
-from quantcore import capability, opdef, registry
-from quantcore.opdefs import BUILTIN
-from quantcore.specs.gemm_query import GemmQuery
+from quantcore import capability, definitions, registry
+from quantcore.definitions import BUILTIN
+from quantcore.definitions.query import GemmQuery
 
 PROFILES = ["cpu", *capability.SIMULATED]
 # What each MMA kind needs: fp16 tensor cores are on every GPU quantcore targets (sm_70+).
@@ -27,8 +27,8 @@ def test_what_selection_names_is_what_the_dispatcher_launches(monkeypatch, op, p
     simulate_on_cpu(monkeypatch, profile)
     spy = LaunchSpy(monkeypatch, stub=lambda impl: spy.reference_stub(impl))
     launched = set()
-    for fmt in opdef.get(op).formats:
-        args, kwargs = opdef.get(op).example(fmt)
+    for fmt in definitions.get(op).formats:
+        args, kwargs = definitions.get(op).example(fmt)
         for backend in choices(op):
             chosen, _ = check_binding(spy, op, args, kwargs, backend)
             launched.add(chosen and chosen.label)

@@ -133,7 +133,7 @@ def test_saved_runs_keep_the_versions_of_the_machine_that_measured(tmp_path):
 
 
 def test_write_priority_from_a_saved_run_goes_to_the_user_data_folder(tmp_path, monkeypatch, capsys):
-    from quantcore import measured
+    from quantcore.registry import measured
 
     monkeypatch.setenv("QUANTCORE_DATA_DIR", str(tmp_path / "data"))
     package = Path(quantcore.__file__).parent

@@ -8,8 +8,9 @@ import pytest
 import torch
 
 import quantcore
-from quantcore import dispatch, ops, registry
-from quantcore.backends.base import Constraints, Impl
+from quantcore import ops, registry
+from quantcore.runtime import dispatch, plans
+from quantcore.registry.impl import Constraints, Impl
 
 from helpers import randn
 
@@ -29,10 +30,10 @@ def same(a, b):
 def test_repeated_calls_reuse_the_plan_and_bind_the_new_tensors(gen):
     x1, x2 = randn((2, 3, 300), gen=gen), randn((2, 3, 300), gen=gen)
     ops.act_quant(x1)
-    kept = len(dispatch._plans)
+    kept = len(plans.plans)
     assert kept >= 1
     got = ops.act_quant(x2)
-    assert len(dispatch._plans) == kept  # same signature: no new plan
+    assert len(plans.plans) == kept  # same signature: no new plan
     assert same(got, fresh(ops.act_quant, x2)) and not same(got, fresh(ops.act_quant, x1))
 
 
@@ -91,9 +92,9 @@ def test_priority_in_force_is_part_of_the_plan(gen):
 
 def test_copies_made_by_the_spec_are_not_kept(gen):
     x = randn((256, 3), gen=gen).t()  # last dim not contiguous: the spec copies it
-    before = len(dispatch._plans)
+    before = len(plans.plans)
     got = ops.act_quant(x)
-    assert len(dispatch._plans) == before
+    assert len(plans.plans) == before
     assert same(got, fresh(ops.act_quant, x.contiguous()))
 
 
@@ -143,7 +144,7 @@ def test_rejected_block_sizes_stay_rejected_after_a_warm_up(gen, block):
 
 def test_a_prepared_launch_is_prepared_once_per_plan(gen):
     """A launch function with a `prepare` stage keeps its per-call part with the plan."""
-    from quantcore.backends.base import prepared
+    from quantcore.runtime.launch import prepared
 
     prepares, runs = [], []
 
@@ -173,26 +174,26 @@ def test_misaligned_views_get_their_own_plan(gen):
     """Kernels are specialised on 16-byte alignment: a view 2 bytes further on is another signature."""
     buf = randn((4, 400), gen=gen, dtype=torch.bfloat16)
     ops.act_quant(buf[:, :256])
-    kept = len(dispatch._plans)
+    kept = len(plans.plans)
     got = ops.act_quant(buf[:, 1:257])
-    assert len(dispatch._plans) == kept + 1
+    assert len(plans.plans) == kept + 1
     assert same(got, fresh(ops.act_quant, buf[:, 1:257]))
 
 
 def test_split_k_buffers_are_shared_grown_and_kept(monkeypatch):
     """One pair per device for every split-K launch: reused while big enough, grown at least twofold
     with the replaced pair kept alive (a captured graph may still use it), counters zero."""
-    from quantcore.backends import splitk
+    from quantcore.runtime import workspace
 
     # From no buffers, whatever other tests of this process allocated on the CPU.
-    monkeypatch.setattr(splitk, "_current", {})
-    monkeypatch.setattr(splitk, "_retired", [])
+    monkeypatch.setattr(workspace, "_current", {})
+    monkeypatch.setattr(workspace, "_retired", [])
     device = torch.device("cpu")
-    first = splitk.buffers(device, 100, 3)
-    assert splitk.buffers(device, 50, 2) is first
-    grown = splitk.buffers(device, 150, 3)
+    first = workspace.buffers(device, 100, 3)
+    assert workspace.buffers(device, 50, 2) is first
+    grown = workspace.buffers(device, 150, 3)
     assert grown[0].numel() >= 200 and grown[1].numel() >= 6
-    assert any(c is first[1] for c in splitk.counters()) and not any(c.any() for c in splitk.counters())
+    assert any(c is first[1] for c in workspace.counters()) and not any(c.any() for c in workspace.counters())
 
 
 
@@ -211,7 +212,7 @@ def _outputs(x, qdtype, rows):
 def test_a_launch_reading_only_addresses_is_given_the_input_itself(gen, reads_addresses):
     """[2, 3, K] is flattened to a [6, K] view at the same address: a `by_address` run is handed the
     caller's tensor on replays (no view made per call), any other run the view."""
-    from quantcore.backends.base import by_address, prepared
+    from quantcore.runtime.launch import by_address, prepared
 
     seen = []
 
@@ -239,7 +240,7 @@ def test_a_launch_given_the_leading_dims_shapes_its_results(gen, keyword_only):
     """A prepare stage with a `lead` keyword is given the caller's leading dims and its results are
     returned as they are (no reshape); replays take the inputs positionally where the run's
     parameters allow it and by name where not, with the same results."""
-    from quantcore.backends.base import by_address, prepared
+    from quantcore.runtime.launch import by_address, prepared
 
     leads, results = [], []
 
@@ -269,7 +270,7 @@ def test_a_launch_given_the_leading_dims_shapes_its_results(gen, keyword_only):
 
 
 def test_allocator_gives_fresh_contiguous_tensors():
-    from quantcore.backends.base import allocator
+    from quantcore.runtime.launch import allocator
 
     with torch.inference_mode():
         new = allocator((2, 1, 5), torch.bfloat16, torch.device("cpu"))
@@ -289,7 +290,7 @@ def test_a_composed_quant_linear_passes_the_leading_dims_on_only_when_given(gen)
     takes it, prepares one whose prepare has no `lead` at all (the Gluon kernel's) without it and views
     its [M, N] result in the leading dims; its run takes the caller's tensors (`by_address`) wherever
     act_quant's does, whatever the GEMM's run does (x reaches act_quant alone)."""
-    from quantcore.backends.base import by_address, prepared, prepared_quant_linear
+    from quantcore.runtime.launch import by_address, prepared, prepared_quant_linear
 
     def quantizer(addresses):
         @prepared

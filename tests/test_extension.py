@@ -8,20 +8,17 @@ import pytest
 import torch
 
 import quantcore
-from quantcore import capability, opdef, registry, report
-from quantcore.backends.base import Constraints, Impl
+from quantcore import capability, definitions, library, registry, report
+from quantcore.registry.impl import Constraints, Impl
 from quantcore.registry import Query
-from quantcore.specs import checks
-from quantcore.specs.base import Prepared, keep
+from quantcore.definitions import checks
+from quantcore.definitions.prepared import Prepared, keep
 
 OP = "toy_double"
 
 
 def toy_double(x: torch.Tensor, *, factor: float = 2.0, backend: registry.BackendChoice = None) -> torch.Tensor:
     """x [..., K] fp32 -> x · factor."""
-
-
-def toy_double_spec(x, *, factor=2.0) -> Prepared:
     x = checks.tensor(OP, "x", x, (torch.float32,))
     if isinstance(factor, bool) or not isinstance(factor, (int, float)):
         raise checks.fail(OP, f"factor must be a number, got {factor!r}")
@@ -43,26 +40,27 @@ def toy_act_quant(x, *, qdtype, group_size, ue8m0, eps, scale_m_major, profile):
 
 @pytest.fixture
 def toy():
-    op = opdef.register_op(opdef.OpDef(toy_double, toy_double_spec, ("x",), ("x", "factor", "profile"), ("float32",)))
+    op = definitions.OpDef(toy_double, ("x",), ("x", "factor", "profile"), ("float32",))
+    function = library.define(op)
     anywhere = Constraints(devices=("cpu", "cuda"), formats=("float32",))
     impls = [Impl(OP, registry.REFERENCE, reference, anywhere), Impl(OP, "toy", toy_backend, anywhere),
              Impl("act_quant", "toy", toy_act_quant, Constraints(devices=("cpu",)))]
     for impl in impls:
         registry.register(impl)
-    yield op
+    yield function
     for impl in impls:
         registry.unregister(impl)
-    opdef.unregister_op(op)
+    library.undefine(op)
 
 
 def test_the_toy_op_runs_through_the_dispatcher(toy):
     x = torch.randn(3, 5)
-    assert torch.equal(toy.function(x), x * 2)
-    assert torch.equal(toy.function(x, factor=3.0, backend="toy"), x + x * 2)
+    assert torch.equal(toy(x), x * 2)
+    assert torch.equal(toy(x, factor=3.0, backend="toy"), x + x * 2)
     with quantcore.priority("toy"):
-        assert torch.equal(toy.function(x, factor=0.5), x + x * -0.5)
+        assert torch.equal(toy(x, factor=0.5), x + x * -0.5)
     with pytest.raises(quantcore.InvalidInputError, match="toy_double: factor must be a number"):
-        toy.function(x, factor="2")
+        toy(x, factor="2")
 
 
 def test_the_toy_op_and_backend_are_explained(toy):
@@ -80,10 +78,11 @@ def test_the_toy_op_and_backend_are_reported(toy):
     assert rows[("act_quant", "toy", "int8")] == "available"
 
 
-def test_a_toy_op_is_gone_once_unregistered(toy):
-    opdef.unregister_op(toy)
+def test_a_toy_op_is_gone_once_undefined(toy):
+    op = definitions.get(OP)
+    library.undefine(op)
     try:
         with pytest.raises(quantcore.InvalidInputError, match="unknown op"):
             quantcore.explain(OP, torch.randn(2, 2))
     finally:
-        opdef.register_op(toy)
+        definitions.register_op(op)

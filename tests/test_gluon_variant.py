@@ -10,11 +10,13 @@ import re
 
 import pytest
 
-from quantcore import InvalidInputError, UnsupportedError, capability, measured, registry, report
-from quantcore.backends import base
+from quantcore import InvalidInputError, UnsupportedError, capability, registry, report
+
+from quantcore.registry import measured
+from quantcore.registry import impl as base
 from quantcore.backends.triton import gluon
-from quantcore.registry.query import m_bucket
-from quantcore.specs.gemm_query import GemmQuery
+from quantcore.definitions.query import m_bucket
+from quantcore.definitions.query import GemmQuery
 
 # Selecting an FP8 tensor-core GEMM warns of its numerics once; what is selected is what these tests judge.
 pytestmark = pytest.mark.filterwarnings("ignore::quantcore.NumericsWarning")

@@ -8,9 +8,9 @@ import importlib
 
 import pytest
 
-from quantcore import InvalidInputError, opdef, registry
-from quantcore.backends import BACKEND_PACKAGES
-from quantcore.backends.base import Constraints, Impl
+from quantcore import InvalidInputError, definitions, registry
+from quantcore.registry import BACKEND_PACKAGES
+from quantcore.registry.impl import Constraints, Impl
 
 BUILTIN_IMPLS = [impl for package in BACKEND_PACKAGES
                  for impl in importlib.import_module(f"quantcore.backends.{package}").IMPLS]
@@ -20,11 +20,11 @@ BUILTIN_IMPLS = [impl for package in BACKEND_PACKAGES
 def test_builtin_launch_signatures(impl):
     module = impl.launch.partition(":")[0]
     pytest.importorskip(f"quantcore.backends.{module}")  # CuPy or Triton may be missing here
-    opdef.check_launch(impl.op, impl.label, impl.function(), dict(impl.options))
+    definitions.op.check_launch(impl.op, impl.label, impl.function(), dict(impl.options))
 
 
 def test_launch_args_are_what_the_specs_prepare():
-    for op in opdef.all_ops():  # every op defines its example call (OpDef.example)
+    for op in definitions.all_ops():  # every op defines its example call (OpDef.example)
         for fmt in op.formats:
             args, kwargs = op.example(fmt)
             assert tuple(op.spec(*args, **kwargs).kwargs) == op.launch_args, (op.name, fmt)

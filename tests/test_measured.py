@@ -9,9 +9,11 @@ import json
 import pytest
 import torch
 
-from quantcore import measured, registry
+from quantcore import registry
+
+from quantcore.registry import measured
 from quantcore.registry import m_bucket
-from quantcore.specs.gemm_query import GemmQuery
+from quantcore.definitions.query import GemmQuery
 from quantcore.bench.run import Record
 from quantcore.capability import simulated_profile
 
@@ -95,7 +97,7 @@ def test_written_tables_go_to_the_user_data_folder_and_take_precedence(monkeypat
 def test_the_gemm_specs_mark_every_fused_epilogue(op):
     """What `GemmQuery.fuses_epilogue` reads: a bias, an activation or a re-quantized output is a fused
     epilogue; none is a plain GEMM."""
-    from quantcore import opdef, ops
+    from quantcore import definitions, ops
 
     x = torch.randn(4, 256)
     w, w_s = ops.weight_quant(torch.randn(128, 256), dtype=torch.int8)
@@ -106,7 +108,7 @@ def test_the_gemm_specs_mark_every_fused_epilogue(op):
     if op == "scaled_mm":
         cases.append((dict(out_quant=torch.int8), True))
     for options, expected in cases:
-        query = opdef.get(op).spec(*args, **options).query
+        query = definitions.get(op).spec(*args, **options).query
         assert query.fused == query.fuses_epilogue == expected, options
 
 

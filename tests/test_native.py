@@ -10,8 +10,8 @@ import warnings
 import pytest
 import torch
 
-from quantcore.backends import base, native
-from quantcore.backends.base import NativeLaunch
+from quantcore.runtime import launch as base, native
+from quantcore.runtime.launch import NativeLaunch
 from quantcore.backends.triton.direct import _slot
 
 

@@ -19,7 +19,7 @@ import quantcore
 from quantcore import InvalidInputError, capability, ops
 from quantcore.capability import SIMULATED
 from quantcore.nn import QuantLinear, load_fp8_checkpoint, quantize_model
-from quantcore.specs.tolerances import rel_error
+from quantcore.definitions.tolerances import rel_error
 
 FP8, INT8 = torch.float8_e4m3fn, torch.int8
 # Relative Frobenius error of a quantized linear (weights per 128×128, activations per 1×128) against
@@ -347,7 +347,7 @@ def test_layer_keeps_its_plan_and_follows_what_changes(gen, monkeypatch):
     """QuantLinear's own call site (`dispatch.Site`): a repeated call skips validation and selection;
     a new input shape, new parameters (replaced, or loaded with assign=True), an output dtype or a
     priority in force each get a plan of their own; every result is ops.quant_linear's."""
-    from quantcore import dispatch
+    from quantcore.runtime import dispatch, plans
 
     layer = QuantLinear.from_linear(linear(256, 40, gen), dtype=FP8)
     planned = []  # the calls that went through the dispatcher's key

@@ -29,7 +29,7 @@ from quantcore import InvalidInputError
 from quantcore.nn import QuantLinear, load_fp8_checkpoint, quantize_model
 from quantcore.parallel import (ColumnParallelLinear, ColumnParallelQuantLinear, RowParallelLinear,
                                 RowParallelQuantLinear, load_tp_checkpoint, shard_bounds, shard_model)
-from quantcore.specs.tolerances import gemm_tolerance, rel_error
+from quantcore.definitions.tolerances import gemm_tolerance, rel_error
 
 FP8, INT8, BF16, F32 = torch.float8_e4m3fn, torch.int8, torch.bfloat16, torch.float32
 FMT = {FP8: "fp8_e4m3", INT8: "int8"}

@@ -20,7 +20,7 @@ from quantcore.registry import plugins
 
 GOOD = '''
 from quantcore.backends import torch as reference
-from quantcore.backends.base import Constraints, Impl
+from quantcore.registry.impl import Constraints, Impl
 
 CALLS = []
 
@@ -45,7 +45,7 @@ def act_dequant(q, scale, *, group_size, out_dtype, profile):
 '''
 MISSING_LIBRARY = 'raise ImportError("needs libfake, which is not installed")\n'
 WRONG_SIGNATURE = '''
-from quantcore.backends.base import Constraints, Impl
+from quantcore.registry.impl import Constraints, Impl
 
 IMPLS = (Impl("act_quant", "fakesig", lambda x, *, layout: None, Constraints(devices=("cpu",))),)
 '''

@@ -9,7 +9,7 @@ import torch
 import oracle
 from helpers import randn
 from quantcore import ops
-from quantcore.specs.tolerances import REQUANT_SCALE_RTOL, gemm_tolerance, rel_error, requant_within_one_step
+from quantcore.definitions.tolerances import REQUANT_SCALE_RTOL, gemm_tolerance, rel_error, requant_within_one_step
 
 FMTS = {torch.float8_e4m3fn: "fp8_e4m3", torch.int8: "int8"}
 

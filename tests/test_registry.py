@@ -10,9 +10,9 @@ import torch
 
 import quantcore
 from quantcore import UnsupportedError, capability, ops, registry
-from quantcore.backends.base import Constraints, Impl
+from quantcore.registry.impl import Constraints, Impl
 from quantcore.registry import Query
-from quantcore.specs.gemm_query import GemmQuery
+from quantcore.definitions.query import GemmQuery
 
 PROFILES = ["cpu", "sm70", "sm75", "sm80", "sm86", "sm89", "sm90", "sm100"]
 
@@ -36,8 +36,8 @@ EXPECTED = {
 @pytest.mark.parametrize("op,fmt", list(EXPECTED))
 def test_automatic_selection_per_profile(monkeypatch, profile, op, fmt):
     monkeypatch.setattr(capability, "module_available", lambda name: True)
-    from quantcore.backends import base
-    monkeypatch.setattr(base, "module_available", lambda name: True)
+    from quantcore.registry import impl
+    monkeypatch.setattr(impl, "module_available", lambda name: True)
     impl = registry.select(query(op, profile, fmt, blocks=(128,) if op == "act_quant" else (128, 128)))
     assert impl.label == EXPECTED[(op, fmt)][profile]
 

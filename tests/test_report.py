@@ -11,10 +11,11 @@ import warnings
 import pytest
 
 import quantcore
-from quantcore import capability, measured, registry, report
-from quantcore.backends.base import REDUCED_FP8_ACCUMULATION
-from quantcore.registry.query import Query, m_bucket
-from quantcore.specs.gemm_query import GemmQuery
+from quantcore import capability, registry, report
+from quantcore.registry import measured
+from quantcore.registry.impl import REDUCED_FP8_ACCUMULATION
+from quantcore.definitions.query import Query, m_bucket
+from quantcore.definitions.query import GemmQuery
 from quantcore.cli import main
 
 PROFILES = ["cpu", "sm70", "sm75", "sm80", "sm86", "sm89", "sm90", "sm100"]
@@ -24,7 +25,7 @@ H100 = "NVIDIA H100 80GB HBM3"
 def selected_at(table: measured.Table, profile, op: str, fmt: str, m: int) -> str:
     """What the registry runs for `m` rows on a GPU named as the table's."""
     gpu = profile.model_copy(update={"name": table.device, "simulated_from": None})
-    blocks = quantcore.opdef.get(op).report_blocks
+    blocks = quantcore.definitions.get(op).report_blocks
     return registry.explain_query(Query(op, gpu, fmt, blocks=blocks, m_bucket=m_bucket(m))).selected
 
 

@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import torch
 
-from quantcore import capability, dispatch, measured, ops, registry
+from quantcore import capability, ops, registry
+
+from quantcore.runtime import dispatch, plans
+
+from quantcore.registry import measured
 from quantcore.backends.triton import configs
 
 
@@ -24,9 +28,9 @@ def test_reset_rereads_measured_priorities_and_drops_kept_plans():
     launchers that the epoch already made unreachable: their memory is freed."""
     measured.table("NVIDIA H100 80GB HBM3")
     ops.act_quant(torch.randn(2, 128))
-    assert measured._load.cache_info().currsize and dispatch._plans
+    assert measured._load.cache_info().currsize and plans.plans
     registry.reset()
-    assert measured._load.cache_info().currsize == 0 and not dispatch._plans
+    assert measured._load.cache_info().currsize == 0 and not plans.plans
 
 
 def test_compared_backends_come_from_the_registry():

@@ -1,4 +1,3 @@
-"""Implementations of quantcore's ops. Each backend package exposes `IMPLS`, a tuple of `Impl`
-descriptors (constraints as data); kernels behind them are imported only when first launched."""
-
-BACKEND_PACKAGES = ("triton", "cupy", "torch")
+"""Implementations of quantcore's ops: `torch` (the reference), `triton` and `cupy`. Each backend package
+exposes `IMPLS`, a tuple of `registry.Impl` descriptors (constraints as data), and holds its launch
+functions and kernels, imported only when one is first launched. Nothing here selects or dispatches."""

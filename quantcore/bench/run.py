@@ -11,8 +11,8 @@ from typing import Callable
 import torch
 from pydantic import BaseModel, Field, model_validator
 
-from .. import capability, opdef, ops, registry
-from ..backends.base import Constraints, Impl
+from .. import capability, definitions, ops, registry
+from ..registry import Constraints, Impl
 from ..errors import InvalidInputError, UnsupportedError
 from . import baselines, shapes, timing
 from .shapes import DECODE_M, READ_CEILING
@@ -151,7 +151,7 @@ def _contenders(op: str, args: tuple, kwargs: dict, with_baselines: bool) -> dic
             return lambda: getattr(ops, op)(*args, backend=backend, **kwargs)
         out[backend] = _try(make)
     if op != "scaled_mm" and with_baselines:
-        prepared = opdef.get(op).spec(*args, **kwargs)
+        prepared = definitions.get(op).spec(*args, **kwargs)
         out["torch.compile"] = _try(lambda: baselines.compiled_call(op, prepared.kwargs))
     return out
 
@@ -260,7 +260,7 @@ def _dispatch_overhead(device: str = "cuda") -> dict[str, float]:
         probe = Impl(op, "overhead-probe", lambda **kwargs: result, Constraints(devices=(torch.device(device).type,)))
         registry.register(probe)
         try:
-            kwargs = opdef.get(op).spec(*args).kwargs
+            kwargs = definitions.get(op).spec(*args).kwargs
             out[op] = timing.host_overhead_us(lambda: getattr(ops, op)(*args, backend="overhead-probe"),
                                               lambda: probe(**kwargs))
         finally:

@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections import defaultdict
 from pathlib import Path
 
-from .. import measured, registry
+from .. import registry
+from ..registry import measured
 from .baselines import gemm_floor_bytes
 from .run import BenchResult
 from .shapes import DECODE_M, READ_CEILING

@@ -7,8 +7,8 @@
   `quantize_from_config`, and `load_fp8_checkpoint` for bare safetensors files or a state dict.
 - `schemes.py`: reading and writing `quantization_config`; `files.py`: `SafetensorsFiles`, tensors (or
   slices of them) by name from a file or a folder of shards.
-- The tensor-parallel layers of `quantcore.parallel`, re-exported: `ColumnParallelQuantLinear`,
-  `RowParallelQuantLinear`, `shard_model`, `load_tp_checkpoint`.
+The tensor-parallel layers (`ColumnParallelQuantLinear`, `RowParallelQuantLinear`, `shard_model`,
+`load_tp_checkpoint`) are in `quantcore.parallel`, which builds on these.
 """
 
 from .checkpoint import (LoadedKeys, load_checkpoint, load_fp8_checkpoint, quantize_from_config, save_checkpoint,
@@ -17,21 +17,9 @@ from .files import SafetensorsFiles
 from .layers import QuantLinear, convert_fp8_to_int8, quantize_model, resolve_dtype
 from .schemes import CompressedTensorsScheme, Fp8Scheme, LayerFormat, read_scheme, scheme_from_config
 
-_PARALLEL = ("ColumnParallelQuantLinear", "RowParallelQuantLinear", "shard_model", "load_tp_checkpoint")
-
 __all__ = [
     "QuantLinear", "quantize_model", "resolve_dtype", "convert_fp8_to_int8",
     "load_checkpoint", "save_checkpoint", "quantize_from_config", "load_fp8_checkpoint", "LoadedKeys", "scale_to_fp32",
     "SafetensorsFiles", "Fp8Scheme", "CompressedTensorsScheme", "LayerFormat", "read_scheme", "scheme_from_config",
-    "ColumnParallelQuantLinear", "RowParallelQuantLinear", "shard_model", "load_tp_checkpoint",
 ]
 
-
-def __getattr__(name: str):
-    # Resolved on first use: quantcore.parallel subclasses QuantLinear and reads through SafetensorsFiles,
-    # so importing it here would be circular (and would load torch.distributed with every quantcore.nn).
-    if name in _PARALLEL:
-        from .. import parallel
-
-        return getattr(parallel, name)
-    raise AttributeError(f"module 'quantcore.nn' has no attribute {name!r}")

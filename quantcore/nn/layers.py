@@ -19,14 +19,14 @@ from typing import Any, Callable, Iterable
 import torch
 from torch import nn
 
-from .. import library as _library  # noqa: F401  (registers torch.ops.quantcore)
-from .. import dispatch, ops
+from .. import ops
 from ..convert import RequantError, fp8_to_int8_blocks
+from ..definitions import checks
+from ..definitions.gemm import QUANT_LINEAR
+from ..definitions.op import requires_grad
 from ..errors import InvalidInputError
-from ..opdef import requires_grad
-from ..opdefs.gemm import QUANT_LINEAR
 from ..formats import DEFAULT_BLOCK, dtype_name, format_named, format_of_dtype
-from ..specs import checks
+from ..runtime.dispatch import Site
 
 QUANT_PARAMS = ("weight", "weight_scale_inv")  # the codes and their block scales: never cast
 _LAYER = "QuantLinear"  # how errors name the module
@@ -83,7 +83,7 @@ class QuantLinear(nn.Module):
         self.weight = frozen(torch.zeros(out_features, in_features, dtype=qdtype, device=device))
         self.weight_scale_inv = frozen(torch.ones(grid, dtype=torch.float32, device=device))
         self.register_parameter("bias", frozen(torch.zeros(out_features, device=device)) if bias else None)
-        self._site = dispatch.Site("quant_linear")
+        self._site = Site("quant_linear")
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, *, dtype: Any = "auto", block_size: tuple[int, int] = DEFAULT_BLOCK,
@@ -124,7 +124,7 @@ class QuantLinear(nn.Module):
         if torch.is_grad_enabled() and requires_grad(x, w, w_scale, bias):  # recorded by autograd
             return ops.quant_linear(x, w, w_scale, bias, out_dtype=out_dtype, block_size=self.block_size,
                                     scale_fmt=self.scale_fmt)
-        # Eagerly the layer's own call site keeps its plan (`dispatch.Site`): only x changes between
+        # Eagerly the layer's own call site keeps its plan (`runtime.dispatch.Site`): only x changes between
         # calls, and the parameters' metadata changes only with their memory (replaced, moved, loaded
         # with assign=True), so their addresses stand for it. A decode step then pays a few attribute
         # reads here instead of the dispatcher's key over all four tensors.

@@ -32,7 +32,7 @@ from torch import nn
 from ..errors import InvalidInputError
 from ..formats import DEFAULT_BLOCK, dtype_name
 from ..nn import QuantLinear
-from ..specs import checks
+from ..definitions import checks
 
 _DIM_NAMES = ("out_features N", "in_features K")
 # torch 2.13 renamed all_gather_into_tensor (deprecated there, the only name in torch 2.11).

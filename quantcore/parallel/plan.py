@@ -11,7 +11,7 @@ from torch import nn
 from ..errors import InvalidInputError
 from ..formats import DEFAULT_BLOCK
 from ..nn import QuantLinear
-from ..specs import checks
+from ..definitions import checks
 from .layers import (ColumnParallelLinear, ColumnParallelQuantLinear, RowParallelLinear, RowParallelQuantLinear,
                      _Parallel)
 

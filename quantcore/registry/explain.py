@@ -7,11 +7,11 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from ..backends.base import Impl
+from ..definitions.query import BackendChoice, Query
 from ..errors import UnsupportedError
 from . import table
-from .query import Query
-from .selection import BackendChoice, resolve_choice
+from .impl import Impl
+from .selection import resolve_choice
 
 
 class Candidate(BaseModel):

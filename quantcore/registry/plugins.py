@@ -24,8 +24,8 @@ import importlib.metadata
 
 from pydantic import BaseModel
 
-from .. import opdef
-from ..backends.base import Impl
+from ..definitions import op as opdef
+from .impl import Impl
 from ..errors import InvalidInputError
 
 GROUP = "quantcore.backends"

@@ -13,10 +13,9 @@ import contextvars
 import os
 from typing import Iterator, Sequence
 
-from .. import measured
+from ..definitions.query import Query
 from ..errors import InvalidInputError
-from . import table
-from .query import Query
+from . import measured, table
 
 PRIORITY_ENV = "QUANTCORE_PRIORITY"
 DEFAULT_PRIORITY: dict[str, tuple[str, ...]] = {
@@ -25,7 +24,7 @@ DEFAULT_PRIORITY: dict[str, tuple[str, ...]] = {
 }
 
 # A context variable, not a thread-local: each thread and each asyncio task sees its own `priority` blocks.
-# Set only by `priority`; read by `priority_state` and, for its plan key, by `quantcore.dispatch`.
+# Set only by `priority`; read by `priority_state` and, for its plan key, by `quantcore.runtime`.
 priority_context: contextvars.ContextVar[tuple[str, ...] | None] = contextvars.ContextVar("quantcore_priority",
                                                                                          default=None)
 
@@ -55,7 +54,7 @@ def check_names(names: Sequence, argument: str = "backend") -> None:
 
 def priority_state() -> tuple:
     """What `current_priority` reads besides the query: the `priority` block in force and the
-    environment's `QUANTCORE_PRIORITY` (the plan key reads both directly, `quantcore.dispatch`)."""
+    environment's `QUANTCORE_PRIORITY` (the plan key reads both directly, `quantcore.runtime.plans`)."""
     return priority_context.get(), os.environ.get(PRIORITY_ENV)
 
 

@@ -8,16 +8,12 @@ contract (emulated paths) are warned about once.
 from __future__ import annotations
 
 import warnings
-from typing import Sequence
 
-from .. import measured
-from ..backends.base import Impl, reset_backends
+from ..definitions.query import BackendChoice, Query
 from ..errors import InvalidInputError
-from . import table
+from . import measured, table
+from .impl import Impl, reset_backends
 from .priorities import check_names, current_priority, with_reference
-from .query import Query
-
-BackendChoice = str | Sequence[str] | None
 
 
 class NumericsWarning(UserWarning):
@@ -70,7 +66,7 @@ def clear_caches() -> None:
 def reset() -> None:
     """A fresh start without a fresh process: `clear_caches()`; the implementation table, loaded
     afresh on next use (plugins installed since are found); the measured priority tables, read again;
-    and every cache registered with `backends.base.on_reset` (the Triton backend's tuned GEMM
+    and every cache registered with `registry.impl.on_reset` (the Triton backend's tuned GEMM
     configurations and tile choices, the dispatcher's kept plans). Caches of facts that cannot go stale
     (compiled kernels keyed by their source and target, the device's properties) are kept."""
     table.forget()

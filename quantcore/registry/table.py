@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import functools
 import importlib
+from typing import Callable
 
-from .. import opdef
-from ..backends import BACKEND_PACKAGES, native
-from ..backends.base import Impl
+from ..definitions import op as opdef
+from ..definitions.query import Query
 from ..errors import InvalidInputError, UnsupportedError
 from . import plugins
-from .query import Query
+from .impl import BACKEND_PACKAGES, Impl
 
 REFERENCE = "torch"
 
@@ -45,6 +45,15 @@ def broken_plugins() -> dict[str, str]:
 
 _registered: list[Impl] = []
 _epoch = 0  # bumped whenever selections made so far may no longer hold
+_invalidated: list[Callable[[], None]] = []
+
+
+def on_invalidate(forget_plans: Callable[[], None]) -> Callable[[], None]:
+    """Have `invalidate` call `forget_plans`: the runtime's caches of selections made before (the native
+    replays of kept plans, which the epoch does not key) register this way, so the registry imports no
+    layer above it."""
+    _invalidated.append(forget_plans)
+    return forget_plans
 
 
 def epoch() -> int:
@@ -55,11 +64,12 @@ def epoch() -> int:
 
 def invalidate() -> None:
     """Forget every cached selection (and, through the epoch, every kept plan; the custom ops' native
-    kernels keep theirs apart, and forget them here)."""
+    kernels keep theirs apart, and forget them through `on_invalidate`)."""
     global _epoch
     _epoch += 1
     choose.cache_clear()
-    native.clear()
+    for forget_plans in _invalidated:
+        forget_plans()
 
 
 def forget() -> None:

@@ -16,7 +16,7 @@ except Exception as exc:  # the binding imports, but libnvrtc itself is missing
     pytest.skip(f"NVRTC not loadable: {exc}", allow_module_level=True)
 
 from quantcore import registry  # noqa: E402
-from quantcore.specs.gemm_query import GemmQuery  # noqa: E402
+from quantcore.definitions.query import GemmQuery  # noqa: E402
 from quantcore.backends.cupy import compiler, launch  # noqa: E402
 from quantcore.capability import simulated_profile  # noqa: E402
 

@@ -6,7 +6,7 @@ driver, named by the kernel's own signature in kernels/*.cu. Checked: every laun
 prepared; the packed parameters line up with the kernel's (this call's addresses, strides, sizes,
 options); a kept `run` holds no tensor of the first call and binds each call's own; a bias is
 converted per call only where the kernel cannot read it as it is; split-K's workspace comes from
-backends/splitk.py, and a plan that cannot have it runs unsplit; the GEMM runs the MMA kind it is
+backends/workspace.py, and a plan that cannot have it runs unsplit; the GEMM runs the MMA kind it is
 given; the launcher reads the stream per call and makes the kernel's device current when it is not.
 Also the variants' `mma` options: which GPUs and formats each serves.
 """
@@ -24,9 +24,10 @@ import pytest
 import torch
 
 from quantcore import UnsupportedError, capability, registry
-from quantcore.backends import base, splitk
+from quantcore.registry import impl as impl_module
+from quantcore.runtime import launch as base, workspace
 from quantcore.backends import cupy as cupy_backend
-from quantcore.specs.gemm_query import GemmQuery
+from quantcore.definitions.query import GemmQuery
 from quantcore.backends.cupy import compiler, launch, launcher
 
 FP8, I8, BF16 = torch.float8_e4m3fn, torch.int8, torch.bfloat16
@@ -256,7 +257,7 @@ def test_split_k_takes_the_shared_workspace_or_runs_unsplit(launches, monkeypatc
     per_split, splits = launch.gemm_splits(M, N, K, 128, launch.gemm_tile(M), SM90.sm_count)
     assert splits > 1
     launch.scaled_mm(**tensors, **_gemm_options())
-    ws, counters = splitk.buffers(torch.device("cpu"), 0, 0)
+    ws, counters = workspace.buffers(torch.device("cpu"), 0, 0)
     p = launches[-1].params
     assert launches[-1].grid[2] == splits and p["k_split"] == per_split * 128
     assert (p["ws"], p["counters"]) == (ws.data_ptr(), counters.data_ptr())
@@ -327,7 +328,7 @@ def _served(profile: str, fmt: str, out_fmt: str | None) -> tuple[str, str] | No
                                         ("quant_linear", None)])
 @pytest.mark.parametrize("fmt", ["fp8_e4m3", "int8"])
 def test_each_gemm_variant_states_the_mma_kind_it_runs(monkeypatch, profile, op, fmt, out_fmt):
-    monkeypatch.setattr(base, "module_available", lambda name: True)
+    monkeypatch.setattr(impl_module, "module_available", lambda name: True)
     blocks = (128, 128, 128) if out_fmt else (128, 128)
     q = GemmQuery(op, capability.simulated_profile(profile), fmt, out_fmt, blocks,
               nk=(256, 512), block_k=128, out_group=128 if out_fmt else 0)
@@ -382,7 +383,7 @@ def test_quant_linear_fuses_its_quantization_where_it_fits(launches):
 def test_quant_linear_quantizes_once_per_launch_beyond_fused_m_max(launches, monkeypatch, M):
     """From FUSED_M_MAX + 1 to ONCE_M_MAX rows, for weights of at most ONCE_NK_MAX elements, quant_linear is
     one gemm_kernel launch (ONCE) on the float activation, whose codes, scales and flags are
-    backends/splitk.py's: scales after the split-K partials (K-block-major, M rounded up to 32),
+    backends/workspace.py's: scales after the split-K partials (K-block-major, M rounded up to 32),
     codes after them, flags after the tiles' counters. A larger weight, or no workspace (as while a graph is captured), gets
     act_quant then the GEMM."""
     opts = dict(block_n=128, block_k=128, bias=None, activation="gelu", out_dtype=BF16, ue8m0=False, eps=1e-4,
@@ -398,7 +399,7 @@ def test_quant_linear_quantizes_once_per_launch_beyond_fused_m_max(launches, mon
     assert (p["a"], p["lda"], p["as"], p["out"], p["a_eps"]) == (x.data_ptr(), 7232, 0, out.data_ptr(),
                                                                  pytest.approx(1e-4, rel=1e-6))
     assert splits > 1 and p["k_split"] * splits >= 7168
-    ws, counters = splitk.buffers(torch.device("cpu"), 0, 0)
+    ws, counters = workspace.buffers(torch.device("cpu"), 0, 0)
     partials, tiles = gx * gy * splits * tile.bm * tile.bn, gx * gy
     assert (p["ws"], p["counters"]) == (ws.data_ptr(), counters.data_ptr())
     assert p["once_s"] == ws.data_ptr() + 4 * partials and p["once_flags"] == counters.data_ptr() + 4 * tiles

@@ -35,9 +35,9 @@ from helpers import (  # noqa: E402
     DIFFERENTIABLE, TAIL_EPS, activation_inputs, assert_same_q, assert_same_scale, check_activation,
     judge_quantized_gelu, outputs_of_every_op_on_grad_inputs, powers_of_two, quantizer_scales, quantizer_values,
     randn, reference_quant_linear, tail_blocks, tail_gemm_operands)
-from quantcore import InvalidInputError, opdef, ops  # noqa: E402
+from quantcore import InvalidInputError, definitions, ops  # noqa: E402
 from quantcore.backends import torch as ref  # noqa: E402
-from quantcore.backends import splitk  # noqa: E402
+from quantcore.runtime import workspace  # noqa: E402
 from quantcore.backends.triton import configs, launch  # noqa: E402
 from quantcore.backends.triton.kernels.cast import bf16_encode  # noqa: E402
 from quantcore.backends.triton.kernels.epilogue import activate  # noqa: E402
@@ -683,7 +683,7 @@ def test_tiled_split_k_sums_as_the_decode_kernel_split_alike(gen, monkeypatch, q
     assert [c["SPLIT"] for c in seen] == [True]
     assert rel_err(tiled, ref.scaled_mm(aq, a_s, bq, b_s, **kw)) <= TOL[qdtype]
     assert torch.equal(launch.scaled_mm(aq, a_s, bq, b_s, **on, **kw), tiled)
-    assert not any(c.any() for c in splitk.counters())
+    assert not any(c.any() for c in workspace.counters())
     monkeypatch.undo()
     monkeypatch.setattr(configs, "decode_config", lambda *a, **k: configs.DecodeConfig(16, 64, 4, 2, cfg.split_k, per))
     assert_bits_equal(launch.scaled_mm(aq, a_s, bq, b_s, **on, **kw), tiled)
@@ -722,7 +722,7 @@ def test_quant_linear_is_act_quant_then_scaled_mm_bit_for_bit(gen, profile, qdty
         got = launch.quant_linear(x, wq, w_s, ue8m0=ue8m0, **_on(profile, qdtype), **kw)
         assert torch.equal(got.nan_to_num(), want.nan_to_num()) and torch.equal(got.isnan(), want.isnan())
         assert got.isnan().any(dim=1).sum() == 1
-        assert not any(c.any() for c in splitk.counters())
+        assert not any(c.any() for c in workspace.counters())
 
 
 @pytest.mark.parametrize("qdtype", QDTYPES)
@@ -781,7 +781,7 @@ def test_the_kernel_runs_the_variant_the_registry_names(monkeypatch, op, profile
     spy, seen = LaunchSpy(monkeypatch), spy_triton_gemms(monkeypatch)
     ran = set()
     for fmt in ("fp8_e4m3", "int8"):
-        args, kwargs = opdef.get(op).example(fmt, m=m, k=256)
+        args, kwargs = definitions.get(op).example(fmt, m=m, k=256)
         expected = getattr(ops, op)(*args, backend="torch", **kwargs)
         for backend in (None, "triton", "triton[w8a16]"):
             seen.clear()
@@ -840,7 +840,7 @@ def test_only_the_differentiable_ops_outputs_require_grad():
 @pytest.mark.parametrize("qdtype", [torch.int8, torch.float8_e4m3fn])
 def test_quant_linear_gradients_on_triton(gen, qdtype):
     """Forward, the backward's recomputed pre-activation and dequantized weight all on Triton."""
-    from quantcore.specs.tolerances import GRADIENT, rel_error
+    from quantcore.definitions.tolerances import GRADIENT, rel_error
 
     w, ws = ops.weight_quant(randn((40, 100), gen=gen), dtype=qdtype, block_size=(32, 32))
     x, bias = randn((3, 100), gen=gen).requires_grad_(), randn((40,), gen=gen).requires_grad_()
@@ -930,7 +930,7 @@ def test_quant_linear_past_the_decode_rows_is_one_launch_split_as_the_tiled_gemm
                             **kw)
     assert ["ONCE" in c for c in seen] == [False]
     assert torch.equal(got, want)
-    assert not any(c.any() for c in splitk.counters())
+    assert not any(c.any() for c in workspace.counters())
     # Weight-scale blocks narrower than a tiled GEMM's columns: that GEMM may multiply its scales in another
     # order, so the two launches stay.
     seen.clear()

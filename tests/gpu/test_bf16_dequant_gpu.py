@@ -17,7 +17,7 @@ import quantcore
 from quantcore import ops
 from quantcore.backends.torch import bf16_dequant
 from quantcore.backends.torch import quant as torch_quant
-from quantcore.specs.tolerances import LOW_PRECISION_OUT, bf16_dequant_bound, rel_error
+from quantcore.definitions.tolerances import LOW_PRECISION_OUT, bf16_dequant_bound, rel_error
 
 pytestmark = [pytest.mark.gpu, pytest.mark.filterwarnings("ignore::quantcore.NumericsWarning")]
 

@@ -16,9 +16,9 @@ import torch
 
 import quantcore
 from binding import LaunchSpy, check_binding, choices, kernel_mma, spy_triton_gemms
-from quantcore import capability, opdef
-from quantcore.opdefs import BUILTIN
-from quantcore.specs.tolerances import rel_error
+from quantcore import capability, definitions
+from quantcore.definitions import BUILTIN
+from quantcore.definitions.tolerances import rel_error
 
 pytestmark = [pytest.mark.gpu, pytest.mark.filterwarnings("ignore::quantcore.NumericsWarning")]
 
@@ -45,9 +45,9 @@ def test_what_selection_names_is_what_runs(monkeypatch, op, profile, m):
     kernels = spy_triton_gemms(monkeypatch) if capability.module_available("triton") else []
     launched = set()
     with quantcore.simulate(profile) if profile else contextlib.nullcontext():
-        for fmt in opdef.get(op).formats:
-            args, kwargs = opdef.get(op).example(fmt, "cuda", m=m, n=256, k=1024)
-            expected = opdef.get(op).function(*args, backend="torch", **kwargs)
+        for fmt in definitions.get(op).formats:
+            args, kwargs = definitions.get(op).example(fmt, "cuda", m=m, n=256, k=1024)
+            expected = getattr(quantcore.ops, op)(*args, backend="torch", **kwargs)
             for backend in choices(op):
                 kernels.clear()
                 chosen, out = check_binding(spy, op, args, kwargs, backend)

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from quantcore.nn import QuantLinear, load_checkpoint, quantize_model, save_checkpoint
-from quantcore.specs.tolerances import rel_error
+from quantcore.definitions.tolerances import rel_error
 
 from test_checkpoint import LINEARS, codes, float_model, meta_model
 

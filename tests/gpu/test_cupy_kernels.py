@@ -18,11 +18,11 @@ if not torch.cuda.is_available():
 pytest.importorskip("cupy")
 
 from quantcore import capability, registry  # noqa: E402
-from quantcore.specs.gemm_query import GemmQuery  # noqa: E402
+from quantcore.definitions.query import GemmQuery  # noqa: E402
 from quantcore.backends import torch as ref  # noqa: E402
 from quantcore.backends.cupy import launch  # noqa: E402
 from quantcore.backends.torch.activation import activate  # noqa: E402
-from quantcore.specs.tolerances import REQUANT_SCALE_RTOL  # noqa: E402
+from quantcore.definitions.tolerances import REQUANT_SCALE_RTOL  # noqa: E402
 
 FP8, I8 = torch.float8_e4m3fn, torch.int8
 QDTYPES = (FP8, I8)
@@ -411,9 +411,9 @@ def test_scaled_mm_split_k_deterministic(qdtype, mnk):
 
 def _counters_zero():
     torch.cuda.synchronize()
-    from quantcore.backends import splitk
+    from quantcore.runtime import workspace
 
-    for counters in splitk.counters():
+    for counters in workspace.counters():
         assert not counters.any(), "a launch left a split-K counter set"
 
 

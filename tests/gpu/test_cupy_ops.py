@@ -21,9 +21,9 @@ pytest.importorskip("cupy")
 
 import quantcore  # noqa: E402
 from quantcore import capability, ops, registry  # noqa: E402
-from quantcore.backends import splitk  # noqa: E402
+from quantcore.runtime import workspace  # noqa: E402
 from quantcore.backends.cupy import launch  # noqa: E402
-from quantcore.specs.tolerances import REQUANT_SCALE_RTOL, gemm_tolerance, rel_error  # noqa: E402
+from quantcore.definitions.tolerances import REQUANT_SCALE_RTOL, gemm_tolerance, rel_error  # noqa: E402
 
 from test_parity import FMTS, rand, same_q, same_scale  # noqa: E402
 
@@ -110,7 +110,7 @@ def _replay_matches_eager(call, static, fresh_inputs):
         graph.replay()
         assert torch.equal(out, call(*fresh))
     torch.cuda.synchronize()
-    assert not any(c.any() for c in splitk.counters()), "a launch left a split-K counter set"
+    assert not any(c.any() for c in workspace.counters()), "a launch left a split-K counter set"
 
 
 @pytest.mark.parametrize("qdtype", list(FMTS))
@@ -187,7 +187,7 @@ def test_quant_linear_fuses_its_quantization_bit_for_bit(monkeypatch, profile, q
             elif profile != "sm75":  # (a T4's 64 KiB of shared memory leaves less room: some shapes fuse there)
                 assert one_launch == (m <= launch.FUSED_M_MAX and k != 16384), made
             assert torch.equal(got.nan_to_num(7), want.nan_to_num(7)) and bool(got[0].isnan().all())
-            assert not any(c.any() for c in splitk.counters())
+            assert not any(c.any() for c in workspace.counters())
 
 
 def test_a_captured_quant_linear_runs_act_quant_then_the_gemm(monkeypatch):

@@ -16,7 +16,7 @@ import torch
 
 import quantcore
 from quantcore import ops, registry
-from quantcore.specs.tolerances import gemm_tolerance, rel_error
+from quantcore.definitions.tolerances import gemm_tolerance, rel_error
 
 from test_parity import FMTS, rand, run
 

@@ -18,7 +18,7 @@ import torch
 from helpers import activation_inputs, check_activation, tail_gemm_operands
 from quantcore import capability, ops
 from quantcore.errors import InvalidInputError
-from quantcore.specs.tolerances import gemm_tolerance, rel_error
+from quantcore.definitions.tolerances import gemm_tolerance, rel_error
 
 from test_parity import FMTS, GEMM_SHAPES, gemm_case, rand, run, same_q, same_scale
 

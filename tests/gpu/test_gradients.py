@@ -12,7 +12,7 @@ import torch
 
 from helpers import reference_quant_linear
 from quantcore import UnsupportedError, ops, registry
-from quantcore.specs.tolerances import GRADIENT, rel_error
+from quantcore.definitions.tolerances import GRADIENT, rel_error
 
 pytestmark = pytest.mark.gpu
 

@@ -12,9 +12,10 @@ import pytest
 import torch
 
 import quantcore
-from quantcore import dispatch, ops, opdef, registry
-from quantcore.backends import native
-from quantcore.opdefs import BUILTIN
+from quantcore import definitions, ops, registry
+from quantcore.runtime import dispatch, plans
+from quantcore.runtime import native
+from quantcore.definitions import BUILTIN
 
 
 pytestmark = [pytest.mark.gpu, pytest.mark.filterwarnings("ignore::quantcore.NumericsWarning")]
@@ -54,7 +55,7 @@ def test_native_replays_compute_what_python_runs_compute(monkeypatch, op, backen
             for mode in ("0", "1"):
                 monkeypatch.setenv(native.NATIVE_ENV, mode)
                 registry.clear_caches()
-                results[mode] = [_bits(op.function(*args, **kwargs, backend=backend)) for _ in range(3)]
+                results[mode] = [_bits(getattr(quantcore.ops, op.name)(*args, **kwargs, backend=backend)) for _ in range(3)]
                 tensors = (*args, *(kwargs[t] for t in op.tensors[len(args):] if t in kwargs))
                 options = {k: v for k, v in kwargs.items() if k not in op.tensors}
                 plan = dispatch.kept(op.name, tensors + (None,) * (len(op.tensors) - len(tensors)), options, backend)
@@ -92,18 +93,18 @@ def test_custom_ops_replay_kept_plans_without_python(backend):
     assert native.module() is not None, native.reason()
     for name, call in _custom_calls(backend).items():
         first = _bits(call())
-        dispatch._plans.clear()
+        plans.plans.clear()
         for inference in (False, True):
             with torch.inference_mode(inference):
                 assert all(torch.equal(a, b) for a, b in zip(first, _bits(call()), strict=True)), name
-        assert not dispatch._plans, name
+        assert not plans.plans, name
         with quantcore.simulate("sm_90"):
             assert all(torch.equal(a, b) for a, b in zip(first, _bits(call()), strict=True)), name
-        assert dispatch._plans, name
-        dispatch._plans.clear()
+        assert plans.plans, name
+        plans.plans.clear()
         registry.clear_caches()  # the registry's selections changed: the native kernels forget theirs
         call()
-        assert dispatch._plans, name
+        assert plans.plans, name
 
 
 def test_custom_ops_whose_plans_stay_python(monkeypatch):
@@ -159,7 +160,7 @@ def test_native_replays_and_custom_ops_in_a_cuda_graph(backend):
 
 def test_every_op_has_a_custom_op_with_a_native_kernel():
     assert native.module() is not None, native.reason()
-    for op in opdef.all_ops():
+    for op in definitions.all_ops():
         for custom in op.custom_ops:
             name = f"quantcore::{custom.name}"
             assert torch._C._dispatch_has_kernel_for_dispatch_key(name, "CUDA"), name

@@ -16,7 +16,7 @@ import quantcore
 from helpers import TAIL_EPS, activation_inputs, check_activation, judge_quantized_gelu, tail_blocks, tail_gemm_operands
 from helpers import same_codes as same_q
 from quantcore import UnsupportedError, ops, registry
-from quantcore.specs.tolerances import REQUANT_SCALE_RTOL, gemm_tolerance, rel_error, requant_within_one_step
+from quantcore.definitions.tolerances import REQUANT_SCALE_RTOL, gemm_tolerance, rel_error, requant_within_one_step
 
 pytestmark = pytest.mark.gpu
 

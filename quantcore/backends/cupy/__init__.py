@@ -15,11 +15,10 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING
 
-from ...specs.gemm_query import GemmConstraints
-from ..base import Constraints, Impl
+from ...registry.impl import Constraints, GemmConstraints, Impl
 
 if TYPE_CHECKING:
-    from ...registry.query import Query
+    from ...definitions.query import Query
 
 _MEMORY_BOUND = ("act_quant", "act_dequant", "weight_quant", "weight_dequant", "quantized_gelu")
 _BASE = dict(min_cc=(7, 5), requires=("cupy",))

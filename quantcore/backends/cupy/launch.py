@@ -7,7 +7,7 @@ architecture compiled for is `profile.compute_capability`, so a simulated profil
 path on the real one (see `compiler.get_function`). The GEMM's tensor-core path is the `mma` option
 of the implementation the registry chose (`__init__.py`), never re-derived here.
 
-Every function is `prepared` (backends/base.py): its body runs once per kept plan and computes what
+Every function is `prepared` (`runtime.launch.prepared`): its body runs once per kept plan and computes what
 depends only on shapes, strides, dtypes, device, options and the inputs' 16-byte alignment (tiles,
 stages, splits, vector widths, grids, the compiled kernel and its constant arguments, packed in a
 `launcher.Launcher`); the `run` it returns allocates the outputs, reads the tensors' addresses and
@@ -37,8 +37,8 @@ from typing import Any, Callable, NamedTuple
 import torch
 
 from ...errors import UnsupportedError
-from .. import splitk
-from ..base import allocator, by_address, compose, eagerly, prepared, prepared_quant_linear, transposed
+from ...runtime import workspace
+from ...runtime.launch import allocator, by_address, compose, eagerly, prepared, prepared_quant_linear, transposed
 from . import compiler
 from .launcher import POINTER, Launcher, f32, i32, i64
 
@@ -118,7 +118,7 @@ def _bias_name(bias: torch.Tensor | None) -> str | None:
 
 def _run(params: str, outputs: dict[str, Callable[[], torch.Tensor]], launch: Callable[..., None],
          addresses: tuple[str | None, ...], bias: torch.Tensor | None, result: str) -> Callable[..., Any]:
-    """A prepared run compiled from source (`base.compose`): `def run({params})` allocating `outputs`,
+    """A prepared run compiled from source (`runtime.launch.compose`): `def run({params})` allocating `outputs`,
     converting its argument `bias` first where the kernels cannot read one laid out as `bias`
     (`_converted`), launching with the addresses of the tensors named in `addresses` (None: 0, an absent
     one) and returning `result`. Written as a closure it asked per call which tensors were absent and
@@ -335,7 +335,7 @@ def dequant_bias(g, scale_a, scale_b, bias, *, out_dtype, profile):
 # second launch outweighs the prologue's GPU cost up to 4 rows, not at 8.
 #
 # From FUSED_M_MAX + 1 to ONCE_M_MAX rows the programs quantize the activation once between them into
-# a workspace (gemm.cu's ONCE, the Triton decode kernel's protocol), eagerly only (`base.eagerly`).
+# a workspace (gemm.cu's ONCE, the Triton decode kernel's protocol), eagerly only (`runtime.launch.eagerly`).
 # Measured on the H100 (docs/bench/round11/once_cupy_probe_l1.txt), against act_quant + the GEMM:
 # GPU time 1.33-1.41x in geometric mean over the nine decode shapes at M = 8-32, eager time per call
 # 0.654x where the bounds hold (30 of 30 faster: 19-35 µs against 27-45); the model's eager decode
@@ -433,16 +433,16 @@ def _gemm(a, a_scale, b, b_scale, bias, *, block_n, block_k, activation, out_kin
     aligned = all(v % 16 == 0 for v in (K, ldb, b.data_ptr(), *(() if a_quant else (lda, a.data_ptr()))))
     kb_per_split, splits = gemm_splits(M, N, K, block_k, tile, max(1, profile.sm_count))
     tiles = math.ceil(M / tile.bm) * math.ceil(N / tile.bn)
-    # The plan keeps the workspace's addresses: a replaced pair stays allocated (backends/splitk.py).
+    # The plan keeps the workspace's addresses: a replaced pair stays allocated (backends/workspace.py).
     split = splits > 1
     if once:
-        work = splitk.once_buffers(a.device, tiles * splits * tile.bm * tile.bn if split else 0, tiles if split else 0,
+        work = workspace.once_buffers(a.device, tiles * splits * tile.bm * tile.bn if split else 0, tiles if split else 0,
                                    M, K, block_k)
         if work is None:
             return None
         pair, codes = work[:2] if split else None, work[2:]
     else:
-        pair, codes = splitk.buffers(a.device, tiles * splits * tile.bm * tile.bn, tiles) if split else None, None
+        pair, codes = workspace.buffers(a.device, tiles * splits * tile.bm * tile.bn, tiles) if split else None, None
     if pair is None:  # unsplit, or the buffers cannot grow now (a stream being captured): this plan runs unsplit
         kb_per_split, splits = kb_per_split * splits, 1
     ws, counters = pair or (None, None)
@@ -479,7 +479,7 @@ def scaled_mm(a, a_scale, b, b_scale, *, block_n, block_k, bias, activation, out
     (FP8 expanded exactly to fp16). The registry guarantees block_k % 32 == 0 and, when
     re-quantizing, out_group a power of two <= 128. When K is split, the partials are summed in split
     order (docs/numerics.md), so results are bit-for-bit the same from run to run on one device.
-    `lead`: the results' leading dims in place of M (`backends.base.prepared`).
+    `lead`: the results' leading dims in place of M (`runtime.launch.prepared`).
     """
     M, N, device = a.shape[0], b.shape[0], a.device
     rows = (M,) if lead is None else tuple(lead)
@@ -502,7 +502,7 @@ def quant_linear(x, w, w_scale, *, block_n, block_k, bias, activation, out_dtype
     ops, for groups of at most 128 in one launch: up to FUSED_M_MAX rows each program quantizes its K
     range of x in its prologue (where that fits shared memory: `_gemm`); up to ONCE_M_MAX rows and
     weights of ONCE_NK_MAX elements the programs quantize x once between them, outside graph captures
-    only (`base.eagerly`). Elsewhere as the two launches.
+    only (`runtime.launch.eagerly`). Elsewhere as the two launches.
 
     x [M, K] bf16/fp16/fp32, w [N, K] fp8_e4m3fn/int8, w_scale [ceil(N/Bn), ceil(K/Bk)] fp32, bias [N]
     float or None -> out [M, N] out_dtype. `ue8m0` and `eps` are the activation quantization's; `mma`

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from ..base import NativeLaunch
+from ...runtime.launch import NativeLaunch
 
 POINTER = None  # a parameter taking one of the call's addresses, in order
 _SLOT = 8  # bytes per parameter slot
@@ -114,7 +114,7 @@ class Launcher:
         self._lock = threading.Lock()
 
     def native(self, names: tuple[str | None, ...]) -> list[NativeLaunch]:
-        """This launch for the native path (`backends.base.NativeLaunch`), the `POINTER` parameters taking
+        """This launch for the native path (`runtime.launch.NativeLaunch`), the `POINTER` parameters taking
         the run's tensors named by `names` (None: a null address), in order."""
         given = iter(names)
         params = tuple(next(given) if a is POINTER else a for a in self._args)

@@ -9,15 +9,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ...specs.gemm_query import GemmConstraints
-from ..base import REDUCED_FP8_ACCUMULATION, Constraints, Impl
+from ...registry.impl import REDUCED_FP8_ACCUMULATION, Constraints, GemmConstraints, Impl
 from .bf16_dequant import NUMERICS as BF16_DEQUANT, vendor_gemm_reasons
 from .epilogue import dequant_bias, quantized_gelu
 from .gemm import quant_linear, scaled_mm
 from .quant import act_dequant, act_quant, weight_dequant, weight_quant
 
 if TYPE_CHECKING:
-    from ...registry.query import Query
+    from ...definitions.query import Query
 
 
 class _VendorBf16Gemm(Impl):

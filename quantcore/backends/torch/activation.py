@@ -21,9 +21,7 @@ from __future__ import annotations
 
 import torch
 
-SQRT1_2 = 0.7071067811865476
-SQRT_2_OVER_PI = 0.7978845608028654
-GELU_TANH_CUBIC = 0.044715
+from ...formats import GELU_TANH_CUBIC, SQRT1_2, SQRT_2_OVER_PI
 NO_TAIL = 128.0
 # p(q), constant term first: a least-squares fit (float64, Chebyshev nodes) of (1 + 2a)·erfcx(a) − 1
 # over q = (a − 2)/(a + 2) in [−1, 1), i.e. a in [0, inf). Triton's and CUDA's kernels spell out the same.

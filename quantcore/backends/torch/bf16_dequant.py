@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import torch
 
-from ..base import composed_quant_linear
+from ... import definitions
+from ...runtime.dispatch import call
+from ...runtime.launch import composed_quant_linear
 from .gemm import epilogue
 from .quant import act_quant
 
@@ -49,11 +51,13 @@ def matmul_fp32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 def dequantized(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor, block_n: int,
                 block_k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(â [M, K], b̂ [N, K]) bf16: a per 1×block_k group and b per block_n×block_k block dequantized."""
-    from ... import ops  # the public ops pick the device's fastest dequantization; imported here, as
-    # the registry imports this module
+    # Through the dispatcher, which picks the device's fastest dequantization.
+    return (_dispatched("act_dequant", (a, a_scale), group_size=block_k, out_dtype=torch.bfloat16),
+            _dispatched("weight_dequant", (b, b_scale), block_size=(block_n, block_k), out_dtype=torch.bfloat16))
 
-    return (ops.act_dequant(a, a_scale, group_size=block_k, out_dtype=torch.bfloat16),
-            ops.weight_dequant(b, b_scale, block_size=(block_n, block_k), out_dtype=torch.bfloat16))
+
+def _dispatched(op: str, tensors: tuple, **options) -> torch.Tensor:
+    return call(op, tensors, definitions.get(op).options(**options), None)
 
 
 def _bf16_sums_rounded_once(t: torch.Tensor) -> bool:

@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from ..base import composed_quant_linear
+from ...runtime.launch import composed_quant_linear
 from .activation import activate
 from .quant import act_quant
 

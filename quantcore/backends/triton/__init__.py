@@ -13,8 +13,7 @@ says where it can run).
 
 from __future__ import annotations
 
-from ...specs.gemm_query import GemmConstraints
-from ..base import REDUCED_FP8_ACCUMULATION, Constraints, Impl
+from ...registry.impl import REDUCED_FP8_ACCUMULATION, Constraints, GemmConstraints, Impl
 from .gluon import TILE_N, GluonConstraints
 
 _MEMORY_BOUND = ("act_quant", "act_dequant", "weight_quant", "weight_dequant", "quantized_gelu")

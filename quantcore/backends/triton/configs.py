@@ -55,7 +55,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
-from ..base import on_reset
+from ...registry.impl import on_reset
 
 AUTOTUNE_ENV = "QUANTCORE_TRITON_AUTOTUNE"
 _DIR = Path(__file__).with_name("configs")

@@ -44,7 +44,7 @@ from typing import Any
 import torch
 
 from ... import capability
-from ..base import NativeLaunch, compose
+from ...runtime.launch import NativeLaunch, compose
 
 DIRECT_ENV = "QUANTCORE_TRITON_DIRECT"
 # `CompiledKernel.run(grid0, grid1, grid2, stream, function, packed_metadata, launch_metadata,
@@ -147,7 +147,7 @@ class Launcher:
     def statement(self, leading: tuple[str | None, ...]) -> tuple[str, dict[str, Any]]:
         """Source of a launch with the leading tensor arguments `leading` (Python expressions of tensors; None
         for one the kernel does not read: the first expression on the JIT path, address 0 on the C launcher)
-        and the names it uses, for `base.compose`. Its first call goes through `__call__`; once that has
+        and the names it uses, for `runtime.launch.compose`. Its first call goes through `__call__`; once that has
         bound the C launcher (`raw`, no descriptors), later calls call it themselves: no Python frame
         between the caller's and the launch (`__call__` was one more, with its splits and checks)."""
         stand_in = next(e for e in leading if e is not None)
@@ -169,13 +169,13 @@ class Launcher:
 
     def function(self, params: str, leading: tuple[str | None, ...], outputs: dict[str, Any],
                  result: str) -> Any:
-        """`base.compose` of this launch (`statement`): `def run({params})` allocating `outputs` (name ->
+        """`runtime.launch.compose` of this launch (`statement`): `def run({params})` allocating `outputs` (name ->
         allocator), launching with `leading` and returning `result`; described for the native path
         (`native`) once bound."""
         return compose(params, outputs, *self.statement(leading), result, functools.partial(self.native, leading))
 
     def native(self, leading: tuple[str | None, ...]) -> list[NativeLaunch] | bool | None:
-        """This launch for the native path (`backends.base.NativeLaunch`) with the leading tensor arguments
+        """This launch for the native path (`runtime.launch.NativeLaunch`) with the leading tensor arguments
         named `leading`, as the C launcher takes it: None before the first launch, False where it is not
         launched through the C launcher (`raw`) or takes an argument of a type a parameter slot cannot
         hold. The C launcher of the `RAW_SUPPORTED` versions passes the kernel its non-constexpr arguments

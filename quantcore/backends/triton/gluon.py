@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ... import capability
-from ...specs.gemm_query import GemmConstraints
+from ...registry.impl import GemmConstraints
 
 MIN_TRITON = (3, 6)
 # The kernel's default tile N (`gluon_launch.GluonConfig`): a re-quantization group lies within one tile.

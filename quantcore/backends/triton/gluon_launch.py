@@ -16,7 +16,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from ...errors import InvalidInputError
-from ..base import prepared, prepared_quant_linear
+from ...runtime.launch import prepared, prepared_quant_linear
 from .direct import Launcher
 from .gluon import TILE_N
 from .kernels.gluon_gemm import block_scaled_mm_ws_kernel
@@ -363,7 +363,7 @@ def quant_linear(x, w, w_scale, *, block_n, block_k, bias, activation, out_dtype
     kernel with K unsplit, which sums as the Gluon GEMM does, bit for bit (`launch.fused_linear`).
 
     x [M, K] bf16/fp16/fp32, w [N, K] fp8_e4m3fn/int8, w_scale [ceil(N/Bn), ceil(K/Bk)] fp32, bias [N] or
-    None -> out [M, N] out_dtype, or [*lead, N] where `lead` is given (`backends.base.prepared`).
+    None -> out [M, N] out_dtype, or [*lead, N] where `lead` is given (`runtime.launch.prepared`).
     """
     options = dict(block_n=block_n, block_k=block_k, bias=bias, activation=activation, out_dtype=out_dtype,
                    ue8m0=ue8m0, eps=eps, profile=profile, lead=lead)

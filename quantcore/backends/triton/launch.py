@@ -5,7 +5,7 @@ of every 2-D operand with stride 1. Kernels see FP8 tensors as uint8 and bf16 te
 views (see `kernels/fp8.py`, `kernels/cast.py`); everything else as is. This module imports
 Triton at its top; quantcore imports it only when a Triton implementation is first launched.
 
-Each function is `prepared` (backends/base.py): its body runs once per kept plan and computes what
+Each function is `prepared` (`runtime.launch.prepared`): its body runs once per kept plan and computes what
 depends only on shapes, strides and options (tiles, grids, constants, a `direct.Launcher` per
 kernel), and returns the per-call part: allocate the outputs, launch.
 """
@@ -26,8 +26,8 @@ except ImportError:  # older Triton: pointer loads only
 
 from ... import capability
 from ...errors import InvalidInputError
-from .. import splitk
-from ..base import allocator, by_address, compose, eagerly, prepared, prepared_quant_linear, transposed
+from ...runtime import workspace
+from ...runtime.launch import allocator, by_address, compose, eagerly, prepared, prepared_quant_linear, transposed
 from . import configs
 from .direct import Launcher
 from .gluon import TILE_N as GLUON_TILE_N
@@ -200,8 +200,8 @@ def dequant_bias(g, scale_a, scale_b, bias, *, out_dtype, profile):
 
 
 def _gemm_outputs(M, N, device, out_dtype, out_quant, out_group, lead=None) -> dict[str, Callable[[], torch.Tensor]]:
-    """The allocators of a GEMM's result as `base.compose` takes them: {"_out": ...}, and "_scale" for a
-    re-quantized one, with leading dims `lead` instead of M where given (`backends.base.prepared`)."""
+    """The allocators of a GEMM's result as `runtime.launch.compose` takes them: {"_out": ...}, and "_scale" for a
+    re-quantized one, with leading dims `lead` instead of M where given (`runtime.launch.prepared`)."""
     rows = (M,) if lead is None else tuple(lead)
     if out_quant is None:
         return {"_out": allocator((*rows, N), out_dtype, device)}
@@ -221,7 +221,7 @@ def scaled_mm(a, a_scale, b, b_scale, *, block_n, block_k, bias, activation, out
     `mma` is the variant the registry chose: "int8", "fp8" (FP8 tensor cores) or "fp16" (FP8 decoded
     exactly to fp16); the profile never overrides it.
     block_k must be a power of two >= 16 (it is the K tile); out_group a power of two. `lead`: the
-    results' leading dims in place of M (`backends.base.prepared`).
+    results' leading dims in place of M (`runtime.launch.prepared`).
     """
     M, N = a.shape[0], b.shape[0]
     example = _gemm_outputs(M, N, a.device, out_dtype, out_quant, out_group)
@@ -294,7 +294,7 @@ def fused_linear(x, w, w_scale, composed, *, block_n, block_k, bias, activation,
 def _gemm(a, a_scale, b, b_scale, bias, out, out_scale, *, block_n, block_k, activation, out_group, ue8m0_out, eps,
           profile, mma, a_ue8m0=False, once=False, like=None):
     """The GEMM for operands laid out as these, as `bind(params, operands, outputs, result)`: the prepared
-    run `def run({params})` (`base.compose`) that allocates `outputs`, runs the GEMM on `operands` (the
+    run `def run({params})` (`runtime.launch.compose`) that allocates `outputs`, runs the GEMM on `operands` (the
     names, among the parameters and outputs, of a, a_scale, b, b_scale, bias, out and out_scale; None for
     an absent one) and returns `result`. The decode kernel for M <= the profile's decode bound (and, with
     K split as the GemmConfig `like` splits it, None: K whole, for an activation quantized `once` beyond
@@ -361,7 +361,7 @@ def _gemm(a, a_scale, b, b_scale, bias, out, out_scale, *, block_n, block_k, act
     def tiled(cfg: configs.GemmConfig):
         tma = cfg.tma and _tma_ready(a, b, profile)
         tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
-        pair = cfg.split_k > 1 and splitk.buffers(a.device, cfg.split_k * tiles * cfg.block_m * cfg.block_n, tiles)
+        pair = cfg.split_k > 1 and workspace.buffers(a.device, cfg.split_k * tiles * cfg.block_m * cfg.block_n, tiles)
         if not pair:  # unsplit, or the buffers cannot grow now (a stream being captured): this plan runs unsplit
             cfg, pair = configs.unsplit(cfg), (None, None)
         # With TMA the launcher makes (or keeps) the descriptors of a and b, given again in their places.
@@ -412,7 +412,7 @@ def _binder(launch: Callable[..., None], by_addresses: bool) -> Callable[..., Ca
 
 def _workspace(device: torch.device, cfg: configs.DecodeConfig, N: int, once: tuple | None):
     """(fp32 partials, int32 counters, (codes, scales, flags) or None, cfg) of a decode launch, all views
-    of the buffers of `backends.splitk`: partials and counters (None when unsplit) for its split-K
+    of the buffers of `runtime.workspace`: partials and counters (None when unsplit) for its split-K
     reduction, and, where `once` = (M, K, block_k, code dtype), the workspace of an activation quantized
     once in the launch (`kernels/quantize_once.py`). Where the buffers cannot grow (a stream being
     captured) a split launch runs unsplit instead, and one that needs `once` gets None."""
@@ -420,14 +420,14 @@ def _workspace(device: torch.device, cfg: configs.DecodeConfig, N: int, once: tu
     partials = cfg.split_k * tiles * cfg.block_n * cfg.block_m
     if once is not None:
         M, K, block_k, dtype = once
-        work = splitk.once_buffers(device, partials, tiles, M, K, block_k)
+        work = workspace.once_buffers(device, partials, tiles, M, K, block_k)
         if work is None:
             return None
         ws, counters, codes, scales, flags = work
         return ws, counters, (codes.view(torch.int8) if dtype == torch.int8 else codes, scales, flags), cfg
     if not tiles:
         return None, None, None, cfg
-    pair = splitk.buffers(device, partials, tiles)
+    pair = workspace.buffers(device, partials, tiles)
     return (None, None, None, configs.unsplit(cfg)) if pair is None else (*pair, None, cfg)
 
 

@@ -394,7 +394,7 @@ __device__ __forceinline__ void quantize_rows(const AT* __restrict__ a, long lon
 // The float activation quantized once per launch for every program that reads it (ONCE): rows
 // [m0, min(m0 + BM, M)) over K blocks [kb0, kb1) into codes q (row stride kpad = K rounded up to
 // block_k, zero past K) and scales s (K-block-major, K block stride mpad = M rounded up to 32:
-// backends/splitk.py's `once_buffers`), shared with the `shares` programs that read the same blocks
+// runtime/workspace.py's `once_buffers`), shared with the `shares` programs that read the same blocks
 // (this one is `share`). Per K block an int flag says: 0 unclaimed, 1 being quantized, 2 published;
 // a count of the programs done reading follows them (release_once).
 // A program claims its own blocks (every shares-th from its share) and quantizes them, then waits

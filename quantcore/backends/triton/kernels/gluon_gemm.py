@@ -68,7 +68,7 @@ loop of its own: there both measured slower (`gluon_launch.preload`). The weight
 and K block when SCALE_BN is a multiple of SUB_N (folded into the row scale, as `gemm.py` does:
 part · (a_s · b_s)), else one per column (part · a_s · b_s). FP8 wgmma adds products at reduced
 precision within a K block, as Triton's tl.dot and cuBLAS do on Hopper
-(backends.base.REDUCED_FP8_ACCUMULATION).
+(registry.impl.REDUCED_FP8_ACCUMULATION).
 
 Written against Triton 3.6's `triton.experimental.gluon` (and compiles with 3.9's); this module
 imports it at its top and is imported only when the Gluon variant is launched.

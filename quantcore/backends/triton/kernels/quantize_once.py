@@ -13,7 +13,7 @@ claims and quantizes those still unclaimed (their owner has not started) — and
 block is published. Past that bound it waits only on flags at 1, held by a program that is running
 and never waits before publishing: no order of program dispatch can deadlock. After its main loop
 each program counts itself in; the last of the launch sets the flags and the count back to 0 for the
-next launch (stream order), as the split-K counters are (`backends/splitk.py`).
+next launch (stream order), as the split-K counters are (`runtime/workspace.py`).
 """
 
 import triton
@@ -32,7 +32,7 @@ def _publish(x_ptr, stride_xm, q_ptr, qs_ptr, flags, kb, M, K, eps,
              A: tl.constexpr, QFMT: tl.constexpr, UE8M0: tl.constexpr, HW_FP8: tl.constexpr,
              ROWS: tl.constexpr, BLOCK_K: tl.constexpr):
     """Quantize the M rows (at most ROWS) of K block kb per 1×BLOCK_K group into codes q [M, K rounded
-    up to BLOCK_K] and scales qs [cdiv(K, BLOCK_K), M rounded up to 32] (`splitk.once_buffers`), then
+    up to BLOCK_K] and scales qs [cdiv(K, BLOCK_K), M rounded up to 32] (`workspace.once_buffers`), then
     publish the block (flag 2)."""
     num_kb = tl.cdiv(K, BLOCK_K)
     cols = kb * BLOCK_K + tl.arange(0, BLOCK_K)

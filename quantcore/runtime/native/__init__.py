@@ -1,19 +1,18 @@
 """The native launch path: kept plans replayed in C++.
 
-A `quantcore.ops` call whose plan is kept (`quantcore.dispatch`) still spends its host time in Python:
+A `quantcore.ops` call whose plan is kept (`quantcore.runtime.dispatch`) still spends its host time in Python:
 the prepared run's output allocations (`torch.empty_like`, ~0.9 µs each on the H100 host) and the
 backend's launcher (Triton's C launcher parses every argument, ~3.4 µs), and a `torch.ops.quantcore`
-call adds the dispatcher's boxing into Python and the Autograd kernel's questions (docs/performance.md,
-round 18). `replay.cpp` does those steps in C++:
+call adds the dispatcher's boxing into Python and the Autograd kernel's questions. `replay.cpp` does those steps in C++:
 
 - `Replay(run, describe, device)` stands for a prepared run that allocates its outputs and launches
   kernels whose parameters are constants, the run's inputs' addresses and its outputs' addresses
-  (`backends.base.compose` says which runs are so: `run.native`). Its first calls run `run`; once
+  (`runtime.launch.compose` says which runs are so: `run.native`). Its first calls run `run`; once
   `describe()` gives the description (Triton compiles a kernel on its first launch), it allocates as
   `at::empty_strided` does on CUDA, without its dispatch, and launches with `cuLaunchKernel` itself.
   Each launch's parameter count and sizes are checked against the driver's account of the kernel
   (`cuFuncGetParamInfo`) before it is taken.
-  A run that launches something else while a CUDA graph is being captured (`base.eagerly`) runs in
+  A run that launches something else while a CUDA graph is being captured (`launch.eagerly`) runs in
   Python while the driver says the stream is being captured.
 - `install(...)` registers each custom op's CUDA and AutogradCUDA kernels: a call with no input requiring
   grad, in the default selection state (no simulation or priority context), whose arguments' key has a
@@ -40,7 +39,7 @@ from typing import Any, Callable
 import torch
 
 from ... import userdirs
-from ..base import on_reset
+from ...registry import table
 
 NATIVE_ENV = "QUANTCORE_NATIVE"
 _SOURCE = Path(__file__).with_name("replay.cpp")
@@ -190,4 +189,4 @@ def clear() -> None:
         ext.clear()
 
 
-on_reset(clear)
+table.on_invalidate(clear)

@@ -22,7 +22,7 @@ from typing import Callable
 
 import torch
 
-from .backends.torch.activation import GELU_TANH_CUBIC, SQRT1_2, SQRT_2_OVER_PI
+from ..formats import GELU_TANH_CUBIC, SQRT1_2, SQRT_2_OVER_PI
 
 _INV_SQRT_2PI = 1 / math.sqrt(2 * math.pi)
 

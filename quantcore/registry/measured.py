@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
-from . import userdirs
+from .. import userdirs
 
 DATA = "data/priority"
 

@@ -1,83 +1,21 @@
-"""`Impl`: one implementation of one op, described by data, launched lazily.
+"""The building blocks of prepared launches, which every backend's launch functions are made of.
 
-The constraints are plain fields so that one function (`Constraints.reasons`) turns them into the
-reason strings used by the dispatcher, the errors, the report and the tests' skips. They read a
-`registry.Query`; an op with features of its own extends both beside its spec (the GEMM's
-`specs.gemm_query.GemmConstraints`).
+A launch function of the backend contract (docs/backend-contract.md) is `prepared`: a first stage,
+run once per kept plan, computes what depends only on the arguments' metadata (tiles, grids, compiled
+kernels) and returns the per-call `run`, compiled from source (`compose`) so that one Python frame lies
+between an op's function and the kernel launcher. `allocator` makes a run's outputs cheaply; a run
+that describes its launches (`NativeLaunch`) can be replayed by `runtime.native` without Python.
+`composed_quant_linear`, `prepared_quant_linear` and `eagerly` build a quantized linear out of a
+backend's act_quant and scaled_mm.
 """
 
 from __future__ import annotations
 
 import functools
-import importlib
 import inspect
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import torch
-
-from ..capability import module_available
-from . import BACKEND_PACKAGES
-
-if TYPE_CHECKING:  # the registry loads backends: a runtime import would go up a layer
-    from ..capability import DeviceProfile
-    from ..registry.query import Query
-
-
-# Measured on the H100: Hopper's FP8 wgmma keeps the running sum of a K block at reduced precision,
-# so the fp32-output error is ~1.2e-4 instead of the contract's 1e-5 for Triton's tl.dot and for
-# cuBLAS's block-wise kernel alike (mma.sync, as in the CuPy backend, stays at ~1e-8). Implementations
-# on that path declare it; the registry warns once and the tests judge them by their own tolerance.
-REDUCED_FP8_ACCUMULATION = "FP8 tensor-core accumulation within each K block at reduced precision (~1e-4 relative)"
-# Departures that the GPU's tensor cores cause: on the CPU (Triton's interpreter, whose tl.dot is an fp32
-# numpy product) the same kernel computes the contract exactly.
-TENSOR_CORE_NUMERICS = (REDUCED_FP8_ACCUMULATION,)
-
-
-@dataclass(frozen=True)
-class Constraints:
-    """Where an implementation can run. Every field is checked by `reasons`."""
-
-    devices: tuple[str, ...] = ("cuda",)
-    min_cc: tuple[int, int] | None = None
-    max_cc: tuple[int, int] | None = None  # exclusive: for paths that newer GPUs do better natively
-    formats: tuple[str, ...] = ("fp8_e4m3", "int8")
-    requires: tuple[str, ...] = ()  # importable Python modules
-    fp8_mma: bool = False  # needs e4m3 tensor cores when the format is FP8
-    int8_mma: bool = False  # needs s8 tensor cores when the format is INT8
-    bf16_mma: bool = False
-    interpreter: bool = False  # also runs on the CPU under TRITON_INTERPRET=1
-    block_sizes: tuple[int, ...] | None = None  # the only block/group sizes supported
-
-    def reasons(self, q: Query) -> list[str]:
-        """Why this implementation cannot run `q` (empty when it can)."""
-        p = q.profile
-        out: list[str] = []
-        missing = [m for m in self.requires if not module_available(m)]
-        if missing:
-            out.append(f"{', '.join(missing)} not installed")
-        on_interpreter = self.interpreter and p.kind == "cpu" and p.triton_interpreter
-        if p.kind not in self.devices and not on_interpreter:
-            hint = " (or the CPU with TRITON_INTERPRET=1)" if self.interpreter else ""
-            out.append(f"runs on {'/'.join(self.devices)}{hint}, not {p.kind}")
-        elif p.kind == "cuda":
-            cc = p.compute_capability or (0, 0)
-            if self.min_cc and cc < self.min_cc:
-                out.append(f"needs compute capability >= {_cc(self.min_cc)}, device is {_cc(cc)}")
-            if self.max_cc and cc >= self.max_cc:
-                out.append(f"only for compute capability < {_cc(self.max_cc)} (native path preferred), device is {_cc(cc)}")
-            if self.fp8_mma and "fp8_e4m3" in (q.fmt, q.out_fmt) and not p.fp8_mma:
-                out.append(f"needs FP8 tensor cores (sm_89+), {p.arch} has none")
-            if self.int8_mma and q.fmt == "int8" and not p.int8_mma:
-                out.append(f"needs INT8 tensor cores (sm_75+), {p.arch} has none")
-            if self.bf16_mma and not p.bf16_mma:
-                out.append(f"needs bf16 tensor cores (sm_80+), {p.arch} has none")
-        for fmt in (q.fmt, q.out_fmt):
-            if fmt is not None and fmt not in self.formats:
-                out.append(f"format {fmt} not implemented (has {', '.join(self.formats)})")
-        if self.block_sizes is not None and any(b not in self.block_sizes for b in q.blocks):
-            out.append(f"block/group sizes must be {self.block_sizes}, got {q.blocks}")
-        return out
 
 
 def prepared(prepare: Callable[..., Callable[..., Any]]) -> Callable[..., Any]:
@@ -314,89 +252,3 @@ def eagerly(one_launch: Callable[..., Any], composed: Callable[..., Any], device
     return by_address(run) if both else run
 
 
-_resets: list[Callable[[], None]] = []
-
-
-def on_reset(clear: Callable[[], None]) -> Callable[[], None]:
-    """Have `registry.reset()` call `clear`: a backend's own caches (tuned or derived launch choices)
-    register this way when their module is imported, so the registry never imports a backend for it."""
-    _resets.append(clear)
-    return clear
-
-
-def reset_backends() -> None:
-    """Clear every cache registered with `on_reset`."""
-    for clear in _resets:
-        clear()
-
-
-@functools.lru_cache(maxsize=None)
-def _resolve(launch: str) -> Callable[..., Any]:
-    module, _, name = launch.partition(":")
-    builtin = module.partition(".")[0] in BACKEND_PACKAGES
-    return getattr(importlib.import_module(f"quantcore.backends.{module}" if builtin else module), name)
-
-
-def _cc(cc: tuple[int, int]) -> str:
-    return f"{cc[0]}.{cc[1]}"
-
-
-@dataclass(frozen=True)
-class Impl:
-    """One (op, backend) implementation.
-
-    `launch` names the function as "module:function", resolved on first use so that describing an
-    implementation never imports Triton or CuPy: the module relative to `quantcore.backends` for the
-    built-in backends ("triton.launch"), an absolute one for out-of-tree backends; or it is the
-    function itself. `options` are fixed keyword arguments the dispatcher adds to the launch's: they
-    carry the variant the registry chose (the GEMMs' `mma`), so that no launch re-derives it from the
-    device profile. `numerics` is
-    "exact" or a short description of how it departs from the contract's arithmetic (an emulated
-    path); the registry makes any departure visible. `opt_in`: a variant that trades the contract's
-    exactness for speed by choice (`torch[bf16_dequant]`), not by necessity; it runs only where its
-    label is named (`backend=`, a priority list, `QUANTCORE_PRIORITY`), never by automatic selection,
-    by its backend's name alone or through a measured table. `compared_alone`: a variant its backend's
-    name never reaches (registered after one that takes every call it takes, `triton[gluon]`), so it
-    is compared with the reference, timed by the bench and ranked by measured tables under its own label.
-    `separate_epilogue`: a GEMM that runs a fused epilogue (bias, activation, re-quantization) as passes
-    of its own after the plain product (`torch[cublas]`), so that a measured ranking of plain GEMMs does
-    not speak for it where there is an epilogue.
-    """
-
-    op: str
-    backend: str
-    launch: str | Callable[..., Any]
-    constraints: Constraints = field(default_factory=Constraints)
-    variant: str = ""
-    numerics: str = "exact"
-    fallback: str = ""  # set on paths that stand in for a faster native one: what they do instead
-    options: tuple[tuple[str, Any], ...] = ()  # fixed keyword arguments this variant passes to launch
-    opt_in: bool = False  # runs only where its label is named
-    compared_alone: bool = False  # in `registry.compared` under its own label
-    separate_epilogue: bool = False  # a fused epilogue runs as extra passes
-
-    @property
-    def label(self) -> str:
-        """"triton" or "triton[w8a16]": unique per op."""
-        return f"{self.backend}[{self.variant}]" if self.variant else self.backend
-
-    def not_supported_reasons(self, query: Query) -> list[str]:
-        """Reasons this implementation cannot run `query`; empty when it can."""
-        return self.constraints.reasons(query)
-
-    def named_by(self, name: str) -> bool:
-        """Whether `name` (a `backend=` or priority entry) names this implementation: its label, or
-        its backend's name unless it is opt-in."""
-        return name == self.label or (name == self.backend and not self.opt_in)
-
-    def numerics_on(self, profile: DeviceProfile) -> str:
-        """`numerics` where it runs on `profile`: "exact" on the CPU for a departure that only GPU
-        tensor cores cause (`TENSOR_CORE_NUMERICS`)."""
-        return "exact" if profile.kind == "cpu" and self.numerics in TENSOR_CORE_NUMERICS else self.numerics
-
-    def function(self) -> Callable[..., Any]:
-        """The launch function (imports the backend's kernels on first call)."""
-        return self.launch if callable(self.launch) else _resolve(self.launch)
-
-    def __call__(self, **kwargs: Any) -> Any:
-        return self.function()(**kwargs, **dict(self.options))

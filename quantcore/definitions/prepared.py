@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ..registry.query import Query
+from .query import Query
 
 
 @dataclass(frozen=True)

@@ -1,12 +1,12 @@
 """`OpDef`: everything quantcore knows about one op, in one place, and the table of defined ops.
 
-An op is its public function's signature and docstring (a stub whose body is never run), the spec
-that validates a call and normalises it to the backend contract, the keyword arguments its launch
-functions take (the contract), its `torch.library` custom ops (schema, fake kernel and, where it
-has one, gradient: one custom op per return type) and the formats the report shows. The stub
-becomes the public function, generated so that no argument binding happens at call time and a call
-with a kept plan replays it inline (`dispatch.entry`), before any other Python call (but one
-`torch.is_grad_enabled()` for a differentiable op).
+An op is one function, its `spec`: the public signature and docstring, and a body that validates a
+call and normalises it to the backend contract (a `Prepared`). Beside it: the keyword arguments its
+launch functions take (the contract), its `torch.library` custom ops (fake kernel, output layout and,
+where it has one, gradient: one custom op per return type; the schema is derived from the signature)
+and the formats the report shows. `quantcore.runtime.entry` generates the public function from the
+spec's signature, so that no argument binding happens at call time and a call with a kept plan
+replays it inline; the spec's body runs only for a call without one.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from typing import Any, Callable, Iterable
 
 import torch
 
-from .errors import InvalidInputError
-
-BACKEND_ARG = "backend"
+from ..errors import InvalidInputError
+from . import schema
+from .schema import BACKEND_ARG
 
 
 def contiguous(out: Any, options: dict[str, Any]) -> Any:
@@ -54,29 +54,32 @@ class Gradient:
 
 @dataclass(frozen=True)
 class CustomOp:
-    """One `torch.ops.quantcore.<name>`: its schema, its fake kernel (the outputs' shapes, dtypes and
-    strides from the inputs' alone), `layout(out, options)`, which gives the real outputs the
-    fake's strides, and its `gradient`; without one the op is not differentiable and its outputs never
-    require grad."""
+    """One `torch.ops.quantcore.<name>`: its fake kernel (the outputs' shapes, dtypes and strides from the
+    inputs' alone), `layout(out, options)`, which gives the real outputs the fake's strides, and its
+    `gradient`; without one the op is not differentiable and its outputs never require grad. Its schema
+    is the op's signature (`schema.derive`): `returns` tensors (None: from the return annotation),
+    without the options in `omit`, and with those in `required` first and without defaults."""
 
     name: str
-    schema: str
     fake: Callable[..., Any]
     layout: Callable[[Any, dict[str, Any]], Any] = contiguous
     gradient: Gradient | None = None
+    returns: int | None = None
+    omit: tuple[str, ...] = ()
+    required: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
 class OpDef:
-    """One op. `tensors` names the public function's tensor arguments (None where an optional one is
-    absent), passed to the spec positionally; every other argument but `backend` is an option.
-    `launch_args` are the keyword names the dispatcher passes a launch function (the spec's
-    `Prepared.kwargs`; an implementation's fixed `options` come on top). `formats` are the input formats
-    the report lists, with `report_blocks` as the block sizes of its queries. `example(fmt, device="cpu",
-    m=2, n=32, k=512)` -> (args, kwargs) is one call of the op reading `fmt` (m rows, an n×k weight):
-    what the launch-contract and binding tests run for every format, and a sample for plugins and docs."""
+    """One op. `spec` is its public signature, docstring and validation (returning a `Prepared`);
+    `tensors` names its tensor arguments (None where an optional one is absent); every other argument
+    but `backend` is an option. `launch_args` are the keyword names the dispatcher passes a launch
+    function (the spec's `Prepared.kwargs`; an implementation's fixed `options` come on top). `formats`
+    are the input formats the report lists, with `report_blocks` as the block sizes of its queries.
+    `example(fmt, device="cpu", m=2, n=32, k=512)` -> (args, kwargs) is one call of the op reading `fmt`
+    (m rows, an n×k weight): what the launch-contract and binding tests run for every format, and a
+    sample for plugins and docs."""
 
-    stub: Callable[..., Any]
     spec: Callable[..., Any]
     tensors: tuple[str, ...]
     launch_args: tuple[str, ...]
@@ -84,25 +87,25 @@ class OpDef:
     report_blocks: tuple[int, ...] = ()
     custom_ops: tuple[CustomOp, ...] = ()
     example: Callable[..., tuple[tuple, dict[str, Any]]] | None = None
-    function: Callable[..., Any] = field(init=False, repr=False, compare=False)
-    # `function` without its first question (an input requiring grad): the custom ops' real kernel, which
-    # runs below autograd
-    kernel: Callable[..., Any] = field(init=False, repr=False, compare=False)
-    key: Callable[..., tuple] = field(init=False, repr=False, compare=False)  # a call's plan key (`dispatch.entry`)
     defaults: dict[str, Any] = field(init=False, repr=False, compare=False)  # every option's default, in order
 
     def __post_init__(self) -> None:
-        params = inspect.signature(self.stub).parameters
+        params = inspect.signature(self.spec).parameters
+        unknown = [t for t in (*self.tensors, BACKEND_ARG) if t not in params]
+        if unknown:
+            raise InvalidInputError(f"define: {self.name} has no argument(s) {unknown}")
+        private = [n for n in params if n.startswith("_")]
+        if private:  # the generated public function's own names are underscored
+            raise InvalidInputError(f"define: {self.name}'s argument names {private} start with '_'; rename them")
+        odd = [p.name for p in params.values() if p.kind not in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+        if odd:
+            raise InvalidInputError(f"define: {self.name}'s arguments {odd} must be plain or keyword-only ones")
         object.__setattr__(self, "defaults", {n: p.default for n, p in params.items()
                                               if n not in self.tensors and n != BACKEND_ARG})
-        function, kernel, key = _generate(self)
-        object.__setattr__(self, "function", function)
-        object.__setattr__(self, "kernel", kernel)
-        object.__setattr__(self, "key", key)
 
     @property
     def name(self) -> str:
-        return self.stub.__name__
+        return self.spec.__name__
 
     def options(self, **given: Any) -> dict[str, Any]:
         """The options of a call with keyword arguments `given` (the others at their defaults), as the
@@ -111,6 +114,15 @@ class OpDef:
         if unknown:
             raise InvalidInputError(f"{self.name}: no option(s) {unknown}; its options are {list(self.defaults)}")
         return {n: given.get(n, d) for n, d in self.defaults.items()}
+
+    def prepare(self, args: tuple, options: dict[str, Any]) -> Any:
+        """The spec of a call given as the dispatcher has it: the tensors positionally, in `tensors`'
+        order (whatever the signature makes keyword-only), and the options by name."""
+        return self.spec(**dict(zip(self.tensors, args)), **options)
+
+    def schema(self, custom: CustomOp) -> str:
+        """The `torch.library` schema of one of this op's custom ops."""
+        return schema.derive(self.spec, self.tensors, custom.returns, custom.omit, custom.required)
 
     @property
     def differentiable(self) -> bool:
@@ -126,64 +138,12 @@ def requires_grad(*tensors: Any) -> bool:
     return False
 
 
-def _with_gradient(*args: Any) -> Any:
-    from .library import call_with_gradient  # the library layer registers ops defined here
-
-    return call_with_gradient(*args)
-
-
-def _generate(op: OpDef) -> tuple[Callable[..., Any], Callable[..., Any], Callable[..., tuple]]:
-    """The public function of `op`, the same without asking about gradients (`OpDef.kernel`) and its plan
-    key (`dispatch.entry`). The function has the stub's signature, defaults, annotations and docstring,
-    and a body compiled from source so that no argument binding happens at call time: a differentiable op
-    first asks `torch.is_grad_enabled()` and, when an input requires grad, runs through its custom op so
-    that autograd records the call; then the kept plan of the call's key, if any, is launched inline; else
-    `call(name, (tensors...), {options...}, backend)` validates, selects and keeps the plan."""
-    from .dispatch import call, entry  # dispatch looks ops up here: imported when the first op is defined
-
-    params = inspect.signature(op.stub).parameters
-    unknown = [t for t in (*op.tensors, BACKEND_ARG) if t not in params]
-    if unknown:
-        raise InvalidInputError(f"define: {op.name} has no argument(s) {unknown}")
-    private = [n for n in params if n.startswith("_")]
-    if private:  # the generated body's own names are underscored
-        raise InvalidInputError(f"define: {op.name}'s argument names {private} start with '_'; rename them")
-    source, keyword_only = [], False
-    for p in params.values():
-        if p.kind is p.KEYWORD_ONLY and not keyword_only:
-            source.append("*")
-            keyword_only = True
-        elif p.kind not in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY):
-            raise InvalidInputError(f"define: {op.name}'s argument {p.name} must be a plain or keyword-only one")
-        source.append(p.name if p.default is p.empty else f"{p.name}=_defaults[{p.name!r}]")
-    optional = tuple(t for t in op.tensors if params[t].default is None)
-    sequences = tuple(n for n, d in op.defaults.items() if isinstance(d, (tuple, list)))
-    replay = entry(op.name, op.tensors, optional, op.defaults, sequences)
-    options = ", ".join(f"{n!r}: {n}" for n in op.defaults)  # the order `OpDef.options` gives too
-    tensors = "".join(f"{t}, " for t in op.tensors)
-    # The stub's module globals too, so that `typing.get_type_hints` resolves the copied annotations.
-    namespace = {**op.stub.__globals__, **replay.namespace, "_call": call,
-                 "_defaults": {n: p.default for n, p in params.items()}, "_grad_enabled": torch.is_grad_enabled,
-                 "_requires_grad": requires_grad, "_with_gradient": _with_gradient}
-    arguments = f"{op.name!r}, ({tensors}), {{{options}}}, {BACKEND_ARG}"
-    grad = (f"    if _grad_enabled() and _requires_grad({tensors}):\n        return _with_gradient({arguments})\n"
-            if op.differentiable else "")
-    functions = []
-    for prelude in dict.fromkeys((grad, "")):  # one function where the op asks nothing about gradients
-        exec(f"def {op.name}({', '.join(source)}):\n{prelude}{replay.body}    return _call({arguments})\n", namespace)
-        fn = namespace[op.name]
-        fn.__doc__, fn.__annotations__ = op.stub.__doc__, dict(op.stub.__annotations__)
-        fn.__module__, fn.__qualname__ = "quantcore.ops", op.name
-        functions.append(fn)
-    return functions[0], functions[-1], replay.key
-
-
 _ops: dict[str, OpDef] = {}
 
 
 def register_op(op: OpDef) -> OpDef:
-    """Make `op` known to dispatch, `explain` and the report (`quantcore.ops` holds the built-in ones;
-    call `op.function` for another). Returns `op`."""
+    """Make `op` known to selection, `explain` and the report (`quantcore.library.define` also gives it
+    its public function). Returns `op`."""
     if not isinstance(op, OpDef):
         raise InvalidInputError(f"register_op: expected a quantcore OpDef, got {type(op).__name__}")
     if op.name in _ops:

@@ -1,0 +1,13 @@
+"""The call path: from a public op's call to its kernel launch.
+
+- `plans`: kept plans and their key (one definition, generated per op), the selection state it reads.
+- `entry`: each op's public function and plan key, generated from its definition.
+- `dispatch`: a call without a kept plan: validate (the definition's spec), select (the registry),
+  prepare the launch and keep the plan; `Site`, a caller's own kept plan.
+- `launch`: the building blocks of the backends' prepared launches.
+- `workspace`: the GPU workspaces launches share (split-K partials and counters).
+- `native`: kept plans replayed in C++ (a torch extension built on first CUDA use).
+
+The runtime imports the definitions and the registry, never a backend: it launches the function the
+registry resolves by name.
+"""
