@@ -21,7 +21,7 @@ def compiled_reference(op: str, backend: str = "inductor"):
     The function itself is compiled, not its `torch.no_grad` wrapper: every such wrapper runs one
     shared code object, and torch._dynamo keeps at most `recompile_limit` (8) graphs per code object,
     so the ops' graphs crowded each other out and, past the eighth, every op's compiled reference ran
-    eagerly without a word (docs/bench/round16). The bench's inputs never require grad."""
+    eagerly without a word. The bench's inputs never require grad."""
     return torch.compile(inspect.unwrap(getattr(reference, op)), dynamic=True, backend=backend)
 
 

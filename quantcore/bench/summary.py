@@ -192,7 +192,7 @@ def write_priority(result: BenchResult, root: Path | None = None) -> Path:
 
     def k_of(r):
         # GEMMs ([M, N, K]) from K_FROM_M rows are ranked per K bucket too: there the faster of the Gluon GEMM and
-        # cuBLAS's changes with K (docs/performance.md, round 38); below, one or two shapes a bucket would rank
+        # cuBLAS's changes with K; below, one or two shapes a bucket would rank
         # kernels a few % apart by the noise of single shapes.
         return registry.k_bucket(r.shape[2]) if r.op == "scaled_mm" and r.shape[0] >= K_FROM_M else None
 

@@ -14,10 +14,10 @@ Host cost is measured on its own: `eager_time_us` (back-to-back calls, host and 
 Implementations compared with each other are timed interleaved (`gpu_times_us`, `eager_times_us`):
 each repetition times every one of them once, starting from a different one each time. Timed one
 after the other, a call's time depended on when it ran: the same cuBLAS kernel measured 0.84-1.03× of
-itself on the large GEMMs (docs/bench/round13), timed first as the vendor baseline and again late,
+itself on the large GEMMs, timed first as the vendor baseline and again late,
 after the other implementations' loops, through quantcore's `torch[cublas]` variant. Large GEMMs run
 the H100 at its 700 W power cap, where its clock moves between 1230 and 1980 MHz; interleaved, the two
-measure 0.98-1.02 of each other (docs/bench/round16).
+measure 0.98-1.02 of each other.
 """
 
 from __future__ import annotations

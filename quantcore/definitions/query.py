@@ -77,11 +77,11 @@ class GemmQuery(Query):
         """A GEMM with an epilogue ranks as the plain one (the bench times plain GEMMs) among the
         implementations that compute the epilogue in their kernel. Measured on the H100, FP8 and INT8:
         with a bias, the ranking's first such implementation was the fastest in geometric mean over
-        nine shapes at M = 128 and 4096 (docs/bench/round8/epilogue_select.txt). With an activation or
+        nine shapes at M = 128 and 4096. With an activation or
         a re-quantized output, since the Gluon kernel stages its activation epilogue through shared
         memory, the tiled kernel took 1.14-1.24x the Gluon kernel's time with SiLU or GELU and 1.08-2.67x
-        with a re-quantized output (FP8, nine shapes, M = 128 and 16384; round9/epilogue_select.txt), and
-        1.06-1.28x over six shapes at 512 and 4096 rows (FP8 and INT8; round9/gluon_staged.txt); INT8 at
+        with a re-quantized output (FP8, nine shapes, M = 128 and 16384), and
+        1.06-1.28x over six shapes at 512 and 4096 rows (FP8 and INT8); INT8 at
         128 rows, which the table gives the tiled kernel, was faster there with SiLU or GELU (the Gluon
         kernel's time / the tiled kernel's 0.84-0.89 over seven shapes)."""
         return self.fused

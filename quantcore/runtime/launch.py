@@ -47,7 +47,7 @@ def allocator(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) 
     `run`'s outputs: `torch.empty_like` of a one-element template expanded to `shape` (an expanded
     tensor is not dense, so empty_like lays the new one out contiguously). On the H100 host it took
     2.3 µs a call where `torch.empty(shape, dtype=..., device=...)` took 4-6, which parses its
-    keyword arguments on every call (docs/bench/round6)."""
+    keyword arguments on every call."""
     template = torch.empty((1,) * len(shape), dtype=dtype, device=device).expand(shape)
     new = functools.partial(torch.empty_like, template)
     new.native = (tuple(shape), _contiguous_strides(shape), dtype)  # type: ignore[attr-defined]
@@ -240,7 +240,7 @@ def eagerly(one_launch: Callable[..., Any], composed: Callable[..., Any], device
     """A prepared quant_linear's `run(x, w, w_scale, bias=None)`: `one_launch` (a GEMM that quantizes the
     activation once per launch, bit for bit `composed`) except while a CUDA graph is being captured,
     where it is `composed` (act_quant + scaled_mm): the one launch takes more GPU time than the two and
-    saves a launch's host time, which a graph's replays do not have (docs/bench/round10)."""
+    saves a launch's host time, which a graph's replays do not have."""
     capturing = torch.cuda.is_current_stream_capturing if device.type == "cuda" else bool
 
     def run(x, w, w_scale, bias=None):

@@ -107,7 +107,7 @@ def _address(t: torch.Tensor | None) -> int:
 def _native_bias(bias: torch.Tensor | None) -> bool:
     """Whether the kernels read `bias` as it is (absent, or fp32/bf16/fp16 at any stride); otherwise each
     call converts it (`_converted`), one more launch: with a bf16 bias converted so, dequant_bias at 1 row
-    took 24.1 µs a call on the H100 host against 13.4 without a bias (docs/performance.md, round 17)."""
+    took 24.1 µs a call on the H100 host against 13.4 without a bias."""
     return bias is None or bias.dtype in _BIAS_KIND
 
 
@@ -329,17 +329,17 @@ def dequant_bias(g, scale_a, scale_b, bias, *, out_dtype, profile):
 # the activation in its prologue (gemm.cu) into shared memory, codes and scales (`fused_a_bytes`), in
 # place of A's stage ring, where that fits beside as many weight stages as the two-launch path keeps at
 # the tile's CTAs per SM (as much weight in flight). Every program of an output column repeats that
-# work, so its GPU cost grows with M. Measured on the H100 (docs/bench/round7/cupy_fused.txt), against
+# work, so its GPU cost grows with M. Measured on the H100, against
 # act_quant + the GEMM over the decode shapes: GPU time 1.04-1.05x at M = 1, 0.92-0.93x at M = 4 and
 # 0.78-0.80x at M = 8, while a back-to-back call took 19-33 µs against 46-58 at every M: the host's
 # second launch outweighs the prologue's GPU cost up to 4 rows, not at 8.
 #
 # From FUSED_M_MAX + 1 to ONCE_M_MAX rows the programs quantize the activation once between them into
 # a workspace (gemm.cu's ONCE, the Triton decode kernel's protocol), eagerly only (`runtime.launch.eagerly`).
-# Measured on the H100 (docs/bench/round11/once_cupy_probe_l1.txt), against act_quant + the GEMM:
+# Measured on the H100, against act_quant + the GEMM:
 # GPU time 1.33-1.41x in geometric mean over the nine decode shapes at M = 8-32, eager time per call
 # 0.654x where the bounds hold (30 of 30 faster: 19-35 µs against 27-45); the model's eager decode
-# step 5-12 % faster (round11/ab_step_cupy_l1.txt). Larger weights or more rows: the GPU bounds the
+# step 5-12 % faster. Larger weights or more rows: the GPU bounds the
 # call and the one launch loses (eager 1.11x outside the weight bound, 1.16x at 64 rows).
 
 
@@ -359,7 +359,7 @@ _LARGE_TILE = GemmTile(128, 128, 2, 4, 64, 1)
 _WEIGHT_IN_FLIGHT = 32 * 1024  # bytes of weight each CTA keeps loading (stages ahead of the MMAs)
 FUSED_M_MAX = 4
 # Quantized once per launch: where the host's second launch costs more than the GPU time the wait adds
-# (docs/bench/round11/once_cupy_probe_l1.txt); at most one row tile (gemm.cu's ONCE).
+# At most one row tile (gemm.cu's ONCE).
 ONCE_M_MAX = 32
 ONCE_NK_MAX = 2**25
 

@@ -16,17 +16,17 @@ further down (one that takes tensor descriptors as the next paragraph says): `co
 Python wrapper that only finds there is no scratch to allocate and forwards to the C launcher it holds,
 adding two flags and two null scratch pointers; calling that C function with them skips the wrapper (on
 the H100 host, 5.9 µs against 7.2 µs a launch; launching with `cuLaunchKernel` through ctypes on
-parameters packed once took 7.4: docs/bench/round5/r5_eager.txt). It is also handed the tensors'
+parameters packed once took 7.4). It is also handed the tensors'
 addresses as integers: for a tensor it looks up and calls `data_ptr` and asks the driver what the
 pointer is (`cuPointerGetAttribute`), a check that validation has made already; with seven tensors that
-was 9.0 µs a launch against 6.3 with addresses read in Python (docs/bench/round6/dev1.txt).
+was 9.0 µs a launch against 6.3 with addresses read in Python.
 
 Kernels that take TMA descriptors are handed the tensors the descriptors describe (`descriptors`:
 argument position -> the function that makes a tensor's descriptor; a plan fixes the shape, strides, box
 and layout, so a descriptor depends on nothing but the tensor's address). On `RAW_SUPPORTED` versions
 `compiled.run.launch` is then Triton's Python wrapper that builds each descriptor's `TensorDescriptor`
 and encodes its `CUtensorMap` on every call (building a Gluon descriptor took 6.1 µs on the H100 host,
-and a Gluon GEMM has three: docs/bench/round8/host_probe.txt); the launcher keeps, per position, the
+and a Gluon GEMM has three); the launcher keeps, per position, the
 encoded arguments (Triton's own `make_tensordesc_arg`) of the last addresses it saw and calls the C
 launcher the wrapper holds with them.
 """

@@ -50,8 +50,8 @@ class GluonConfig:
     sub-tiles itself meanwhile (None: `own_rows_for` the call); `stagger`: consumer warpgroup 1 starts once
     consumer 0 has finished its first tile's main loop, so that their epilogues do not coincide (where a tile's K
     blocks fit the ring; elsewhere the launch starts them together).
-    `DEFAULT` is round 3's measured configuration; `config_for` picks the wide ones (`WIDE`) where
-    round 4's probe measured them faster."""
+    `DEFAULT` is the first measured configuration; `config_for` picks the wide ones (`WIDE`) where
+    a later probe measured them faster."""
 
     block_m: int = 128
     block_n: int = TILE_N
@@ -123,7 +123,7 @@ class GluonConfig:
 
 # The default tile; the stage count and pipelining follow from shared memory and the weight's scale block.
 DEFAULT = GluonConfig()
-# Wider tiles read fewer A and B bytes per FLOP. Measured on the H100 (docs/performance.md, round 4) at
+# Wider tiles read fewer A and B bytes per FLOP. Measured on the H100 at
 # M = 4096 and 16384 on the six bench shapes, they beat the default where N is a whole number of them
 # (128x192 on N = 2112 by 4-19 %, 128x256 by up to 14 % on the others, never 2 % slower); at smaller
 # M their fewer tiles leave SMs idle, so the default stays there.
@@ -133,23 +133,23 @@ WIDE_M_MIN = 4096
 # from DRAM again for every group of row tiles, are most of the traffic (Nsight Compute at 4096×32768×512
 # with groups of 8: 69.4 MB read against cuBLAS's 19.7), and groups of 32 took 0.3-5.5 % less time on the
 # six bench shapes of K ≤ 2048 at 4096 and 16384 rows; at longer K, 16 and 32 moved times by under 1 % either
-# way and 8 stays (docs/bench/round18/group_probe.txt).
+# way and 8 stays.
 SHORT_K, SHORT_K_GROUP_M = 2048, 32
 # Where the plain GEMM's wide tile cannot hold a re-quantized output's groups (N = 2112: 128×192 would split groups
 # of 128), the output takes the wide tile that does at K above SHORT_K, its last column tile's sub-tiles past N skipped
-# (`tail_sub_tiles`). Measured on the H100 at N = 2112 (docs/bench/round25/tail_probe.txt), µs, 128×128 / 128×256 at
+# (`tail_sub_tiles`). Measured on the H100 at N = 2112, µs, 128×128 / 128×256 at
 # K = 7168: FP8 136 / 131 at 4096 rows, 269 / 234 at 8192, 538 / 445 at 16384 (INT8 145 / 146, 266 / 257, 530 / 477);
 # at K = 2048 128×128 was the faster at every row count. Before the skip, 128×256 was 12-14 % slower than 128×128
-# at 4096 rows (round 24 kept it to 8192 rows and more).
+# at 4096 rows (it was kept to 8192 rows and more before).
 _MAX_STAGES = 6
 # Rows of a staged epilogue's step (`GluonConfig.epi_rows`): two per warp. Measured on the H100 over the
-# six bench shapes at M = 512 and 4096 (docs/bench/round9/gluon_staged.txt), time over the plain GEMM with
+# six bench shapes at M = 512 and 4096, time over the plain GEMM with
 # registers / 8 / 16 / 32 rows a step: bias + GELU 2.72 / 1.50 / 1.59 / 1.88 (FP8, 4096 rows), bias +
 # SiLU 1.49 / 1.33 / 1.30 / 1.45; a re-quantization without an activation 1.22 / 1.28 (with a GELU before
-# it 3.11 / 1.87). With the epilogue partition (round 14, docs/bench/round14/rcp.txt, 512 / 4096 rows) a
+# it 3.11 / 1.87). With the epilogue partition a
 # re-quantization without an activation took, staged / in registers, 1.229 / 1.200 and 1.222 / 1.198 in
 # FP8, 1.256 / 1.352 and 1.252 / 1.303 in INT8. Since the quantizer divides through one reciprocal per group
-# (round 19, docs/bench/round19/requant_path.txt, 4096 rows): registers / staged 1.084 / 1.206 in FP8, 1.232 /
+# (4096 rows): registers / staged 1.084 / 1.206 in FP8, 1.232 /
 # 1.288 in INT8, so only an activation is staged by default.
 EPI_ROWS = 8
 
@@ -158,9 +158,8 @@ def own_rows_for(tiles_per_program: int, num_kb: int) -> int:
     """Rows of each consumer's 64 that it runs the staged epilogue on itself (`GluonConfig.own_rows`),
     for a program of `tiles_per_program` tiles of `num_kb` K blocks. The epilogue partition hides its
     rows under the next tile's main loop, one warp per scheduler at ~73 instructions an element for
-    bias + GELU (ncu, docs/bench/round14/ncu_*.txt): long K blocks hide it all, short ones not, and a
-    last tile's epilogue nothing. Measured on the H100 (docs/bench/round14/split.txt: six shapes at 512
-    and 4096 rows, FP8 and INT8, 0-64 own rows), the best share per shape was 0 from 48 K blocks with
+    bias + GELU: long K blocks hide it all, short ones not, and a
+    last tile's epilogue nothing. Measured on the H100, the best share per shape was 0 from 48 K blocks with
     several tiles a program, about half from 12, and 48 below that or at two tiles a program or fewer."""
     if tiles_per_program <= 2 or num_kb < 12:
         return 48
@@ -172,21 +171,20 @@ def config_for(M: int, N: int, K: int, block_n: int, out_group: int | None, stag
     output is re-quantized, groups of `out_group`: a wide tile that N fills exactly at large M, where the
     sub-tiles lie within one weight-scale block and a tile holds whole groups (walked in groups of
     SHORT_K_GROUP_M row tiles where K is at most SHORT_K), else the default. Groups wider than a sub-tile take
-    the wide tile at every K: measured on the H100 (docs/bench/round22/tile_probe_m*.txt, groups of 128, time
-    over the plain GEMM, default tile / 128×256), FP8 at 4096 rows 1.112 / 1.057 at K = 512, 1.028 / 1.033 at
+    the wide tile at every K: measured on the H100, FP8 at 4096 rows 1.112 / 1.057 at K = 512, 1.028 / 1.033 at
     1536, 1.012 / 1.023 at 2048, 1.024 / 1.008 at 16384; at 16384 rows 1.173 / 1.071, 1.052 / 1.033, 1.001 /
-    1.016, 1.046 / 1.014; INT8 alike or better (round 21 kept FP8 on the default tile to K = 2048, with a
+    1.016, 1.046 / 1.014; INT8 alike or better (FP8 was kept on the default tile to K = 2048 before, with a
     heavier epilogue). Where the plain GEMM's wide tile cannot hold the groups, a re-quantized output takes the one
     that does at K above SHORT_K, its last column tile's sub-tiles past N skipped. A wide tile where K is at most
     SHORT_K staggers its consumers (`GluonConfig.stagger`; the launch keeps it where a tile's K blocks fit the ring:
     K = 512 of the bench shapes). At 4096×32768×512 on the H100 that took 1.2 % off FP8's plain GEMM, 0.9 % off a
     re-quantized output and 4.6 % off bias + re-quantized, 2.7 % and 3.6 % off INT8's plain and re-quantized, but
-    added 2.3 % to its bias + re-quantized; at 16384 rows 0-2.4 % off each (docs/bench/round24/stagger_final.txt). A
+    added 2.3 % to its bias + re-quantized; at 16384 rows 0-2.4 % off each. A
     lead of a few K blocks cost up to 1.6 % on the default tile at 512 rows and with the staged epilogue
     (lead_kb_m512.txt, lead_kb_silu.txt). A `staged` epilogue takes the default tile: the epilogue partition's one
     fp32 buffer per consumer holds one column sub-tile, and a wide tile's consumers would wait for it sub-tile after
     sub-tile (2.1x the default tile's time with bias + GELU at 4096×7168×2048 FP8,
-    docs/bench/round14/epilogue_first.txt)."""
+    on the H100)."""
     if not staged and M >= WIDE_M_MIN and block_n % 64 == 0:
         fills = [cfg for cfg in WIDE if N % cfg.block_n == 0]
         wide = next((cfg for cfg in fills if cfg.holds_groups(out_group, staged)), None)
@@ -210,12 +208,12 @@ def preload(config: GluonConfig, requantized: bool, bias: bool, staged: bool, st
     issued, for a re-quantized output where neither the stagger (a tile's K blocks fit the ring) nor N's last column
     loop (`tail`, TAIL_NSUB) is on; else "none". Measured on the H100 against the K loop loading every K block's:
     a plain output 0.6 % (FP8) and 1.6-2.0 % (INT8) faster in geometric mean at 4096 and 16384 rows, 2.4-3.0 % at
-    K = 512 (docs/bench/round34/first_scales_ab.txt); a re-quantized output 0.1-1.8 % faster at K = 1536-16384 (N of
-    4096 or more) with the loads after its stores (docs/bench/round35/final_epilogue.txt), from -1.5 to +3 % with
-    them after the main loop (round 34), and 2-7 % slower at K = 512 or N = 2112 either way; with a bias, slower at
-    every shape and either place, by up to 8 % (docs/bench/round35/preload_*.txt). Where they lose, what grows
+    K = 512; a re-quantized output 0.1-1.8 % faster at K = 1536-16384 (N of
+    4096 or more) with the loads after its stores, from -1.5 to +3 % with
+    them after the main loop, and 2-7 % slower at K = 512 or N = 2112 either way; with a bias, slower at
+    every shape and either place, by up to 8 %. Where they lose, what grows
     is the code outside the K loop (the peeled K block 0); at K = 512 the loss is mostly instruction fetch
-    (docs/bench/round35/stalls_ncu.txt).
+   .
     """
     if staged or bias or config.sub == config.block_n:
         return "none"
@@ -229,12 +227,12 @@ def k_positive(config: GluonConfig, requantized: bool, preload: str, tail: int, 
     On the column sub-tile schedule without PRELOAD, where no K block runs ahead of the K loop, the compiler otherwise
     keeps the loop's zero-trip path, and ptxas zeroes each tile's accumulators on it as well as before the loop: 63
     more instructions a tile in each consumer thread. Told for re-quantized outputs there. Measured on the H100 against
-    the kernel without it, time over the plain GEMM at 4096 rows (docs/bench/round37/final/table.txt): INT8 bias +
+    the kernel without it, time over the plain GEMM at 4096 rows: INT8 bias +
     re-quantized 1.077 → 1.043, re-quantized 1.045 → 1.034; FP8 1.065 → 1.058 and 1.039 → 1.036. Not for FP8 at N =
-    2112, where N's last column runs in a loop of its own (`tail`): 0.5-2.4 % slower there (round37/gated/table.txt).
+    2112, where N's last column runs in a loop of its own (`tail`): 0.5-2.4 % slower there.
     Not with a bf16 output: there ptxas spills 556-632 bytes into the K loop instead (Triton 3.6, offline). Not with
     PRELOAD, where the accumulators are zeroed once already: a plain output 2.6-4.0 % slower in geometric mean beside
-    cuBLAS (round37/plain_kp/ab.txt)."""
+    cuBLAS."""
     return (requantized and preload == "none" and config.sub < config.block_n and not (fp8 and tail))
 
 

@@ -258,11 +258,11 @@ def fused_linear(x, w, w_scale, composed, *, block_n, block_k, bias, activation,
     (act_quant + a GEMM): one launch of the decode GEMM quantizing the activation itself where
     `configs.fused` says so, bit for bit the two, else those. Each program quantizes its rows' K range,
     or the programs quantize it once per launch between them; that one takes more GPU time than the two
-    launches and saves a launch's host time, ~20 µs a call on the H100's host (docs/bench/round10), so
+    launches and saves a launch's host time, ~20 µs a call on the H100's host, so
     it is taken outside graph captures only. Past the decode GEMM's rows the launch splits K as the
     tiled GEMM does there (`configs.split_as`): each split sums its K blocks in one program, in order,
     the splits meet in split order, and the decode kernel split alike gives the same bits
-    (docs/bench/round12/decode128_ab.txt for K unsplit). `unsplit_only`: only there, with K unsplit
+   . `unsplit_only`: only there, with K unsplit
     (the Gluon variant, whose GEMM never splits K).
     """
     M, K = x.shape

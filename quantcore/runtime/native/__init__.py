@@ -109,7 +109,7 @@ def module() -> Any | None:
             ext = _build()
         except Exception as e:  # a missing compiler or headers, a failed build or load
             _failure = f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"
-            # Once a process: its calls stay correct, only slower (docs/performance.md, round 20).
+            # Once a process: its calls stay correct, only slower.
             warnings.warn(f"quantcore: its native launch path could not be built ({_failure}); kept plans are "
                           f"replayed in Python, a few µs more a call. `quantcore native` shows the whole error; "
                           f"{NATIVE_ENV}=0 skips the attempt", stacklevel=3)

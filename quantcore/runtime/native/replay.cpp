@@ -209,7 +209,7 @@ class Replay {
     CUstream stream = current_stream(device_);
     const Variant* v = &*variant_;
     // What at::empty_strided does on CUDA, without its dispatch and options (act_quant's two outputs: 3.0 us
-    // through it, 1.6 so, on the H100 host: docs/bench/round20/native_parts*.txt): the current allocator of
+    // through it, 1.6 so, on the H100 host): the current allocator of
     // CUDA devices (torch's caching allocator, or one that replaced it), on the guard's device.
     c10::Allocator* allocator = c10::GetAllocator(c10::DeviceType::CUDA);
     std::vector<at::Tensor> outputs;

@@ -504,7 +504,7 @@ gemm_kernel(const AT* __restrict__ a, long long lda, const float* __restrict__ a
   // (K-block-major, stride mpad) in the workspace, written by other SMs in this launch. The codes are
   // read from L2 only (a 128-byte line may hold K blocks another program has not published yet); a
   // line of scales holds one K block's only, which this program reads after it is published, so
-  // they are read through L1 (from L2 they stalled each K block's promotion: docs/bench/round11).
+  // they are read through L1 (from L2 they stalled each K block's promotion).
   const int kpad = (K + block_k - 1) / block_k * block_k, num_kb = kpad / block_k, mpad = (M + 31) / 32 * 32;
   const u8* const a_codes = ONCE ? once_q : reinterpret_cast<const u8*>(a);
   const float* const a_scales = ONCE ? once_s : as;

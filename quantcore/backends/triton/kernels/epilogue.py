@@ -22,7 +22,7 @@ def rcp_approx(d):
     quantizers' scales, `quant.reciprocal`): `rcp.approx.ftz` compiled. Triton's `1.0 / d` is
     `div.full`, whose range checks for huge and tiny d cost ~4 instructions an element besides the
     reciprocal (ncu of the Gluon GEMM's GELU epilogue: 73 instructions an element,
-    docs/bench/round14/ncu_gelu_partition.txt)."""
+    under Nsight Compute)."""
     if PTX_MATH:
         return tl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=r,r", [d], dtype=tl.float32, is_pure=True,
                                          pack=1)
@@ -38,7 +38,7 @@ def div_rn_normal(n, d):
     `tl.div_rn` lowers to such steps plus a check of the operands and a
     branch to a slow path for the rest of the range; in an epilogue of many elements per thread that branch
     keeps the compiler from interleaving them (the tiled GEMM with SiLU took 1.30 times the plain GEMM with
-    `tl.div_rn`, 1.21 with this: docs/bench/round8/div_ab.txt). That this is `tl.div_rn` bit for bit where
+    `tl.div_rn`, 1.21 with this). That this is `tl.div_rn` bit for bit where
     `activate` divides is checked on all 2^32 fp32 inputs of `activate` on the GPU
     (tests/gpu/test_activation_division.py), not proven for the whole range."""
     r = rcp_approx(d)

@@ -34,7 +34,7 @@ block-wise kernel and DeepGEMM hide it by giving the work to different warps. So
   (128 × 192: 17 % less, 128 × 256: 25 %), what cuBLAS gets from 2-CTA clusters multicasting the
   shared operand: Triton 3.6's Gluon launches clusters (num_ctas) but its TMA loads have no multicast
   (none is emitted even for a CTA-broadcast layout) and its mbarriers no remote arrive. Measured in CUDA C++
-  (docs/bench/round30), multicast brings a 128 × 128 tile to the wide tile's speed at long K and adds nothing to
+ , multicast brings a 128 × 128 tile to the wide tile's speed at long K and adds nothing to
   the wide tile.
 - Persistent: one program per SM (the launch's grid), each walking tiles pid, pid + programs, ...
   in grouped order (GROUP_M row tiles share a column strip of b while it is in L2). The producer
@@ -58,11 +58,10 @@ block-wise kernel and DeepGEMM hide it by giving the work to different warps. So
 The activation scales are read per K block by the consumers (the contract allows any strides, so
 they cannot come through TMA); each K block's loads are issued before its mbarrier wait, so that part of
 their latency hides behind it. Where the producer runs ahead that wait is short: a K loop without scale
-loads, wrong by design, ran FP8 0.3-3.5 % and INT8 4-9 % faster on the H200 (docs/performance.md, round
-33). With PRELOAD a tile's K block 0 scales are loaded during the tile before, and K block 0 runs as a
+loads, wrong by design, ran FP8 0.3-3.5 % and INT8 4-9 % faster on the H200. With PRELOAD a tile's K block 0 scales are loaded during the tile before, and K block 0 runs as a
 step of its own, out of the K loop: for a plain output once that tile's main loop is done ("loop"), so
-that their latency passes in its epilogue (round 34); for a re-quantized one once its stores are issued
-("stores", round 35; loaded where "loop" loads them, they gained less or lost, round 34). Neither is taken
+that their latency passes in its epilogue; for a re-quantized one once its stores are issued
+("stores"; loaded where "loop" loads them, they gained less or lost). Neither is taken
 with a bias, nor for a re-quantized output where a tile's K blocks fit the ring or N's last column has a
 loop of its own: there both measured slower (`gluon_launch.preload`). The weight scale is one scalar per sub-tile
 and K block when SCALE_BN is a multiple of SUB_N (folded into the row scale, as `gemm.py` does:
@@ -560,7 +559,7 @@ def _epilogue(c_smem, acc_ready, acc_free, params, BIAS: gl.constexpr, ACTIVATIO
     sub-tile's or tile's main loop. Applied to the MMA's registers in the consumers, an activation's
     code was unrolled over every element a thread holds (64 at 128 × 128, in each consumer's copy;
     under ncu the GELU kernel's warps spent 42 % of their stall samples waiting for instructions,
-    docs/performance.md, round 9)."""
+    on the H100)."""
     _a_s, _b_s, bias_ptr, out_ptr, out_scale_ptr, M, N, _K, _sam, _sak, _sbn, _sbk, stride_bias, stride_om, \
         stride_osm, eps, own_steps = params
     ROWS: gl.constexpr = c_smem.type.shape[1]
@@ -636,9 +635,9 @@ def _tile_work(work, at, C: gl.constexpr, SCALE_BN: gl.constexpr, BIAS: gl.const
     else:
         # The register epilogue's bias comes from the producer through shared memory. Loaded by the
         # consumers at the epilogue, each sub-tile's waited for it (at 4096×32768×512 the wide tile with a bias
-        # took 1.33 times the plain GEMM's time, docs/bench/round18/epilogue_final.txt); loaded at the tile's
+        # took 1.33 times the plain GEMM's time); loaded at the tile's
         # start and held through the main loop, ptxas spilled it right after each load, and the warps waited
-        # for those loads before the tile's first wgmma (docs/bench/round22/bias_spill.txt).
+        # for those loads before the tile's first wgmma.
         BIAS_KIND: gl.constexpr = "none" if BIAS == "none" else "fp32"  # as `_stage_bias` stored it
         if BIAS != "none":
             mbarrier.wait(bias_ready.index(t % 2), (t // 2) & 1)

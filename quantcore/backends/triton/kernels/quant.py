@@ -41,9 +41,9 @@ def int8_encode(v, HW: tl.constexpr):
     at least its amax / 127, so |v| is at most 127·(1 + 2^-23) and rounds to at most 127.
 
     HW (compiled for sm_89+) and at least PAIRED_MIN elements: two codes an instruction (`_INT8X2`), where the
-    float route below takes two float instructions a code and a byte permute a pair (docs/performance.md, round
-    28). Else two float instructions and no inline assembly, the route the interpreter runs (`cvt.rni`, one code
-    an instruction, was no faster than it, round 22)."""
+    float route below takes two float instructions a code and a byte permute a pair
+    (measured faster on the H100). Else two float instructions and no inline assembly, the route the interpreter runs (`cvt.rni`, one code
+    an instruction, was no faster than it)."""
     if HW and v.numel >= PAIRED_MIN:
         return tl.inline_asm_elementwise(_INT8X2, "=h,r,r", [v], dtype=tl.int8, is_pure=True, pack=2)
     else:
@@ -264,7 +264,7 @@ def block_dequant_kernel(q_ptr, scale_ptr, out_ptr, R, C, stride_q, stride_sr, s
 def fp8_decode_kernel(src_ptr, out_ptr, R, C, stride_src, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
     """e4m3 codes src [R, C] (uint8 bits, row stride stride_src) -> their fp16 values, exactly, into
     out [R, C] contiguous: the W8A16 GEMM's operands decoded once per call (launch.py). torch's own
-    cast ran at a third of the copy bandwidth on the H100 (docs/bench/round7)."""
+    cast ran at a third of the copy bandwidth on the H100."""
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     mask = (rows < R)[:, None] & (cols < C)[None, :]

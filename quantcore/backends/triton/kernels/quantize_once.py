@@ -1,8 +1,7 @@
 """A float activation quantized once per launch inside a GEMM, for every program that reads it.
 
 A GEMM whose programs each quantize the activation rows they read repeats that work once per column
-tile; from ~8 rows that costs more than a separate act_quant launch (docs/performance.md, decode
-round 2). Here the programs that share rows quantize each K block of them once, into a workspace,
+tile; from ~8 rows that costs more than a separate act_quant launch (measured on the H100). Here the programs that share rows quantize each K block of them once, into a workspace,
 with act_quant's formulas (so the codes and scales are act_quant's, bit for bit), and then read the
 codes as a GEMM on quantized operands does.
 
@@ -71,7 +70,7 @@ def quantize_once(x_ptr, stride_xm, q_ptr, qs_ptr, flags, kb_start, kb_end, shar
     kbs = kb_start + tl.arange(0, KB_VEC)
     inside = kbs < kb_end
     # Owners claim their blocks as they start. Claiming the others' at once made one early program
-    # quantize most of its range alone while the rest waited (docs/bench/round10); a block still
+    # quantize most of its range alone while the rest waited; a block still
     # unclaimed after PATIENCE polls has an owner not yet running, and is taken over.
     # (The loops carry scalars only: Triton 3.6 fails to compile loops carrying these vectors.)
     polls = 0
