@@ -358,8 +358,8 @@ class GemmTile(NamedTuple):
 _LARGE_TILE = GemmTile(128, 128, 2, 4, 64, 1)
 _WEIGHT_IN_FLIGHT = 32 * 1024  # bytes of weight each CTA keeps loading (stages ahead of the MMAs)
 FUSED_M_MAX = 4
-# Quantized once per launch: where the host's second launch costs more than the GPU time the wait adds
-# At most one row tile (gemm.cu's ONCE).
+# Quantized once per launch: where the host's second launch costs more than the GPU time the wait adds;
+# at most one row tile (gemm.cu's ONCE).
 ONCE_M_MAX = 32
 ONCE_NK_MAX = 2**25
 
