@@ -7,6 +7,14 @@ implementation can run it here; it carries the reasons of every backend that was
 
 from __future__ import annotations
 
+import os
+import sys
+
+# Where quantcore's own frames come from: its source files and the functions it compiles from source
+# (their code objects are named "<quantcore ...>").
+_PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
+GENERATED = "<quantcore>"
+
 
 class QuantcoreError(Exception):
     """Base class of every error quantcore raises on purpose."""
@@ -25,6 +33,18 @@ class UnsupportedError(QuantcoreError, NotImplementedError):
         for backend, why in self.reasons.items():
             lines.append(f"  {backend}: " + "; ".join(why))
         super().__init__("\n".join(lines))
+
+
+def caller_stacklevel() -> int:
+    """The `stacklevel` that makes a warning issued by the function calling this point at the first frame
+    outside quantcore: the user's line, however deep inside quantcore the warning is raised. (Python
+    3.12's `skip_file_prefixes` does this, but quantcore supports 3.10.)"""
+    level, frame = 2, sys._getframe(2)
+    while frame is not None and (frame.f_code.co_filename.startswith(_PACKAGE)
+                                 or frame.f_code.co_filename == GENERATED):
+        level += 1
+        frame = frame.f_back
+    return level
 
 
 class NonFiniteInputError(InvalidInputError):

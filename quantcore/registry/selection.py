@@ -10,7 +10,7 @@ from __future__ import annotations
 import warnings
 
 from ..definitions.query import BackendChoice, Query
-from ..errors import InvalidInputError
+from ..errors import InvalidInputError, caller_stacklevel
 from . import measured, table
 from .impl import Impl, reset_backends
 from .priorities import check_names, current_priority, with_reference
@@ -52,7 +52,7 @@ def select(query: Query, backend: BackendChoice = None) -> Impl:
                 f"quantcore.{query.op}: {impl.label} on {query.profile.arch} computes {query.fmt} "
                 f"with changed numerics: {numerics}",
                 NumericsWarning,
-                stacklevel=3,
+                stacklevel=caller_stacklevel(),
             )
     return impl
 

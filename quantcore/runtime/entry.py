@@ -16,6 +16,7 @@ import torch
 
 from ..definitions.op import OpDef, requires_grad
 from ..definitions.schema import BACKEND_ARG
+from ..errors import GENERATED
 from . import dispatch, plans
 from .plans import AT_DEFAULT, NAMESPACE, PLAIN_TENSORS, STATE, UNKEPT, Uncacheable, choice_key, immutable, run
 
@@ -75,8 +76,8 @@ def entry(op: str, tensors: tuple[str, ...], optional: tuple[str, ...], defaults
                  "_run": run, "_choice_key": choice_key, "_Uncacheable": Uncacheable,
                  "_UNKEPT_OR_NEW": (*UNKEPT, KeyError)}
     scope = dict(namespace)
-    exec(f"def key({', '.join((*tensors, *defaults))}, backend):\n    if not ({condition}):\n"
-         f"        raise _Uncacheable\n    return {key}\n", scope)
+    exec(compile(f"def key({', '.join((*tensors, *defaults))}, backend):\n    if not ({condition}):\n"
+         f"        raise _Uncacheable\n    return {key}\n", GENERATED, "exec"), scope)
     return Entry(body, namespace, scope["key"])
 
 
@@ -113,7 +114,7 @@ def generate(op: OpDef, with_gradient: Callable[..., Any] | None = None) -> Func
             if op.differentiable and with_gradient is not None else "")
     functions = []
     for prelude in dict.fromkeys((grad, "")):  # one function where the op asks nothing about gradients
-        exec(f"def {op.name}({', '.join(source)}):\n{prelude}{replay.body}    return _call({arguments})\n", namespace)
+        exec(compile(f"def {op.name}({', '.join(source)}):\n{prelude}{replay.body}    return _call({arguments})\n", GENERATED, "exec"), namespace)
         fn = namespace[op.name]
         fn.__doc__, fn.__annotations__ = op.spec.__doc__, dict(op.spec.__annotations__)
         fn.__module__, fn.__qualname__ = "quantcore.ops", op.name

@@ -17,6 +17,8 @@ from typing import Any, Callable, NamedTuple
 
 import torch
 
+from ..errors import GENERATED
+
 
 def prepared(prepare: Callable[..., Callable[..., Any]]) -> Callable[..., Any]:
     """A launch function of the backend contract made of two stages: `prepare(*tensors, **options)`
@@ -89,7 +91,7 @@ def compose(params: str, outputs: dict[str, Callable[[], Any]], statement: str, 
     the run's parameters and outputs; `run.native()` is then the run's description (`_described`)."""
     namespace.update({f"_new{o}": new for o, new in outputs.items()})
     allocations = "".join(f"    {o} = _new{o}()\n" for o in outputs)
-    exec(f"def run({params}):\n{allocations}{statement}    return {result}\n", namespace)
+    exec(compile(f"def run({params}):\n{allocations}{statement}    return {result}\n", GENERATED, "exec"), namespace)
     run = namespace.pop("run")
     if launches is not None:
         run.native = functools.partial(_described, params, outputs, result, launches)

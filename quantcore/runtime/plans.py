@@ -18,6 +18,7 @@ from typing import Any, Callable, NamedTuple
 import torch
 
 from .. import capability
+from ..errors import GENERATED
 from ..registry import on_reset, priorities, table
 from . import native
 
@@ -93,7 +94,7 @@ NAMESPACE: dict[str, Any] = {
     "_epoch": table.epoch, "_simulation": capability.simulation_context, "_priority": priorities.priority_context,
     "_environ": os.environ, "_SIMULATE_ENV": os.environ.encodekey(capability.SIMULATE_ENV),
     "_PRIORITY_ENV": os.environ.encodekey(priorities.PRIORITY_ENV)}
-exec(f"def state():\n    return {STATE}\n", NAMESPACE)
+exec(compile(f"def state():\n    return {STATE}\n", GENERATED, "exec"), NAMESPACE)
 state: Callable[[], tuple] = NAMESPACE.pop("state")  # the registry's epoch, the simulation and the priority in force
 # The custom ops' native kernels replay kept plans where the contexts are unset, keyed on these variables.
 native.on_load(lambda ext: ext.set_state(capability.simulation_context, priorities.priority_context,
