@@ -3,6 +3,7 @@
 `InvalidInputError` is a `ValueError`: the caller passed something the op cannot accept.
 `UnsupportedError` is a `NotImplementedError`: the input is valid but no (or not the requested)
 implementation can run it here; it carries the reasons of every backend that was considered.
+`MissingDependencyError` is an `ImportError`: an optional package the call needs is not installed.
 """
 
 from __future__ import annotations
@@ -29,3 +30,7 @@ class UnsupportedError(QuantcoreError, NotImplementedError):
 
 class NonFiniteInputError(InvalidInputError):
     """Raised instead of producing non-finite scales when a caller opts in with `check_finite=True`."""
+
+
+class MissingDependencyError(QuantcoreError, ImportError):
+    """An optional package the call needs is not installed; the message says which extra to install."""

@@ -1,17 +1,69 @@
 """Checkpoints against careless and hostile input: config patterns whose matching time is bounded,
-block sizes that must be ints."""
+block sizes that must be ints, shard sets that must be whole and inside their folder, devices that
+must exist, a missing safetensors package named as such."""
 
 from __future__ import annotations
 
+import json
+import os
+import re
+import shutil
+import sys
 import time
 
 import pytest
+import safetensors
+import torch
+from torch import nn
 
 from quantcore import InvalidInputError
-from quantcore.nn import scheme_from_config
+from quantcore.errors import MissingDependencyError
+from quantcore.nn import load_checkpoint, load_fp8_checkpoint, quantize_model, save_checkpoint, scheme_from_config
 from quantcore.nn.schemes import compressed_tensors_matches, transformers_skips
+from quantcore.parallel import read_safetensors
 
+FP8 = torch.float8_e4m3fn
 FP8_CONFIG = {"quant_method": "fp8", "weight_block_size": [128, 128]}
+INDEX = "model.safetensors.index.json"
+
+
+class Small(nn.Module):
+    """Two 128-block linears and a float head: a checkpoint of a few shards in milliseconds."""
+
+    def __init__(self):
+        super().__init__()
+        self.up, self.down, self.lm_head = nn.Linear(256, 128), nn.Linear(128, 256), nn.Linear(256, 32, bias=False)
+
+
+def small(seed=0) -> nn.Module:
+    torch.manual_seed(seed)
+    return quantize_model(Small().bfloat16().requires_grad_(False), dtype=FP8)
+
+
+def meta_small() -> nn.Module:
+    with torch.device("meta"):
+        return Small().bfloat16()
+
+
+def sharded(folder, seed=0):
+    """A checkpoint of several numbered shards and their index."""
+    save_checkpoint(small(seed), folder, max_shard_size="40KB")
+    assert len(set(json.loads((folder / INDEX).read_text())["weight_map"].values())) >= 3
+    return folder
+
+
+def rewrite_index(folder, change):
+    index = json.loads((folder / INDEX).read_text())
+    index["weight_map"] = change(index["weight_map"])
+    (folder / INDEX).write_text(json.dumps(index))
+
+
+def every_loader(folder, **kwargs):
+    """Each public way of reading `folder`, with strict=False where the loader has it."""
+    return [lambda: load_checkpoint(meta_small(), folder, strict=False, **kwargs),
+            lambda: load_checkpoint(None, folder, **kwargs),
+            lambda: load_fp8_checkpoint(small(), folder, strict=False),
+            lambda: read_safetensors(folder, {})]
 
 
 # Patterns from config.json
@@ -73,3 +125,94 @@ def test_weight_block_size_must_be_two_ints(block):
 def test_weight_block_size_as_written_in_the_field():
     for block in ([128, 64], ["128", "64"], "128x64"):
         assert scheme_from_config(FP8_CONFIG | {"weight_block_size": block}).block_size == (128, 64)
+
+
+# Shard files: whole, and inside the folder
+
+
+@pytest.mark.parametrize("with_index", [False, True])
+def test_a_missing_shard_is_named_by_every_loader_even_without_strict(tmp_path, with_index):
+    folder = sharded(tmp_path / "ckpt")
+    gone = sorted(folder.glob("model-*.safetensors"))[1]
+    if with_index:  # an index that leaves the shard out is no better
+        rewrite_index(folder, lambda weight_map: {k: v for k, v in weight_map.items() if v != gone.name})
+    else:
+        (folder / INDEX).unlink()
+    gone.unlink()
+    for load in every_loader(folder):
+        with pytest.raises(InvalidInputError, match=f"is incomplete: .*{gone.name} missing"):
+            load()
+
+
+@pytest.mark.parametrize("shard", ["../other/model.safetensors", "sub/../../other/model.safetensors", "ABSOLUTE", ""])
+def test_an_index_cannot_point_out_of_its_folder(tmp_path, monkeypatch, shard):
+    """Refused before any file is opened: the other folder's tensors would load silently."""
+    other = save_checkpoint(small(seed=1), tmp_path / "other")
+    folder = sharded(tmp_path / "ckpt")
+    shard = str(other / "model.safetensors") if shard == "ABSOLUTE" else shard
+    rewrite_index(folder, lambda weight_map: dict.fromkeys(weight_map, shard))
+    opened = []
+    monkeypatch.setattr(safetensors, "safe_open", lambda *args, **kwargs: opened.append(args))
+    for load in every_loader(folder):
+        with pytest.raises(InvalidInputError, match=f"shard {shard!r} .* is not a file inside the checkpoint folder"):
+            load()
+    assert not opened
+
+
+def test_a_symlink_leading_out_of_the_folder_is_refused(tmp_path):
+    other = save_checkpoint(small(seed=1), tmp_path / "other")
+    folder = save_checkpoint(small(), tmp_path / "ckpt")
+    (folder / "model.safetensors").unlink()
+    (folder / "model.safetensors").symlink_to(other / "model.safetensors")
+    for load in every_loader(folder):
+        with pytest.raises(InvalidInputError, match="'model.safetensors' .* symlink leading out"):
+            load()
+
+
+def test_the_hugging_face_cache_links_snapshots_to_blobs(tmp_path):
+    """snapshots/<revision>/<file> -> ../../blobs/<hash>, as huggingface_hub downloads a model."""
+    saved = sharded(tmp_path / "saved")
+    repo = tmp_path / "hub" / "models--org--small"
+    snapshot, blobs = repo / "snapshots" / "0123abc", repo / "blobs"
+    snapshot.mkdir(parents=True)
+    blobs.mkdir()
+    for i, f in enumerate(sorted(saved.iterdir())):
+        shutil.copy(f, blobs / f"blob{i}")
+        (snapshot / f.name).symlink_to(os.path.join("..", "..", "blobs", f"blob{i}"))
+    state = load_checkpoint(None, snapshot)
+    assert set(state) == set(load_checkpoint(None, saved))
+    assert load_checkpoint(meta_small(), snapshot) == ([], [])
+
+
+@pytest.mark.parametrize("value", [5, None, ["model-00001-of-00003.safetensors"]])
+def test_weight_map_values_must_be_file_names(tmp_path, value):
+    folder = sharded(tmp_path / "ckpt")
+    rewrite_index(folder, lambda weight_map: weight_map | {"up.weight": value})
+    with pytest.raises(InvalidInputError, match=re.escape(f"maps tensor 'up.weight' to {value!r}; weight_map's values")):
+        load_checkpoint(None, folder)
+
+
+# Arguments and the environment
+
+
+@pytest.mark.parametrize("device,match", [
+    ("gpu", "device='gpu' is not a device"),
+    ("meta", "device='meta' holds no data"),
+    pytest.param("cuda", "device='cuda', but torch sees 0 cuda device", marks=pytest.mark.skipif(
+        torch.cuda.is_available(), reason="a GPU is here")),
+    ("cuda:99", "device='cuda:99', but torch sees .* cuda device"),
+])
+def test_a_device_that_is_not_here_is_named(tmp_path, device, match):
+    folder = save_checkpoint(small(), tmp_path / "ckpt")
+    with pytest.raises(InvalidInputError, match=f"load_checkpoint: {match}"):
+        load_checkpoint(meta_small(), folder, device=device)
+
+
+def test_a_missing_safetensors_says_what_to_install(tmp_path, monkeypatch):
+    folder = save_checkpoint(small(), tmp_path / "ckpt")
+    for module in ("safetensors", "safetensors.torch"):
+        monkeypatch.setitem(sys.modules, module, None)  # import raises ModuleNotFoundError
+    for load in every_loader(folder):
+        with pytest.raises(MissingDependencyError, match=r"safetensors package.*pip install 'quantcore\[hf\]'") as err:
+            load()
+        assert isinstance(err.value, ImportError)

@@ -10,16 +10,83 @@ streams shard by shard through it; tensor-parallel layers read their rank's rows
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
+import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 import torch
 
-from ..errors import InvalidInputError
+from ..errors import InvalidInputError, MissingDependencyError
 
 INDEX_FILE = "model.safetensors.index.json"
+# The i-th of N shards as transformers and huggingface_hub name them.
+_NUMBERED = re.compile(r"(.+)-(\d{5})-of-(\d{5})\.safetensors")
+
+
+def safetensors_module(name: str, op: str) -> Any:
+    """`safetensors` or one of its submodules (an optional dependency: the `hf` extra), imported;
+    `MissingDependencyError` saying what to install when it is not there."""
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as err:
+        if not (err.name or "").startswith("safetensors"):
+            raise
+        raise MissingDependencyError(f"{op}: checkpoints are read and written with the safetensors package, which "
+                                     "is not installed: pip install 'quantcore[hf]' (or pip install safetensors)"
+                                     ) from None
+
+
+def _read_device(device: Any, op: str) -> str:
+    """`device` as the string safetensors reads onto; `InvalidInputError` for what is no device or no
+    device here (torch and safetensors would raise an AssertionError or a pin_memory RuntimeError)."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as err:
+        raise InvalidInputError(f"{op}: device={device!r} is not a device ({err}); pass 'cpu', 'cuda' or "
+                                "'cuda:<index>'") from None
+    if dev.type == "cpu":
+        return "cpu"  # safetensors refuses "cpu:0"
+    if dev.type == "meta":
+        raise InvalidInputError(f"{op}: device='meta' holds no data, so nothing can be read onto it; pass device='cpu' "
+                                "or a GPU (a model built on the meta device takes the loaded tensors as they are)")
+    backend = getattr(torch, dev.type, None)
+    available = backend is not None and hasattr(backend, "is_available") and backend.is_available()
+    count = backend.device_count() if available else 0
+    if (dev.index or 0) >= count:
+        raise InvalidInputError(f"{op}: device={device!r}, but torch sees {count} {dev.type} device(s) here; pass "
+                                "device='cpu' or a device this machine has")
+    return str(dev)
+
+
+def _inside(folder: Path, name: str, op: str, source: str) -> Path:
+    """`folder / name`, for a shard name read from `source`; `InvalidInputError` unless the file lies
+    inside `folder`, symlinks followed, so that a checkpoint cannot make its loader read another one."""
+    root = folder.resolve()
+    roots = [root]
+    if root.parent.name == "snapshots":  # the Hugging Face cache: snapshots/<revision>/<file> -> ../../blobs/<hash>
+        roots.append(root.parent.parent / "blobs")
+    rel = Path(name)
+    try:
+        inside = bool(name) and not rel.is_absolute() and ".." not in rel.parts and \
+            any((root / rel).resolve().is_relative_to(r) for r in roots)
+    except (OSError, ValueError, RuntimeError):  # a NUL byte in the name, a symlink loop
+        inside = False
+    if not inside:
+        raise InvalidInputError(f"{op}: shard {name!r} ({source}) is not a file inside the checkpoint folder "
+                                f"{str(folder)!r} (an absolute path, '..' or a symlink leading out); a checkpoint's "
+                                "shards live in its folder: repair the index, or copy the shards in")
+    return folder / rel
+
+
+def _missing_shards(files: Iterable[Path]) -> list[str]:
+    """The files of each numbered series (`model-00002-of-00003.safetensors`) among `files` that are not there."""
+    series = {(f.parent, m.group(1), int(m.group(3))) for f in files if (m := _NUMBERED.fullmatch(f.name))}
+    expected = {folder / f"{stem}-{i:05d}-of-{total:05d}.safetensors" for folder, stem, total in series
+                for i in range(1, total + 1)}
+    return sorted(str(f) for f in expected if not f.is_file())
 
 
 def read_json(path: Path, op: str) -> dict:
@@ -39,12 +106,18 @@ class SafetensorsFiles:
     `model.safetensors.index.json` (its `weight_map` names each tensor's shard) or else `*.safetensors`
     files. `device`: where reads land ("cpu", "cuda:0", ...). `op`: the name errors start with (the
     public function reading through it). Use as a context manager, or call `close()`, to release the
-    open shard."""
+    open shard.
+
+    A folder is checked before any shard is opened, raising `InvalidInputError`: every shard must be
+    a file inside it (no absolute path, no '..', no symlink leading out, except the Hugging Face
+    cache's links from snapshots/ into blobs/), and a numbered series (`model-00001-of-00003...`)
+    must be whole, with or without an index."""
 
     def __init__(self, path: str | os.PathLike, device: torch.device | str = "cpu", *, op: str = "SafetensorsFiles"):
         self.path = Path(path)
         self.op = op
-        self.device = str(torch.device(device))
+        self.device = _read_device(device, op)
+        self._safetensors = safetensors_module("safetensors", op)
         self._open: tuple[Path, Any] | None = None
         self._shard: dict[str, Path] = {}
         index = self.path / INDEX_FILE
@@ -53,15 +126,25 @@ class SafetensorsFiles:
             if not isinstance(weight_map, dict) or not weight_map:
                 raise InvalidInputError(f"{self.op}: {index} has no weight_map {{tensor name: shard file}}; rewrite the "
                                         "index or remove it to read every *.safetensors file of the folder")
-            self._shard = {name: self.path / shard for name, shard in weight_map.items()}
-            absent = sorted({str(f) for f in self._shard.values() if not f.is_file()})
+            odd = next(((name, shard) for name, shard in weight_map.items() if not isinstance(shard, str)), None)
+            if odd is not None:
+                raise InvalidInputError(f"{self.op}: {index} maps tensor {odd[0]!r} to {odd[1]!r}; weight_map's "
+                                        "values are shard file names (strings): repair the index")
+            files = {shard: _inside(self.path, shard, op, f"named in {index}") for shard in set(weight_map.values())}
+            self._shard = {name: files[shard] for name, shard in weight_map.items()}
+            absent = sorted({str(f) for f in files.values() if not f.is_file()})
             if absent:
                 raise InvalidInputError(f"{self.op}: {index} names shard(s) that do not exist: {', '.join(absent[:5])}")
+            self._check_whole(files.values())
         else:
             files = sorted(self.path.glob("*.safetensors")) if self.path.is_dir() else [self.path]
             if not files or not all(f.is_file() for f in files):
                 raise InvalidInputError(f"{self.op}: no safetensors file at {str(self.path)!r}; pass a .safetensors "
                                         "file or a folder holding them (with or without model.safetensors.index.json)")
+            if self.path.is_dir():
+                for f in files:
+                    _inside(self.path, f.name, op, "a link in the folder")
+                self._check_whole(files)
             for f in files:
                 for name in self._handle(f).keys():
                     if name in self._shard:
@@ -117,13 +200,21 @@ class SafetensorsFiles:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def _check_whole(self, files: Iterable[Path]) -> None:
+        # Also with strict=False: that is about the model's keys, and a partial set of shards would load
+        # silently as a model whose missing weights keep their initial values.
+        missing = _missing_shards(files)
+        if missing:
+            raise InvalidInputError(f"{self.op}: the checkpoint at {str(self.path)!r} is incomplete: "
+                                    f"{', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''} missing "
+                                    f"({len(missing)} file(s) of a numbered series); copy or download the missing "
+                                    "shards")
+
     def _handle(self, f: Path) -> Any:
         if self._open is None or self._open[0] != f:
-            from safetensors import SafetensorError, safe_open  # optional dependency: the `hf` extra
-
             try:
-                self._open = (f, safe_open(str(f), framework="pt", device=self.device))
-            except SafetensorError as err:  # a truncated or corrupt file
+                self._open = (f, self._safetensors.safe_open(str(f), framework="pt", device=self.device))
+            except self._safetensors.SafetensorError as err:  # a truncated or corrupt file
                 raise InvalidInputError(f"{self.op}: cannot read {f} as safetensors ({err}); the file is damaged or "
                                         "not a safetensors file") from None
         return self._open[1]
