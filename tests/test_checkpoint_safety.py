@@ -13,6 +13,7 @@ import time
 
 import pytest
 import safetensors
+import safetensors.torch
 import torch
 from torch import nn
 
@@ -20,7 +21,7 @@ from quantcore import InvalidInputError
 from quantcore.errors import MissingDependencyError
 from quantcore.nn import load_checkpoint, load_fp8_checkpoint, quantize_model, save_checkpoint, scheme_from_config
 from quantcore.nn.schemes import compressed_tensors_matches, transformers_skips
-from quantcore.parallel import read_safetensors
+from quantcore.parallel import load_tp_checkpoint, read_safetensors, shard_model
 
 FP8 = torch.float8_e4m3fn
 FP8_CONFIG = {"quant_method": "fp8", "weight_block_size": [128, 128]}
@@ -188,8 +189,44 @@ def test_the_hugging_face_cache_links_snapshots_to_blobs(tmp_path):
 def test_weight_map_values_must_be_file_names(tmp_path, value):
     folder = sharded(tmp_path / "ckpt")
     rewrite_index(folder, lambda weight_map: weight_map | {"up.weight": value})
-    with pytest.raises(InvalidInputError, match=re.escape(f"maps tensor 'up.weight' to {value!r}; weight_map's values")):
+    with pytest.raises(InvalidInputError, match=re.escape(f"maps tensor 'up.weight' to {value!r}; weight_map's")):
         load_checkpoint(None, folder)
+
+
+# Block scales
+
+
+@pytest.mark.parametrize("bad", [float("nan"), 0.0, -0.5, float("inf")])
+def test_a_scale_that_is_not_finite_and_positive_is_named(tmp_path, bad):
+    model = small()
+    with torch.no_grad():
+        model.down.weight_scale_inv[1, 0] = bad
+    folder = save_checkpoint(model, tmp_path / "ckpt")
+    match = (r"block scale down\.weight_scale_inv holds 1 value\(s\) that are not finite and > 0 "
+             rf"\(first: {bad} at \(1, 0\)\)")
+    for load in [*every_loader(folder)[:3], lambda: load_tp_checkpoint(shard_model(small(seed=1)), folder)]:
+        with pytest.raises(InvalidInputError, match=match):
+            load()
+    # check_scales=False loads the file as it is.
+    again = meta_small()
+    load_checkpoint(again, folder, check_scales=False)
+    assert again.down.weight_scale_inv[1, 0].item() == pytest.approx(bad, nan_ok=True)
+    assert load_checkpoint(None, folder, check_scales=False)["down.weight_scale_inv"][1, 0].isnan() == (bad != bad)
+    load_fp8_checkpoint(small(seed=1), folder, check_scales=False)
+    load_tp_checkpoint(shard_model(small(seed=1)), folder, check_scales=False)
+
+
+def test_the_ue8m0_nan_byte_is_refused(tmp_path):
+    """float8_e8m0fnu holds powers of two (never <= 0), but its byte 0xFF is NaN."""
+    model = quantize_model(Small().bfloat16().requires_grad_(False), dtype=FP8, scale_fmt="ue8m0")
+    folder = save_checkpoint(model, tmp_path / "ckpt", scale_dtype=torch.float8_e8m0fnu)
+    path = folder / "model.safetensors"
+    with safetensors.safe_open(str(path), "pt") as f:
+        state = {k: f.get_tensor(k) for k in f.keys()}
+    state["up.weight_scale_inv"].view(torch.uint8)[0, 1] = 0xFF
+    safetensors.torch.save_file(state, str(path))
+    with pytest.raises(InvalidInputError, match=r"scale up\.weight_scale_inv holds 1 .*\(first: nan at \(0, 1\)\)"):
+        load_checkpoint(meta_small(), folder)
 
 
 # Arguments and the environment

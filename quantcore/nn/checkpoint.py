@@ -66,6 +66,27 @@ def scale_to_fp32(t: torch.Tensor, key: str = "scale") -> torch.Tensor:
     return t.to(torch.float32)
 
 
+def verify_scales(state: Mapping[str, Any], op: str) -> None:
+    """Raise `InvalidInputError` naming the first block scale of `state` (a `weight_scale_inv` or
+    `weight_scale` tensor) that holds a value that is not finite and > 0."""
+    for name, t in state.items():
+        if _split(name)[1] in _SCALE_LEAVES and isinstance(t, torch.Tensor):
+            _verify_scale(name, t, op)
+
+
+def _verify_scale(name: str, t: torch.Tensor, op: str) -> None:
+    # A dequantization multiplier that is 0, negative, infinite or NaN zeroes, flips or poisons its whole
+    # block: no quantizer writes one, so the file is damaged or hostile. ue8m0's NaN byte 0xFF reads as NaN.
+    values = t if t.dtype == torch.float32 else t.float()
+    bad = ~((values > 0) & (values < math.inf))
+    if bad.any():
+        at = tuple(bad.nonzero()[0].tolist())
+        raise InvalidInputError(f"{op}: block scale {name} holds {int(bad.sum())} value(s) that are not finite and > 0 "
+                                f"(first: {values[at].item()} at {at}); a dequantization multiplier is a positive "
+                                "finite number, so the checkpoint is damaged or was written wrong: re-download or "
+                                "re-convert it, or pass check_scales=False to load it as it is")
+
+
 def quantized_layers(files: SafetensorsFiles, scheme: Scheme) -> dict[str, tuple[LayerFormat, str]]:
     """{layer name: (its format, the name its scale is stored under)} for every `<layer>.weight` the
     checkpoint stores with a block scale (`weight_scale_inv` or `weight_scale`), checked against the
@@ -99,13 +120,18 @@ def quantized_layers(files: SafetensorsFiles, scheme: Scheme) -> dict[str, tuple
     return layers
 
 
-def _normalized(files: SafetensorsFiles, name: str, layers: Mapping[str, tuple[LayerFormat, str]]):
-    """(name, tensor) as `QuantLinear` keeps it: scales renamed `weight_scale_inv` and made fp32."""
+def _normalized(files: SafetensorsFiles, name: str, layers: Mapping[str, tuple[LayerFormat, str]],
+                check_scales: bool):
+    """(name, tensor) as `QuantLinear` keeps it: scales renamed `weight_scale_inv`, made fp32 and, with
+    `check_scales`, checked to be finite and > 0."""
     t = files.get(name)
     prefix, leaf = _split(name)
     layer = layers.get(prefix)
     if layer is not None and name == layer[1]:
-        return _join(prefix, "weight_scale_inv"), scale_to_fp32(t, name)
+        t = scale_to_fp32(t, name)
+        if check_scales:
+            _verify_scale(name, t, "load_checkpoint")
+        return _join(prefix, "weight_scale_inv"), t
     if layer is not None and leaf == "weight":
         if t.dtype != torch.float8_e4m3fn:
             raise InvalidInputError(f"load_checkpoint: {name} has a block scale but dtype {dtype_name(t.dtype)}; "
@@ -158,7 +184,7 @@ def _few(keys: list[str]) -> str:
 
 
 def load_checkpoint(model: nn.Module | None, folder: str | os.PathLike, *, device: torch.device | str = "cpu",
-                    strict: bool = True, assign: bool | None = None):
+                    strict: bool = True, assign: bool | None = None, check_scales: bool = True):
     """Load a block-FP8 Hugging Face checkpoint folder into `model`, or read it as a state dict.
 
     folder: `config.json` whose `quantization_config` is `quant_method: "fp8"` (DeepSeek-V3,
@@ -175,7 +201,11 @@ def load_checkpoint(model: nn.Module | None, folder: str | os.PathLike, *, devic
     block_size and scale_fmt. Shards are read one at a time onto `device` and loaded (a layer's weight
     and scale together); `assign` (None: True when the model has meta tensors, e.g. built under
     `with torch.device("meta"):`) takes the checkpoint's tensors as the parameters instead of
-    copying. strict: raise `InvalidInputError` listing keys the model and checkpoint do not share.
+    copying. strict: raise `InvalidInputError` listing keys the model and checkpoint do not share
+    (about keys only: missing shard files, shards outside the folder or a numbered series with a gap
+    always raise). check_scales: raise `InvalidInputError` naming a block scale that holds a value
+    that is not finite and > 0 (NaN, ±inf, 0, negative; ue8m0's NaN byte 0xFF); False skips that pass
+    over the scales. device: "cpu" or a device this machine has (`InvalidInputError` otherwise).
     Returns `LoadedKeys(missing_keys, unexpected_keys)`.
 
     model None: returns the checkpoint as a state dict {name: tensor} in QuantLinear's names and
@@ -187,7 +217,7 @@ def load_checkpoint(model: nn.Module | None, folder: str | os.PathLike, *, devic
     with SafetensorsFiles(folder, device=device, op="load_checkpoint") as files:
         layers = quantized_layers(files, scheme)
         if model is None:
-            return dict(_normalized(files, name, layers) for name in files.names())
+            return dict(_normalized(files, name, layers, check_scales) for name in files.names())
         _prepare(model, layers)
         if assign is None:
             assign = any(t.is_meta for t in itertools.chain(model.parameters(), model.buffers()))
@@ -209,7 +239,7 @@ def load_checkpoint(model: nn.Module | None, folder: str | os.PathLike, *, devic
             loaded.update(set(chunk) - set(result.unexpected_keys))
 
         for _, names in files.shards():
-            pending.update(_normalized(files, name, layers) for name in names)
+            pending.update(_normalized(files, name, layers, check_scales) for name in names)
             flush(final=False)
         flush(final=True)
     missing = [k for k in expected if k not in loaded]
@@ -401,14 +431,15 @@ def save_checkpoint(model: nn.Module, folder: str | os.PathLike, *, format: str 
 
 
 def load_fp8_checkpoint(model: nn.Module, checkpoint: str | os.PathLike | Mapping[str, torch.Tensor], *,
-                        strict: bool = True):
+                        strict: bool = True, check_scales: bool = True):
     """Load DeepSeek-V3 / Hugging Face FP8 tensors into `model` (converted with `quantize_model`), with no config.
 
     checkpoint: a `.safetensors` file, a directory of them (following `model.safetensors.index.json`
     when present), or a state dict. Quantized layers read `<name>.weight` (e4m3, [N, K]) and
     `<name>.weight_scale_inv` (fp32, [ceil(N/Bn), ceil(K/Bk)]); other tensors load as usual. Returns
     `load_state_dict`'s (missing_keys, unexpected_keys). Raises `InvalidInputError` naming the key when a
-    quantized tensor has the wrong dtype or shape. For a folder with a config.json, `load_checkpoint`
+    quantized tensor has the wrong dtype or shape, and, with `check_scales` (the default), when a block
+    scale holds a value that is not finite and > 0. For a folder with a config.json, `load_checkpoint`
     also reads the config, converts the linears and streams the shards.
     """
     if isinstance(checkpoint, Mapping):
@@ -419,4 +450,6 @@ def load_fp8_checkpoint(model: nn.Module, checkpoint: str | os.PathLike | Mappin
     else:
         with SafetensorsFiles(checkpoint, op="load_fp8_checkpoint") as files:
             state = {name: files.get(name) for name in files.names()}
+    if check_scales:
+        verify_scales(state, "load_fp8_checkpoint")
     return model.load_state_dict(state, strict=strict)
