@@ -1,13 +1,18 @@
-"""Checkpoints against careless and hostile input: config patterns whose matching time is bounded,
-block sizes that must be ints, shard sets that must be whole and inside their folder, devices that
-must exist, a missing safetensors package named as such."""
+"""Checkpoints against careless and hostile input, and saves that cannot be half done: a save killed,
+interrupted or out of disk leaves the folder as it was and a retry succeeds, a folder's files are
+replaced only with overwrite=True; config patterns whose matching time is bounded, block sizes that
+must be ints, shard sets that must be whole and inside their folder, block scales that must be
+finite and > 0, devices that must exist, a missing safetensors package named as such."""
 
 from __future__ import annotations
 
+import errno
 import json
+import multiprocessing
 import os
 import re
 import shutil
+import signal
 import sys
 import time
 
@@ -18,7 +23,7 @@ import torch
 from torch import nn
 
 from quantcore import InvalidInputError
-from quantcore.errors import MissingDependencyError
+from quantcore.errors import CheckpointWriteError, MissingDependencyError
 from quantcore.nn import load_checkpoint, load_fp8_checkpoint, quantize_model, save_checkpoint, scheme_from_config
 from quantcore.nn.schemes import compressed_tensors_matches, transformers_skips
 from quantcore.parallel import load_tp_checkpoint, read_safetensors, shard_model
@@ -65,6 +70,154 @@ def every_loader(folder, **kwargs):
             lambda: load_checkpoint(None, folder, **kwargs),
             lambda: load_fp8_checkpoint(small(), folder, strict=False),
             lambda: read_safetensors(folder, {})]
+
+
+def listing(folder):
+    """{file name: bytes} of a folder's files."""
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+
+def no_staging_left(folder):
+    return not [p for p in folder.parent.iterdir() if p.name.startswith(f".{folder.name}.tmp-")]
+
+
+def user_folder(tmp_path):
+    """A folder a user keeps a float model in: config.json and pytorch_model.bin."""
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text('{"model_type": "small"}')
+    (folder / "pytorch_model.bin").write_bytes(b"float weights")
+    return folder
+
+
+# Saving: atomic, never clobbering
+
+
+@pytest.mark.parametrize("only_config", [False, True])
+def test_a_folder_with_a_config_is_refused_untouched_and_overwrite_replaces_only_the_checkpoint(tmp_path, only_config):
+    folder = user_folder(tmp_path)
+    if only_config:
+        (folder / "pytorch_model.bin").unlink()
+    before = listing(folder)
+    with pytest.raises(InvalidInputError, match=r"already holds a checkpoint's files \(config\.json\), which this "
+                                                r"save would replace; pass overwrite=True"):
+        save_checkpoint(small(), folder)
+    assert listing(folder) == before and no_staging_left(folder)
+    save_checkpoint(small(), folder, overwrite=True)
+    after = listing(folder)
+    assert sorted(after) == sorted([*before, "model.safetensors"])
+    assert after.get("pytorch_model.bin") == before.get("pytorch_model.bin")
+    assert "quantization_config" in json.loads(after["config.json"])
+    assert load_checkpoint(meta_small(), folder) == ([], []) and no_staging_left(folder)
+
+
+def test_overwrite_replaces_a_sharded_checkpoint_with_a_single_file(tmp_path):
+    """The old index and shards go: a loader would otherwise follow the old index or read both sets."""
+    folder = sharded(tmp_path / "ckpt", seed=1)
+    (folder / "tokenizer.json").write_text("{}")
+    with pytest.raises(InvalidInputError, match=r"\(config\.json, model\.safetensors\.index\.json, model-00001"):
+        save_checkpoint(small(), folder)
+    save_checkpoint(small(), folder, overwrite=True)
+    assert sorted(p.name for p in folder.iterdir()) == ["config.json", "model.safetensors", "tokenizer.json"]
+    loaded = load_checkpoint(None, folder)["up.weight"]
+    assert torch.equal(loaded.view(torch.uint8), small().up.weight.view(torch.uint8))
+
+
+def test_a_foreign_safetensors_file_is_refused_even_with_overwrite(tmp_path):
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    safetensors.torch.save_file({"lora": torch.ones(2)}, str(folder / "adapter_model.safetensors"))
+    for overwrite in (False, True):
+        with pytest.raises(InvalidInputError, match="holds adapter_model.safetensors, which no quantcore checkpoint"):
+            save_checkpoint(small(), folder, overwrite=overwrite)
+    assert sorted(p.name for p in folder.iterdir()) == ["adapter_model.safetensors"]
+
+
+def test_a_folder_of_other_files_takes_the_checkpoint_beside_them(tmp_path):
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    (folder / "tokenizer.json").write_text("{}")
+    save_checkpoint(small(), folder, max_shard_size="40KB")
+    assert (folder / "tokenizer.json").read_text() == "{}" and load_checkpoint(meta_small(), folder) == ([], [])
+
+
+def failing_writer(monkeypatch, error, after=1):
+    """safetensors' save_file writing `after` shards, then starting the next one and raising `error`."""
+    real, calls = safetensors.torch.save_file, []
+
+    def save_file(tensors, path, metadata=None):
+        calls.append(path)
+        if len(calls) > after:
+            with open(path, "wb") as f:
+                f.write(b"\0" * 4096)  # a partly written shard
+            raise error
+        real(tensors, path, metadata=metadata)
+
+    monkeypatch.setattr(safetensors.torch, "save_file", save_file)
+    return calls
+
+
+@pytest.mark.parametrize("existing", [False, True])
+def test_a_full_disk_leaves_the_folder_as_it_was(tmp_path, monkeypatch, existing):
+    folder = user_folder(tmp_path) if existing else tmp_path / "new"
+    before = listing(folder) if existing else None
+    calls = failing_writer(monkeypatch, OSError(errno.ENOSPC, "No space left on device"))
+    match = (rf"save_checkpoint: could not write into '{re.escape(str(folder))}': the disk is full .*; it is as it "
+             r"was, and nothing was left behind; free 0\.1 MB or more there and try again")
+    with pytest.raises(CheckpointWriteError, match=match) as err:
+        save_checkpoint(small(), folder, max_shard_size="40KB", overwrite=True)
+    assert isinstance(err.value, OSError) and err.value.errno == errno.ENOSPC and len(calls) == 2
+    assert (listing(folder) == before) if existing else not folder.exists()
+    assert no_staging_left(folder)
+    monkeypatch.undo()
+    save_checkpoint(small(), folder, overwrite=True)
+    assert load_checkpoint(meta_small(), folder) == ([], [])
+
+
+def test_an_interrupted_save_cleans_up(tmp_path, monkeypatch):
+    folder = tmp_path / "ckpt"
+    failing_writer(monkeypatch, KeyboardInterrupt())
+    with pytest.raises(KeyboardInterrupt):
+        save_checkpoint(small(), folder, max_shard_size="40KB")
+    assert not folder.exists() and no_staging_left(folder)
+
+
+def blocked_save(model, folder, written):
+    """A save, in a forked child, that stops for good after its first shard (until it is killed)."""
+    torch.set_num_threads(1)  # a thread pool the parent used does not survive the fork
+    real = safetensors.torch.save_file
+
+    def save_file(tensors, path, metadata=None):
+        real(tensors, path, metadata=metadata)
+        written.set()
+        time.sleep(60)
+
+    safetensors.torch.save_file = save_file
+    save_checkpoint(model, folder, max_shard_size="40KB", overwrite=True)
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="forks a child to kill it")
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+def test_a_killed_save_leaves_the_folder_as_it_was_and_a_retry_succeeds(tmp_path, sig):
+    folder = user_folder(tmp_path)
+    before = listing(folder)
+    fork = multiprocessing.get_context("fork")
+    written = fork.Event()
+    child = fork.Process(target=blocked_save, args=(small(), folder, written))
+    child.start()
+    try:
+        assert written.wait(timeout=10), "the child wrote no shard"
+        assert listing(folder) == before
+    finally:
+        os.kill(child.pid, sig)
+        child.join(timeout=10)
+    assert child.exitcode == -sig
+    assert listing(folder) == before
+    if sig == signal.SIGKILL:  # no cleanup could run: the half-written staging folder is still there
+        assert not no_staging_left(folder)
+    save_checkpoint(small(), folder, max_shard_size="40KB", overwrite=True)  # and the retry removes it
+    assert no_staging_left(folder) and load_checkpoint(meta_small(), folder) == ([], [])
+    assert (folder / "pytorch_model.bin").read_bytes() == before["pytorch_model.bin"]
 
 
 # Patterns from config.json
@@ -249,7 +402,7 @@ def test_a_missing_safetensors_says_what_to_install(tmp_path, monkeypatch):
     folder = save_checkpoint(small(), tmp_path / "ckpt")
     for module in ("safetensors", "safetensors.torch"):
         monkeypatch.setitem(sys.modules, module, None)  # import raises ModuleNotFoundError
-    for load in every_loader(folder):
+    for load in [*every_loader(folder), lambda: save_checkpoint(small(), tmp_path / "again")]:
         with pytest.raises(MissingDependencyError, match=r"safetensors package.*pip install 'quantcore\[hf\]'") as err:
             load()
         assert isinstance(err.value, ImportError)

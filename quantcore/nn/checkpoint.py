@@ -11,6 +11,7 @@ one back in either flavour. `quantize_from_config` quantizes a float model the w
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import math
@@ -24,7 +25,7 @@ from torch import nn
 
 from ..errors import InvalidInputError
 from ..formats import dtype_name
-from .files import INDEX_FILE, SafetensorsFiles
+from .files import INDEX_FILE, NUMBERED_SHARD, SafetensorsFiles, safetensors_module, write_folder
 from .layers import QUANT_PARAMS, QuantLinear, frozen, replace_linears
 from .schemes import (CONFIG_FILE, CompressedTensorsScheme, Fp8Scheme, LayerFormat, Scheme, read_scheme,
                       scheme_from_config)
@@ -364,9 +365,36 @@ def _tensors(model: nn.Module, scheme: Scheme, quant: Mapping[str, QuantLinear],
     return out
 
 
+def _shards(tensors: list[tuple[str, torch.Tensor]], limit: int) -> list[list[tuple[str, torch.Tensor]]]:
+    """`tensors` in order, cut into shards of at most `limit` bytes (one tensor larger than that alone)."""
+    shards: list[list[tuple[str, torch.Tensor]]] = [[]]
+    size = 0
+    for name, t in tensors:
+        nbytes = t.numel() * t.element_size()
+        if shards[-1] and size + nbytes > limit:
+            shards.append([])
+            size = 0
+        shards[-1].append((name, t))
+        size += nbytes
+    return shards
+
+
+def _old_checkpoint(folder: Path) -> tuple[list[str], list[str]]:
+    """The files of `folder` a checkpoint save replaces (config.json first, then the index and the
+    shards as transformers names them), and its other safetensors files, which loaders would read
+    with the new shards."""
+    if not folder.is_dir():
+        return [], []
+    names = {p.name for p in folder.iterdir()}
+    ours = [n for n in (CONFIG_FILE, INDEX_FILE) if n in names] + \
+        sorted(n for n in names if n == "model.safetensors" or NUMBERED_SHARD.fullmatch(n))
+    return ours, sorted(n for n in names if n.endswith(".safetensors") and n not in ours)
+
+
 def save_checkpoint(model: nn.Module, folder: str | os.PathLike, *, format: str = "fp8",
                     config: Mapping[str, Any] | None = None, max_shard_size: int | str = "5GB",
-                    scale_dtype: torch.dtype = torch.float32, allow_partial_blocks: bool = False) -> Path:
+                    scale_dtype: torch.dtype = torch.float32, allow_partial_blocks: bool = False,
+                    overwrite: bool = False) -> Path:
     """Write `model` as a Hugging Face checkpoint folder that transformers and vLLM load; returns the folder.
 
     model: its QuantLinears (FP8 e4m3, one block size and scale format for all) are written as
@@ -375,14 +403,24 @@ def save_checkpoint(model: nn.Module, folder: str | os.PathLike, *, format: str 
     (FP8_BLOCK-style group, dynamic 1×Bk activation groups) — every other tensor of its state dict
     as it is. Its remaining `nn.Linear`s are listed as kept in float (`modules_to_not_convert` and
     `ignored_layers`, or `ignore`). A tensor shared by several names is written once.
-    folder: new or empty of checkpoints; gets `config.json` (`config`, default `model.config.to_dict()`
-    when the model has one, else {}, with its `quantization_config` set), safetensors shards of at
-    most `max_shard_size` (bytes, or "5GB", "500MiB"; one tensor larger than that gets a shard of its
-    own) named as transformers names them, and `model.safetensors.index.json` when there are several.
+    folder: gets `config.json` (`config`, default `model.config.to_dict()` when the model has one,
+    else {}, with its `quantization_config` set), safetensors shards of at most `max_shard_size`
+    (bytes, or "5GB", "500MiB"; one tensor larger than that gets a shard of its own) named as
+    transformers names them, and `model.safetensors.index.json` when there are several.
     scale_dtype: torch.float32, or torch.float8_e8m0fnu when every scale is a power of two
     (scale_fmt="ue8m0"). allow_partial_blocks: transformers and vLLM refuse weights that are not a
     whole number of blocks, so such layers raise `InvalidInputError`, naming them, before anything is
     written; True writes them anyway (quantcore reads them).
+
+    The files are written beside `folder` and synced first (`quantcore.nn.files.write_folder`): a new
+    or empty folder gets them all with one rename, so a save that is killed, interrupted or runs out
+    of disk leaves it as it was; `CheckpointWriteError` (an `OSError`) names the folder when the disk
+    is full. A folder holding config.json, the index or model shards is refused with
+    `InvalidInputError`, touching nothing, unless `overwrite=True`: then those files are replaced
+    (config.json removed first and written last, so a save killed meanwhile leaves no loadable mix
+    of old and new) and the folder's other files, such as a tokenizer, are kept. Any other
+    *.safetensors file in the folder is refused either way, since loaders would read it with the
+    new shards.
     """
     if not isinstance(model, nn.Module):
         raise InvalidInputError(f"save_checkpoint: expected an nn.Module, got {type(model).__name__}")
@@ -400,34 +438,37 @@ def save_checkpoint(model: nn.Module, folder: str | os.PathLike, *, format: str 
     folder = Path(folder)
     if folder.exists() and not folder.is_dir():
         raise InvalidInputError(f"save_checkpoint: {str(folder)!r} is a file; a checkpoint is written into a folder")
-    if folder.is_dir() and (any(folder.glob("*.safetensors")) or (folder / INDEX_FILE).exists()):
-        raise InvalidInputError(f"save_checkpoint: {str(folder)!r} already holds a checkpoint; write to a new or empty "
-                                "folder (its old shards would be read with the new ones)")
+    old, foreign = _old_checkpoint(folder)
+    if foreign:
+        raise InvalidInputError(f"save_checkpoint: {str(folder)!r} holds {_few(foreign)}, which no quantcore "
+                                "checkpoint writes and which loaders would read with the new shards; move them out "
+                                "or save into a new or empty folder")
+    if old and not overwrite:
+        raise InvalidInputError(f"save_checkpoint: {str(folder)!r} already holds a checkpoint's files ({_few(old)}), "
+                                "which this save would replace; pass overwrite=True to replace them (the folder's "
+                                "other files are kept), or save into a new or empty folder")
+    save_file = safetensors_module("safetensors.torch", "save_checkpoint").save_file
     tensors = _tensors(model, scheme, quant, scale_dtype)
-    shards: list[list[tuple[str, torch.Tensor]]] = [[]]
-    size = 0
-    for name, t in tensors:
-        nbytes = t.numel() * t.element_size()
-        if shards[-1] and size + nbytes > limit:
-            shards.append([])
-            size = 0
-        shards[-1].append((name, t))
-        size += nbytes
-
-    from safetensors.torch import save_file  # optional dependency: the `hf` extra
-
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    shards = _shards(tensors, limit)
     files = ["model.safetensors"] if len(shards) == 1 else \
         [f"model-{i:05d}-of-{len(shards):05d}.safetensors" for i in range(1, len(shards) + 1)]
-    for file, shard in zip(files, shards):
-        save_file({name: t.detach().to("cpu").contiguous() for name, t in shard}, str(folder / file),
-                  metadata={"format": "pt"})
+    size = sum(t.numel() * t.element_size() for _, t in tensors)
+    writers = {file: functools.partial(_write_shard, save_file, shard) for file, shard in zip(files, shards)}
     if len(shards) > 1:
-        index = {"metadata": {"total_size": sum(t.numel() * t.element_size() for _, t in tensors)},
+        index = {"metadata": {"total_size": size},
                  "weight_map": {name: file for file, shard in zip(files, shards) for name, _ in shard}}
-        (folder / INDEX_FILE).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
+        writers[INDEX_FILE] = functools.partial(_write_json, index)
+    writers[CONFIG_FILE] = functools.partial(_write_json, config)  # last: the file loaders start from
+    write_folder(folder, writers, stale=old, op="save_checkpoint", size=size)
     return folder
+
+
+def _write_shard(save_file: Any, shard: list[tuple[str, torch.Tensor]], path: Path) -> None:
+    save_file({name: t.detach().to("cpu").contiguous() for name, t in shard}, str(path), metadata={"format": "pt"})
+
+
+def _write_json(value: Any, path: Path) -> None:
+    path.write_text(json.dumps(value, indent=2, sort_keys=True) + "\n")
 
 
 def load_fp8_checkpoint(model: nn.Module, checkpoint: str | os.PathLike | Mapping[str, torch.Tensor], *,

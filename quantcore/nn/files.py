@@ -1,29 +1,36 @@
-"""`SafetensorsFiles`: the tensors of a safetensors checkpoint (a file, or a folder of shards) by name.
+"""`SafetensorsFiles`: the tensors of a safetensors checkpoint (a file, or a folder of shards) by name;
+`write_folder`: a folder's files written all at once or not at all.
 
-The file-level half of checkpoint loading, with no notion of quantization: which shard holds a
-tensor (from `model.safetensors.index.json` when the folder has one), and reading a tensor, or only a
-slice of it, with `safetensors.safe_open`. Files are memory-mapped: a read copies just the requested
-bytes onto the target device, and at most one shard is open at a time. `quantcore.nn.load_checkpoint`
-streams shard by shard through it; tensor-parallel layers read their rank's rows or columns with
-`get(name, index)`.
+The file-level half of checkpoints, with no notion of quantization: which shard holds a tensor (from
+`model.safetensors.index.json` when the folder has one), and reading a tensor, or only a slice of it,
+with `safetensors.safe_open`. Files are memory-mapped: a read copies just the requested bytes onto
+the target device, and at most one shard is open at a time. `quantcore.nn.load_checkpoint` streams
+shard by shard through it; tensor-parallel layers read their rank's rows or columns with
+`get(name, index)`. `quantcore.nn.save_checkpoint` writes through `write_folder`.
 """
 
 from __future__ import annotations
 
+import errno
+import glob
+import hashlib
 import importlib
 import json
 import os
 import re
+import secrets
+import shutil
+import socket
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import torch
 
-from ..errors import InvalidInputError, MissingDependencyError
+from ..errors import CheckpointWriteError, InvalidInputError, MissingDependencyError
 
 INDEX_FILE = "model.safetensors.index.json"
 # The i-th of N shards as transformers and huggingface_hub name them.
-_NUMBERED = re.compile(r"(.+)-(\d{5})-of-(\d{5})\.safetensors")
+NUMBERED_SHARD = re.compile(r"(.+)-(\d{5})-of-(\d{5})\.safetensors")
 
 
 def safetensors_module(name: str, op: str) -> Any:
@@ -83,7 +90,7 @@ def _inside(folder: Path, name: str, op: str, source: str) -> Path:
 
 def _missing_shards(files: Iterable[Path]) -> list[str]:
     """The files of each numbered series (`model-00002-of-00003.safetensors`) among `files` that are not there."""
-    series = {(f.parent, m.group(1), int(m.group(3))) for f in files if (m := _NUMBERED.fullmatch(f.name))}
+    series = {(f.parent, m.group(1), int(m.group(3))) for f in files if (m := NUMBERED_SHARD.fullmatch(f.name))}
     expected = {folder / f"{stem}-{i:05d}-of-{total:05d}.safetensors" for folder, stem, total in series
                 for i in range(1, total + 1)}
     return sorted(str(f) for f in expected if not f.is_file())
@@ -218,3 +225,117 @@ class SafetensorsFiles:
                 raise InvalidInputError(f"{self.op}: cannot read {f} as safetensors ({err}); the file is damaged or "
                                         "not a safetensors file") from None
         return self._open[1]
+
+
+def write_folder(folder: str | os.PathLike, writers: Mapping[str, Callable[[Path], None]], *,
+                 stale: Sequence[str] = (), op: str = "write_folder", size: int = 0) -> None:
+    """Write files into `folder` so that a crash, a kill or a full disk never leaves part of them.
+
+    writers: {file name: a function writing that file at the path it is given}, called in order into
+    a fresh sibling folder (`.<name>.tmp-<host>-<pid>-<random>`, on the same file system; inside
+    `folder` when that is a mount point), each file and then the folder synced to disk. When `folder`
+    does not exist or is empty, one rename then puts the whole set in place. Otherwise the `stale`
+    files of `folder` are removed, in order, and the new ones moved in, in order, each with one
+    rename: a caller puts the file that marks the set as whole last in `writers` and first in
+    `stale` (for checkpoints, config.json). The staging folder is removed on any failure,
+    KeyboardInterrupt included; those of killed writers on this host are removed by the next call
+    for the same folder. An `OSError` (a full disk, no permission) becomes a `CheckpointWriteError`
+    naming the folder and saying what state it is in; `size`: the bytes being written, for that
+    message.
+    """
+    folder = Path(folder)
+    target = Path(os.path.realpath(folder))
+    # Renames work within one file system: beside the real folder, or in it when it is one of its own.
+    mount = target.is_dir() and os.path.ismount(target)
+    home = target if mount else target.parent
+    staging = None
+    placed = "nothing"
+    try:
+        home.mkdir(parents=True, exist_ok=True)
+        _remove_dead_staging(home, target)
+        staging = _new_staging(home, target)
+        for name, write in writers.items():
+            write(staging / name)
+            _sync(staging / name)
+        _sync(staging)
+        if not mount and (not target.exists() or os.name == "posix" and not any(target.iterdir())):
+            os.replace(staging, target)  # POSIX rename(2) replaces an empty folder: every file appears at once
+        else:
+            placed = "part"
+            for name in stale:
+                (target / name).unlink(missing_ok=True)
+            for name in writers:
+                os.replace(staging / name, target / name)
+            _sync(target)
+        placed = "all"
+        _sync(target.parent)
+    except OSError as err:
+        full = err.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC))
+        state = {"nothing": "it is as it was, and nothing was left behind",
+                 "part": "part of its old files may be replaced by new ones: write it again",
+                 "all": "the files are in place, but may not all be on disk yet"}[placed]
+        amount = f"{size / 1e9:.1f} GB" if size >= 1e8 else f"{size / 1e6:.1f} MB"
+        todo = f"free {amount} or more there and try again" if full else "make it writable and try again"
+        raise CheckpointWriteError(err.errno, f"{op}: could not write into {str(folder)!r}: "
+                                              f"{'the disk is full' if full else 'the file system refused'} ({err}); "
+                                              f"{state}; {todo}") from err
+    finally:
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
+
+
+def _new_staging(home: Path, target: Path) -> Path:
+    """A new, empty folder in `home` to write `target`'s files into, named after this host and process."""
+    while True:
+        path = home / f"{_staging_prefix(target)}{_HOST}-{os.getpid()}-{secrets.token_hex(4)}"
+        try:
+            path.mkdir()  # the mode the umask gives, as a folder made by hand would have
+            return path
+        except FileExistsError:
+            continue
+
+
+def _staging_prefix(target: Path) -> str:
+    return f".{target.name[:64]}.tmp-"
+
+
+# The host in staging names, hashed: a short name that a shared file system's other hosts do not match.
+_HOST = hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
+
+
+def _remove_dead_staging(home: Path, target: Path) -> None:
+    """Remove the staging folders for `target` in `home` of writers on this host whose process is gone
+    (killed with SIGKILL or SIGTERM, or the machine restarted); those of live writers stay."""
+    if os.name != "posix":  # os.kill(pid, 0) only asks whether a process exists on POSIX
+        return
+    prefix = _staging_prefix(target)
+    for path in home.glob(glob.escape(prefix) + "*"):
+        host, _, rest = path.name[len(prefix):].partition("-")
+        pid = rest.partition("-")[0]
+        if host == _HOST and pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def _sync(path: Path) -> None:
+    """Flush a written file, or a folder's entries, to the disk."""
+    if path.is_dir() and os.name != "posix":  # only POSIX opens a folder to sync it
+        return
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    except OSError as err:
+        # Some file systems cannot sync a folder (EINVAL); the files in it were synced one by one.
+        if not (path.is_dir() and err.errno in (errno.EINVAL, errno.ENOTSUP)):
+            raise
+    finally:
+        os.close(fd)
