@@ -141,6 +141,17 @@ def test_a_folder_of_other_files_takes_the_checkpoint_beside_them(tmp_path):
     assert (folder / "tokenizer.json").read_text() == "{}" and load_checkpoint(meta_small(), folder) == ([], [])
 
 
+def test_an_oversized_tensor_gets_a_shard_of_its_own_and_the_rest_share(tmp_path):
+    """huggingface_hub's rule: the 32 KB weights alone, every smaller tensor in one 20 KB shard."""
+    folder = save_checkpoint(small(), tmp_path / "ckpt", max_shard_size=20_000)
+    files: dict[str, list[str]] = {}
+    for name, file in json.loads((folder / INDEX).read_text())["weight_map"].items():
+        files.setdefault(file, []).append(name)
+    assert sorted(map(sorted, files.values())) == [
+        ["down.bias", "down.weight_scale_inv", "lm_head.weight", "up.bias", "up.weight_scale_inv"],
+        ["down.weight"], ["up.weight"]]
+
+
 def failing_writer(monkeypatch, error, after=1):
     """safetensors' save_file writing `after` shards, then starting the next one and raising `error`."""
     real, calls = safetensors.torch.save_file, []

@@ -281,7 +281,10 @@ _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "k
 
 
 def _size_bytes(value: int | str) -> int:
-    """A shard size limit: an int of bytes or a string such as "5GB" (10^9) or "500MiB" (2^20)."""
+    """A shard size limit: an int of bytes or a string such as "5GB" (10^9) or "500MiB" (2^20).
+
+    huggingface_hub's parse_size_to_int reads the same decimal units (it has no KiB..TiB) but is not a
+    dependency: the `hf` extra is safetensors alone, and this is one regular expression."""
     if isinstance(value, int) and not isinstance(value, bool) and value > 0:
         return value
     match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", value) if isinstance(value, str) else None
@@ -366,17 +369,21 @@ def _tensors(model: nn.Module, scheme: Scheme, quant: Mapping[str, QuantLinear],
 
 
 def _shards(tensors: list[tuple[str, torch.Tensor]], limit: int) -> list[list[tuple[str, torch.Tensor]]]:
-    """`tensors` in order, cut into shards of at most `limit` bytes (one tensor larger than that alone)."""
-    shards: list[list[tuple[str, torch.Tensor]]] = [[]]
-    size = 0
+    """`tensors` in order, cut into shards of at most `limit` bytes; a larger tensor gets a shard of its
+    own. These are huggingface_hub's split_torch_state_dict_into_shards rules, written out here because
+    huggingface_hub is not a dependency (the `hf` extra is safetensors alone)."""
+    shards, current, size = [], [], 0
     for name, t in tensors:
         nbytes = t.numel() * t.element_size()
-        if shards[-1] and size + nbytes > limit:
-            shards.append([])
-            size = 0
-        shards[-1].append((name, t))
+        if nbytes > limit:
+            shards.append([(name, t)])
+            continue
+        if current and size + nbytes > limit:
+            shards.append(current)
+            current, size = [], 0
+        current.append((name, t))
         size += nbytes
-    return shards
+    return shards + [current] if current else shards
 
 
 def _old_checkpoint(folder: Path) -> tuple[list[str], list[str]]:
