@@ -15,6 +15,7 @@ import shutil
 import signal
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import safetensors
@@ -182,6 +183,24 @@ def test_a_full_disk_leaves_the_folder_as_it_was(tmp_path, monkeypatch, existing
     assert no_staging_left(folder)
     monkeypatch.undo()
     save_checkpoint(small(), folder, overwrite=True)
+    assert load_checkpoint(meta_small(), folder) == ([], [])
+
+
+def test_a_mount_point_is_written_from_inside(tmp_path, monkeypatch):
+    """A volume mounted as the folder: no rename reaches it from its parent's file system, so the
+    staging folder goes inside it, and is removed there on failure."""
+    folder = tmp_path / "volume"
+    folder.mkdir()
+    monkeypatch.setattr(os.path, "ismount", lambda path: os.fspath(path) == os.fspath(folder.resolve()))
+    real = safetensors.torch.save_file
+    calls = failing_writer(monkeypatch, OSError(errno.ENOSPC, "No space left on device"))
+    with pytest.raises(CheckpointWriteError, match="it is as it was"):
+        save_checkpoint(small(), folder, max_shard_size="40KB")
+    assert all(Path(path).parent.parent == folder.resolve() for path in calls)
+    assert list(folder.iterdir()) == [] and no_staging_left(folder)
+    monkeypatch.setattr(safetensors.torch, "save_file", real)
+    save_checkpoint(small(), folder, max_shard_size="40KB")
+    assert not [p for p in folder.iterdir() if p.name.startswith(".")]
     assert load_checkpoint(meta_small(), folder) == ([], [])
 
 
