@@ -204,6 +204,28 @@ def test_a_mount_point_is_written_from_inside(tmp_path, monkeypatch):
     assert load_checkpoint(meta_small(), folder) == ([], [])
 
 
+def test_a_folder_whose_parent_is_read_only_is_written_from_inside(tmp_path, monkeypatch):
+    folder = tmp_path / "given"
+    folder.mkdir()
+    mkdir = Path.mkdir
+
+    def parent_refuses(path, *args, **kwargs):
+        if path.parent == tmp_path and path.name.startswith("."):
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        return mkdir(path, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "mkdir", parent_refuses)
+    save_checkpoint(small(), folder, max_shard_size="40KB")
+    assert not [p for p in folder.iterdir() if p.name.startswith(".")]
+    assert load_checkpoint(meta_small(), folder) == ([], [])
+
+
+def test_the_working_directory_is_not_renamed_over(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    save_checkpoint(small(), ".")
+    assert Path.cwd() == tmp_path.resolve() and sorted(os.listdir()) == ["config.json", "model.safetensors"]
+
+
 def test_an_interrupted_save_cleans_up(tmp_path, monkeypatch):
     folder = tmp_path / "ckpt"
     failing_writer(monkeypatch, KeyboardInterrupt())

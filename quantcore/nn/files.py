@@ -233,33 +233,31 @@ def write_folder(folder: str | os.PathLike, writers: Mapping[str, Callable[[Path
 
     writers: {file name: a function writing that file at the path it is given}, called in order into
     a fresh sibling folder (`.<name>.tmp-<host>-<pid>-<random>`, on the same file system; inside
-    `folder` when that is a mount point), each file and then the folder synced to disk. When `folder`
-    does not exist or is empty, one rename then puts the whole set in place. Otherwise the `stale`
-    files of `folder` are removed, in order, and the new ones moved in, in order, each with one
-    rename: a caller puts the file that marks the set as whole last in `writers` and first in
-    `stale` (for checkpoints, config.json). The staging folder is removed on any failure,
-    KeyboardInterrupt included; those of killed writers on this host are removed by the next call
-    for the same folder. An `OSError` (a full disk, no permission) becomes a `CheckpointWriteError`
+    `folder` when that is a mount point or its parent is read-only to us), each file and then the
+    folder synced to disk. When `folder` does not exist or is empty, one rename then puts the whole
+    set in place. Otherwise the `stale` files of `folder` are removed, in order, and the new ones
+    moved in, in order, each with one rename: a caller puts the file that marks the set as whole last
+    in `writers` and first in `stale` (for checkpoints, config.json). The staging folder is removed
+    on any failure, KeyboardInterrupt included; those of killed writers on this host are removed by
+    the next call for the same folder. An `OSError` (a full disk, no permission) becomes a `CheckpointWriteError`
     naming the folder and saying what state it is in; `size`: the bytes being written, for that
     message.
     """
     folder = Path(folder)
     target = Path(os.path.realpath(folder))
-    # Renames work within one file system: beside the real folder, or in it when it is one of its own.
-    mount = target.is_dir() and os.path.ismount(target)
-    home = target if mount else target.parent
     staging = None
     placed = "nothing"
     try:
-        home.mkdir(parents=True, exist_ok=True)
-        _remove_dead_staging(home, target)
-        staging = _new_staging(home, target)
+        staging = _new_staging(target)
         for name, write in writers.items():
             write(staging / name)
             _sync(staging / name)
         _sync(staging)
-        if not mount and (not target.exists() or os.name == "posix" and not any(target.iterdir())):
-            os.replace(staging, target)  # POSIX rename(2) replaces an empty folder: every file appears at once
+        # POSIX rename(2) replaces an empty folder, so every file appears at once; but not the working
+        # directory, which would leave this process in a deleted folder.
+        empty = os.name == "posix" and target.is_dir() and not any(target.iterdir()) and target != Path.cwd()
+        if staging.parent != target and (empty or not target.exists()):
+            os.replace(staging, target)
         else:
             placed = "part"
             for name in stale:
@@ -284,15 +282,26 @@ def write_folder(folder: str | os.PathLike, writers: Mapping[str, Callable[[Path
             shutil.rmtree(staging, ignore_errors=True)
 
 
-def _new_staging(home: Path, target: Path) -> Path:
-    """A new, empty folder in `home` to write `target`'s files into, named after this host and process."""
-    while True:
-        path = home / f"{_staging_prefix(target)}{_HOST}-{os.getpid()}-{secrets.token_hex(4)}"
+def _new_staging(target: Path) -> Path:
+    """A new, empty folder to write `target`'s files into where a rename reaches `target`: beside it,
+    or inside it when it is a mount point (another file system) or its parent is not ours to write in."""
+    homes = [] if target.is_dir() and os.path.ismount(target) else [target.parent]
+    homes += [target] if target.is_dir() else []
+    for home in homes[:-1]:
         try:
-            path.mkdir()  # the mode the umask gives, as a folder made by hand would have
-            return path
-        except FileExistsError:
-            continue
+            return _make_staging(home, target)
+        except OSError as err:
+            if err.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
+                raise
+    return _make_staging(homes[-1], target)
+
+
+def _make_staging(home: Path, target: Path) -> Path:
+    home.mkdir(parents=True, exist_ok=True)
+    _remove_dead_staging(home, target)
+    path = home / f"{_staging_prefix(target)}{_HOST}-{os.getpid()}-{secrets.token_hex(8)}"
+    path.mkdir()  # the mode the umask gives, as a folder made by hand would have
+    return path
 
 
 def _staging_prefix(target: Path) -> str:
