@@ -3,6 +3,8 @@
 `InvalidInputError` is a `ValueError`: the caller passed something the op cannot accept.
 `UnsupportedError` is a `NotImplementedError`: the input is valid but no (or not the requested)
 implementation can run it here; it carries the reasons of every backend that was considered.
+`MissingDependencyError` is an `ImportError`: an optional package the call needs is not installed.
+`CheckpointWriteError` is an `OSError` (its `errno` kept): the system refused to write a checkpoint.
 """
 
 from __future__ import annotations
@@ -49,3 +51,11 @@ def caller_stacklevel() -> int:
 
 class NonFiniteInputError(InvalidInputError):
     """Raised instead of producing non-finite scales when a caller opts in with `check_finite=True`."""
+
+
+class MissingDependencyError(QuantcoreError, ImportError):
+    """An optional package the call needs is not installed; the message says which extra to install."""
+
+
+class CheckpointWriteError(QuantcoreError, OSError):
+    """Writing a checkpoint failed in the file system (disk full, no permission); `errno` is the cause's."""

@@ -11,6 +11,7 @@ one back in either flavour. `quantize_from_config` quantizes a float model the w
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import math
@@ -24,7 +25,7 @@ from torch import nn
 
 from ..errors import InvalidInputError
 from ..formats import dtype_name
-from .files import INDEX_FILE, SafetensorsFiles
+from .files import INDEX_FILE, NUMBERED_SHARD, SafetensorsFiles, safetensors_module, write_folder
 from .layers import QUANT_PARAMS, QuantLinear, frozen, replace_linears
 from .schemes import (CONFIG_FILE, CompressedTensorsScheme, Fp8Scheme, LayerFormat, Scheme, read_scheme,
                       scheme_from_config)
@@ -66,6 +67,27 @@ def scale_to_fp32(t: torch.Tensor, key: str = "scale") -> torch.Tensor:
     return t.to(torch.float32)
 
 
+def verify_scales(state: Mapping[str, Any], op: str) -> None:
+    """Raise `InvalidInputError` naming the first block scale of `state` (a `weight_scale_inv` or
+    `weight_scale` tensor) that holds a value that is not finite and > 0."""
+    for name, t in state.items():
+        if _split(name)[1] in _SCALE_LEAVES and isinstance(t, torch.Tensor):
+            _verify_scale(name, t, op)
+
+
+def _verify_scale(name: str, t: torch.Tensor, op: str) -> None:
+    # A dequantization multiplier that is 0, negative, infinite or NaN zeroes, flips or poisons its whole
+    # block: no quantizer writes one, so the file is damaged or hostile. ue8m0's NaN byte 0xFF reads as NaN.
+    values = t if t.dtype == torch.float32 else t.float()
+    bad = ~((values > 0) & (values < math.inf))
+    if bad.any():
+        at = tuple(bad.nonzero()[0].tolist())
+        raise InvalidInputError(f"{op}: block scale {name} holds {int(bad.sum())} value(s) that are not finite and > 0 "
+                                f"(first: {values[at].item()} at {at}); a dequantization multiplier is a positive "
+                                "finite number, so the checkpoint is damaged or was written wrong: re-download or "
+                                "re-convert it, or pass check_scales=False to load it as it is")
+
+
 def quantized_layers(files: SafetensorsFiles, scheme: Scheme) -> dict[str, tuple[LayerFormat, str]]:
     """{layer name: (its format, the name its scale is stored under)} for every `<layer>.weight` the
     checkpoint stores with a block scale (`weight_scale_inv` or `weight_scale`), checked against the
@@ -99,13 +121,18 @@ def quantized_layers(files: SafetensorsFiles, scheme: Scheme) -> dict[str, tuple
     return layers
 
 
-def _normalized(files: SafetensorsFiles, name: str, layers: Mapping[str, tuple[LayerFormat, str]]):
-    """(name, tensor) as `QuantLinear` keeps it: scales renamed `weight_scale_inv` and made fp32."""
+def _normalized(files: SafetensorsFiles, name: str, layers: Mapping[str, tuple[LayerFormat, str]],
+                check_scales: bool):
+    """(name, tensor) as `QuantLinear` keeps it: scales renamed `weight_scale_inv`, made fp32 and, with
+    `check_scales`, checked to be finite and > 0."""
     t = files.get(name)
     prefix, leaf = _split(name)
     layer = layers.get(prefix)
     if layer is not None and name == layer[1]:
-        return _join(prefix, "weight_scale_inv"), scale_to_fp32(t, name)
+        t = scale_to_fp32(t, name)
+        if check_scales:
+            _verify_scale(name, t, "load_checkpoint")
+        return _join(prefix, "weight_scale_inv"), t
     if layer is not None and leaf == "weight":
         if t.dtype != torch.float8_e4m3fn:
             raise InvalidInputError(f"load_checkpoint: {name} has a block scale but dtype {dtype_name(t.dtype)}; "
@@ -158,7 +185,7 @@ def _few(keys: list[str]) -> str:
 
 
 def load_checkpoint(model: nn.Module | None, folder: str | os.PathLike, *, device: torch.device | str = "cpu",
-                    strict: bool = True, assign: bool | None = None):
+                    strict: bool = True, assign: bool | None = None, check_scales: bool = True):
     """Load a block-FP8 Hugging Face checkpoint folder into `model`, or read it as a state dict.
 
     folder: `config.json` whose `quantization_config` is `quant_method: "fp8"` (DeepSeek-V3,
@@ -175,7 +202,11 @@ def load_checkpoint(model: nn.Module | None, folder: str | os.PathLike, *, devic
     block_size and scale_fmt. Shards are read one at a time onto `device` and loaded (a layer's weight
     and scale together); `assign` (None: True when the model has meta tensors, e.g. built under
     `with torch.device("meta"):`) takes the checkpoint's tensors as the parameters instead of
-    copying. strict: raise `InvalidInputError` listing keys the model and checkpoint do not share.
+    copying. strict: raise `InvalidInputError` listing keys the model and checkpoint do not share
+    (about keys only: missing shard files, shards outside the folder or a numbered series with a gap
+    always raise). check_scales: raise `InvalidInputError` naming a block scale that holds a value
+    that is not finite and > 0 (NaN, ±inf, 0, negative; ue8m0's NaN byte 0xFF); False skips that pass
+    over the scales. device: "cpu" or a device this machine has (`InvalidInputError` otherwise).
     Returns `LoadedKeys(missing_keys, unexpected_keys)`.
 
     model None: returns the checkpoint as a state dict {name: tensor} in QuantLinear's names and
@@ -187,7 +218,7 @@ def load_checkpoint(model: nn.Module | None, folder: str | os.PathLike, *, devic
     with SafetensorsFiles(folder, device=device, op="load_checkpoint") as files:
         layers = quantized_layers(files, scheme)
         if model is None:
-            return dict(_normalized(files, name, layers) for name in files.names())
+            return dict(_normalized(files, name, layers, check_scales) for name in files.names())
         _prepare(model, layers)
         if assign is None:
             assign = any(t.is_meta for t in itertools.chain(model.parameters(), model.buffers()))
@@ -209,7 +240,7 @@ def load_checkpoint(model: nn.Module | None, folder: str | os.PathLike, *, devic
             loaded.update(set(chunk) - set(result.unexpected_keys))
 
         for _, names in files.shards():
-            pending.update(_normalized(files, name, layers) for name in names)
+            pending.update(_normalized(files, name, layers, check_scales) for name in names)
             flush(final=False)
         flush(final=True)
     missing = [k for k in expected if k not in loaded]
@@ -250,7 +281,10 @@ _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "k
 
 
 def _size_bytes(value: int | str) -> int:
-    """A shard size limit: an int of bytes or a string such as "5GB" (10^9) or "500MiB" (2^20)."""
+    """A shard size limit: an int of bytes or a string such as "5GB" (10^9) or "500MiB" (2^20).
+
+    huggingface_hub's parse_size_to_int reads the same decimal units (it has no KiB..TiB) but is not a
+    dependency: the `hf` extra is safetensors alone, and this is one regular expression."""
     if isinstance(value, int) and not isinstance(value, bool) and value > 0:
         return value
     match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", value) if isinstance(value, str) else None
@@ -334,9 +368,40 @@ def _tensors(model: nn.Module, scheme: Scheme, quant: Mapping[str, QuantLinear],
     return out
 
 
+def _shards(tensors: list[tuple[str, torch.Tensor]], limit: int) -> list[list[tuple[str, torch.Tensor]]]:
+    """`tensors` in order, cut into shards of at most `limit` bytes; a larger tensor gets a shard of its
+    own. These are huggingface_hub's split_torch_state_dict_into_shards rules, written out here because
+    huggingface_hub is not a dependency (the `hf` extra is safetensors alone)."""
+    shards, current, size = [], [], 0
+    for name, t in tensors:
+        nbytes = t.numel() * t.element_size()
+        if nbytes > limit:
+            shards.append([(name, t)])
+            continue
+        if current and size + nbytes > limit:
+            shards.append(current)
+            current, size = [], 0
+        current.append((name, t))
+        size += nbytes
+    return shards + [current] if current else shards
+
+
+def _old_checkpoint(folder: Path) -> tuple[list[str], list[str]]:
+    """The files of `folder` a checkpoint save replaces (config.json first, then the index and the
+    shards as transformers names them), and its other safetensors files, which loaders would read
+    with the new shards."""
+    if not folder.is_dir():
+        return [], []
+    names = {p.name for p in folder.iterdir()}
+    ours = [n for n in (CONFIG_FILE, INDEX_FILE) if n in names] + \
+        sorted(n for n in names if n == "model.safetensors" or NUMBERED_SHARD.fullmatch(n))
+    return ours, sorted(n for n in names if n.endswith(".safetensors") and n not in ours)
+
+
 def save_checkpoint(model: nn.Module, folder: str | os.PathLike, *, format: str = "fp8",
                     config: Mapping[str, Any] | None = None, max_shard_size: int | str = "5GB",
-                    scale_dtype: torch.dtype = torch.float32, allow_partial_blocks: bool = False) -> Path:
+                    scale_dtype: torch.dtype = torch.float32, allow_partial_blocks: bool = False,
+                    overwrite: bool = False) -> Path:
     """Write `model` as a Hugging Face checkpoint folder that transformers and vLLM load; returns the folder.
 
     model: its QuantLinears (FP8 e4m3, one block size and scale format for all) are written as
@@ -345,14 +410,24 @@ def save_checkpoint(model: nn.Module, folder: str | os.PathLike, *, format: str 
     (FP8_BLOCK-style group, dynamic 1×Bk activation groups) — every other tensor of its state dict
     as it is. Its remaining `nn.Linear`s are listed as kept in float (`modules_to_not_convert` and
     `ignored_layers`, or `ignore`). A tensor shared by several names is written once.
-    folder: new or empty of checkpoints; gets `config.json` (`config`, default `model.config.to_dict()`
-    when the model has one, else {}, with its `quantization_config` set), safetensors shards of at
-    most `max_shard_size` (bytes, or "5GB", "500MiB"; one tensor larger than that gets a shard of its
-    own) named as transformers names them, and `model.safetensors.index.json` when there are several.
+    folder: gets `config.json` (`config`, default `model.config.to_dict()` when the model has one,
+    else {}, with its `quantization_config` set), safetensors shards of at most `max_shard_size`
+    (bytes, or "5GB", "500MiB"; one tensor larger than that gets a shard of its own) named as
+    transformers names them, and `model.safetensors.index.json` when there are several.
     scale_dtype: torch.float32, or torch.float8_e8m0fnu when every scale is a power of two
     (scale_fmt="ue8m0"). allow_partial_blocks: transformers and vLLM refuse weights that are not a
     whole number of blocks, so such layers raise `InvalidInputError`, naming them, before anything is
     written; True writes them anyway (quantcore reads them).
+
+    The files are written beside `folder` and synced first (`quantcore.nn.files.write_folder`): a new
+    or empty folder gets them all with one rename, so a save that is killed, interrupted or runs out
+    of disk leaves it as it was; `CheckpointWriteError` (an `OSError`) names the folder when the disk
+    is full. A folder holding config.json, the index or model shards is refused with
+    `InvalidInputError`, touching nothing, unless `overwrite=True`: then those files are replaced
+    (config.json removed first and written last, so a save killed meanwhile leaves no loadable mix
+    of old and new) and the folder's other files, such as a tokenizer, are kept. Any other
+    *.safetensors file in the folder is refused either way, since loaders would read it with the
+    new shards.
     """
     if not isinstance(model, nn.Module):
         raise InvalidInputError(f"save_checkpoint: expected an nn.Module, got {type(model).__name__}")
@@ -370,45 +445,49 @@ def save_checkpoint(model: nn.Module, folder: str | os.PathLike, *, format: str 
     folder = Path(folder)
     if folder.exists() and not folder.is_dir():
         raise InvalidInputError(f"save_checkpoint: {str(folder)!r} is a file; a checkpoint is written into a folder")
-    if folder.is_dir() and (any(folder.glob("*.safetensors")) or (folder / INDEX_FILE).exists()):
-        raise InvalidInputError(f"save_checkpoint: {str(folder)!r} already holds a checkpoint; write to a new or empty "
-                                "folder (its old shards would be read with the new ones)")
+    old, foreign = _old_checkpoint(folder)
+    if foreign:
+        raise InvalidInputError(f"save_checkpoint: {str(folder)!r} holds {_few(foreign)}, which no quantcore "
+                                "checkpoint writes and which loaders would read with the new shards; move them out "
+                                "or save into a new or empty folder")
+    if old and not overwrite:
+        raise InvalidInputError(f"save_checkpoint: {str(folder)!r} already holds a checkpoint's files ({_few(old)}), "
+                                "which this save would replace; pass overwrite=True to replace them (the folder's "
+                                "other files are kept), or save into a new or empty folder")
+    save_file = safetensors_module("safetensors.torch", "save_checkpoint").save_file
     tensors = _tensors(model, scheme, quant, scale_dtype)
-    shards: list[list[tuple[str, torch.Tensor]]] = [[]]
-    size = 0
-    for name, t in tensors:
-        nbytes = t.numel() * t.element_size()
-        if shards[-1] and size + nbytes > limit:
-            shards.append([])
-            size = 0
-        shards[-1].append((name, t))
-        size += nbytes
-
-    from safetensors.torch import save_file  # optional dependency: the `hf` extra
-
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    shards = _shards(tensors, limit)
     files = ["model.safetensors"] if len(shards) == 1 else \
         [f"model-{i:05d}-of-{len(shards):05d}.safetensors" for i in range(1, len(shards) + 1)]
-    for file, shard in zip(files, shards):
-        save_file({name: t.detach().to("cpu").contiguous() for name, t in shard}, str(folder / file),
-                  metadata={"format": "pt"})
+    size = sum(t.numel() * t.element_size() for _, t in tensors)
+    writers = {file: functools.partial(_write_shard, save_file, shard) for file, shard in zip(files, shards)}
     if len(shards) > 1:
-        index = {"metadata": {"total_size": sum(t.numel() * t.element_size() for _, t in tensors)},
+        index = {"metadata": {"total_size": size},
                  "weight_map": {name: file for file, shard in zip(files, shards) for name, _ in shard}}
-        (folder / INDEX_FILE).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
+        writers[INDEX_FILE] = functools.partial(_write_json, index)
+    writers[CONFIG_FILE] = functools.partial(_write_json, config)  # last: the file loaders start from
+    write_folder(folder, writers, stale=old, op="save_checkpoint", size=size)
     return folder
 
 
+def _write_shard(save_file: Any, shard: list[tuple[str, torch.Tensor]], path: Path) -> None:
+    save_file({name: t.detach().to("cpu").contiguous() for name, t in shard}, str(path), metadata={"format": "pt"})
+
+
+def _write_json(value: Any, path: Path) -> None:
+    path.write_text(json.dumps(value, indent=2, sort_keys=True) + "\n")
+
+
 def load_fp8_checkpoint(model: nn.Module, checkpoint: str | os.PathLike | Mapping[str, torch.Tensor], *,
-                        strict: bool = True):
+                        strict: bool = True, check_scales: bool = True):
     """Load DeepSeek-V3 / Hugging Face FP8 tensors into `model` (converted with `quantize_model`), with no config.
 
     checkpoint: a `.safetensors` file, a directory of them (following `model.safetensors.index.json`
     when present), or a state dict. Quantized layers read `<name>.weight` (e4m3, [N, K]) and
     `<name>.weight_scale_inv` (fp32, [ceil(N/Bn), ceil(K/Bk)]); other tensors load as usual. Returns
     `load_state_dict`'s (missing_keys, unexpected_keys). Raises `InvalidInputError` naming the key when a
-    quantized tensor has the wrong dtype or shape. For a folder with a config.json, `load_checkpoint`
+    quantized tensor has the wrong dtype or shape, and, with `check_scales` (the default), when a block
+    scale holds a value that is not finite and > 0. For a folder with a config.json, `load_checkpoint`
     also reads the config, converts the linears and streams the shards.
     """
     if isinstance(checkpoint, Mapping):
@@ -419,4 +498,6 @@ def load_fp8_checkpoint(model: nn.Module, checkpoint: str | os.PathLike | Mappin
     else:
         with SafetensorsFiles(checkpoint, op="load_fp8_checkpoint") as files:
             state = {name: files.get(name) for name in files.names()}
+    if check_scales:
+        verify_scales(state, "load_fp8_checkpoint")
     return model.load_state_dict(state, strict=strict)

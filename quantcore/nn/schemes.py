@@ -16,11 +16,17 @@ the config keeps it in floating point. `to_config()` writes the dict back; `sche
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Mapping
+
+try:  # the parser behind re.compile, to look at a pattern before running it
+    from re import _parser as _sre  # Python >= 3.11
+except ImportError:  # pragma: no cover - Python 3.10
+    import sre_parse as _sre
 
 from ..errors import InvalidInputError
 from ..formats import SCALE_FORMATS
@@ -44,39 +50,115 @@ def _fail(message: str) -> InvalidInputError:
     return InvalidInputError(f"{_OP}: {message}")
 
 
+def _whole(v: Any) -> int | None:
+    """A JSON int or a string of decimal digits as an int; None for anything else (int() would read
+    128.5 as 128 and true as 1)."""
+    if isinstance(v, int) and not isinstance(v, bool):
+        return v
+    if isinstance(v, str) and v.strip().isascii() and v.strip().isdigit():
+        return int(v)
+    return None
+
+
 def _block(value: Any, key: str) -> tuple[int, int]:
-    if isinstance(value, str) and "x" in value:  # compressed-tensors also accepts "128x128"
-        value = value.split("x")
-    try:
-        bn, bk = (int(v) for v in value)
-    except (TypeError, ValueError):
-        raise _fail(f"{key} must be two positive ints [Bn, Bk], got {value!r}") from None
-    if bn < 1 or bk < 1:
+    parts = value.split("x") if isinstance(value, str) else value  # compressed-tensors also accepts "128x128"
+    block = tuple(_whole(v) for v in parts) if isinstance(parts, (list, tuple)) else ()
+    if len(block) != 2 or None in block or min(block) < 1:
         raise _fail(f"{key} must be two positive ints [Bn, Bk], got {value!r}")
-    return bn, bk
+    return block
 
 
+# Python's `re` backtracks and has no timeout, and these patterns come from a downloaded config.json, so a
+# pattern is run only when its worst case is bounded. The work is at most about the number of ways the
+# pattern can split a name among its repeats and alternatives: the product of each repeat's range and
+# each alternation's branches, which grows as a power of the name's length (".*.*.*x": 129^3 ways for
+# 128 characters) but is exponential when a repeat holds another repeat or an alternation ("(a+)+$",
+# "(a|aa)*"), so those are refused outright. Within 2^23 ways the slowest patterns we tried took ~0.25 s
+# per 128-character name in CPython 3.11 (23 "(?:a|a)" in a row; ".*.*.*x" takes 0.6 ms). Names up to
+# _NAME_BOUND characters are covered by the check when the config is read; a longer name is checked again.
+_MAX_PATTERN, _NAME_BOUND, _MAX_WAYS = 1024, 128, 2**23
+_REPEATS = tuple(getattr(_sre, op) for op in ("MAX_REPEAT", "MIN_REPEAT", "POSSESSIVE_REPEAT") if hasattr(_sre, op))
+
+
+def _ways(items: Any, n: int, pattern: str, key: str) -> int:
+    """How many ways a parsed (sub)pattern can split a name of `n` characters; raises for a repeat of
+    something that can itself match in several ways."""
+    ways = 1
+    for op, av in items:
+        if op in _REPEATS:
+            lo, hi, body = av
+            inner = _ways(body, n, pattern, key)
+            if inner > 1 and hi > 1:
+                raise _fail(f"{key} pattern {pattern!r} repeats a group that holds a repeat or an alternation (like "
+                            "'(a+)+' or '(ab|a)*'), on which Python's re can take exponential time, so quantcore "
+                            "refuses it: write the repeated part without an inner quantifier or '|'")
+            ways *= inner * (min(hi, n) - min(lo, n) + 1)
+        elif op == _sre.BRANCH:
+            ways *= sum(_ways(branch, n, pattern, key) for branch in av[1])
+        elif op == _sre.GROUPREF_EXISTS:  # (?(1)yes|no)
+            ways *= _ways(av[1], n, pattern, key) + (_ways(av[2], n, pattern, key) if av[2] is not None else 1)
+        elif op == _sre.SUBPATTERN:
+            ways *= _ways(av[-1], n, pattern, key)
+        elif op in (_sre.ASSERT, _sre.ASSERT_NOT):
+            ways *= _ways(av[1], n, pattern, key)
+        elif op == getattr(_sre, "ATOMIC_GROUP", None):
+            ways *= _ways(av, n, pattern, key)
+    return ways
+
+
+@functools.lru_cache(maxsize=4096)
+def _regex(pattern: str, key: str, suffix: str = "", n: int = _NAME_BOUND) -> re.Pattern:
+    """`pattern` (a config's `key` entry) compiled, followed by `suffix`, once its matching time on names
+    of up to `n` characters is known to be bounded; `InvalidInputError` naming the pattern otherwise."""
+    if len(pattern) > _MAX_PATTERN:
+        raise _fail(f"{key} pattern {pattern[:40]!r}... has {len(pattern)} characters; quantcore matches patterns "
+                    f"of at most {_MAX_PATTERN} (module names and short regular expressions)")
+    try:
+        ways = _ways(_sre.parse(pattern), n, pattern, key)
+        compiled = re.compile(f"(?:{pattern}){suffix}")
+    except (re.error, OverflowError, RecursionError) as e:
+        raise _fail(f"{key} pattern {pattern!r} is not a regular expression ({e})") from None
+    if ways > _MAX_WAYS:
+        raise _fail(f"{key} pattern {pattern!r} can split a name of {n} characters among its repeats and "
+                    f"alternatives in about {ways:.1e} ways, which Python's re may all try; quantcore allows "
+                    f"{_MAX_WAYS:.1e}: use fewer '*', '+', '?' and '|' (a pattern matches from the start of the "
+                    "name, so a trailing '.*' is not needed), or list the modules by name")
+    return compiled
+
+
+def _matcher(pattern: str, key: str, name: str, suffix: str = "") -> re.Pattern:
+    """`_regex` checked for names as long as `name`."""
+    return _regex(pattern, key, suffix, max(len(name), _NAME_BOUND))
+
+
+def _patterns(value: Any, key: str) -> tuple[str, ...]:
+    """A config's list of module patterns (a lone string is one pattern) as a tuple of strings."""
+    patterns = (value,) if isinstance(value, str) else tuple(value) if isinstance(value, (list, tuple)) else None
+    if patterns is None or not all(isinstance(p, str) for p in patterns):
+        raise _fail(f"{key} must be a list of module names or regular expressions (strings), got {value!r}")
+    return patterns
+
+
+_CT_KEY = "ignore/targets"
+# transformers' module boundary after a pattern: a dot, the end, or a pattern that itself ended in one.
 _BOUNDARY = r"(?:(?<=\.)|(?=\.|$))"
 
 
 def transformers_skips(name: str, patterns: tuple[str, ...]) -> bool:
     """transformers' `should_convert_module`, negated: a pattern skips `name` when, as a regex, it matches
     from the start up to a module boundary ("layers.1" skips "layers.1.mlp", not "layers.11.mlp"), or
-    when `name` ends with it ("fc1" skips "model.layers.3.fc1")."""
-    try:
-        return any(re.match(rf"(?:{p}){_BOUNDARY}", name) or name.endswith(p) for p in patterns)
-    except re.error as e:
-        raise _fail(f"modules_to_not_convert pattern is not a regular expression ({e}): {patterns!r}") from None
+    when `name` ends with it ("fc1" skips "model.layers.3.fc1"). Raises `InvalidInputError` for a
+    pattern whose matching time is not bounded (see `_regex`)."""
+    return any(_matcher(p, "modules_to_not_convert", name, _BOUNDARY).match(name) or name.endswith(p)
+               for p in patterns)
 
 
 def compressed_tensors_matches(name: str, target: str) -> bool:
     """compressed-tensors' target rule for a linear named `name`: "re:<regex>" matches from the start,
-    "Linear" is the class every linear is, anything else is an exact module name."""
+    "Linear" is the class every linear is, anything else is an exact module name. Raises
+    `InvalidInputError` for a regex whose matching time is not bounded (see `_regex`)."""
     if target.startswith("re:"):
-        try:
-            return re.match(target[3:], name) is not None
-        except re.error as e:
-            raise _fail(f"target {target!r} is not a regular expression ({e})") from None
+        return _matcher(target[3:], _CT_KEY, name).match(name) is not None
     return target == "Linear" or target == name
 
 
@@ -134,10 +216,11 @@ class Fp8Scheme:
         skip = config.get("modules_to_not_convert")
         if skip is None:
             skip = config.get("ignored_layers")
-        if isinstance(skip, str):
-            skip = [skip]
-        return cls(_block(config["weight_block_size"], "weight_block_size"), _scale_fmt(config.get("scale_fmt")),
-                   None if skip is None else tuple(skip))
+        if skip is not None:
+            skip = _patterns(skip, "modules_to_not_convert")
+            for p in skip:  # refused here, before any file is read, rather than at the first layer
+                _regex(p, "modules_to_not_convert", _BOUNDARY)
+        return cls(_block(config["weight_block_size"], "weight_block_size"), _scale_fmt(config.get("scale_fmt")), skip)
 
 
 # FP8_BLOCK as compressed-tensors defines it: 128x128 e4m3 weight blocks, dynamic 1x128 activation groups.
@@ -246,10 +329,14 @@ class CompressedTensorsScheme:
         for name, group in raw.items():
             if isinstance(group, (list, tuple)):  # a preset's name mapped to its targets
                 fmt = FP8_BLOCK if name.upper() == "FP8_BLOCK" else None
-                groups.append(_Group(name, tuple(group), fmt, f"preset {name!r} is not FP8_BLOCK"))
+                groups.append(_Group(name, _patterns(group, "targets"), fmt, f"preset {name!r} is not FP8_BLOCK"))
             else:
-                groups.append(_Group(name, tuple(group.get("targets") or ()), *_group_format(group)))
-        return cls(tuple(groups), tuple(config.get("ignore") or ()))
+                groups.append(_Group(name, _patterns(group.get("targets") or (), "targets"), *_group_format(group)))
+        ignore = _patterns(config.get("ignore") or (), "ignore")
+        for target in (*ignore, *(t for g in groups for t in g.targets)):
+            if target.startswith("re:"):  # refused here, before any file is read, rather than at the first layer
+                _regex(target[3:], _CT_KEY)
+        return cls(tuple(groups), ignore)
 
 
 SCHEMES = {s.method: s for s in (Fp8Scheme, CompressedTensorsScheme)}

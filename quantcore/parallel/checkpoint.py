@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from ..errors import InvalidInputError
+from ..nn.checkpoint import verify_scales
 from ..nn.files import SafetensorsFiles
 from .layers import _Parallel
 
@@ -38,8 +39,8 @@ def read_safetensors(checkpoint: str | os.PathLike, wanted: Wanted) -> tuple[dic
     return tensors, held
 
 
-def load_tp_checkpoint(model: nn.Module, checkpoint: str | os.PathLike, *,
-                       strict: bool = True) -> tuple[list[str], list[str]]:
+def load_tp_checkpoint(model: nn.Module, checkpoint: str | os.PathLike, *, strict: bool = True,
+                       check_scales: bool = True) -> tuple[list[str], list[str]]:
     """Load an unsharded safetensors checkpoint (a DeepSeek-V3 / Hugging Face FP8 one: `<layer>.weight`
     e4m3 [N, K], `<layer>.weight_scale_inv` fp32 [ceil(N/128), ceil(K/128)]; or a float one for float
     parallel layers) into `model` after `shard_model`: each tensor-parallel layer reads only its rows or
@@ -48,8 +49,9 @@ def load_tp_checkpoint(model: nn.Module, checkpoint: str | os.PathLike, *,
     checkpoint: a file, or a directory of shards with or without `model.safetensors.index.json`.
     Returns (missing_keys, unexpected_keys); with strict=True either being non-empty raises
     `InvalidInputError`. The quantized layers check dtypes and shapes as `QuantLinear` does (a weight of
-    another format is refused, not cast). For a model too large to build whole, build it on the meta
-    device, `shard_model` it, `model.to_empty(device=...)`, then load.
+    another format is refused, not cast); check_scales (the default) refuses, naming it, a block scale
+    whose rank slice holds a value that is not finite and > 0. For a model too large to build whole,
+    build it on the meta device, `shard_model` it, `model.to_empty(device=...)`, then load.
     """
     if not isinstance(model, nn.Module):
         raise InvalidInputError(f"load_tp_checkpoint: expected an nn.Module, got {type(model).__name__}")
@@ -58,6 +60,8 @@ def load_tp_checkpoint(model: nn.Module, checkpoint: str | os.PathLike, *,
         if isinstance(module, _Parallel):
             wanted.update({f"{prefix}.{key}" if prefix else key: spec for key, spec in module.shard_indices().items()})
     tensors, present = read_safetensors(checkpoint, wanted)
+    if check_scales:
+        verify_scales(tensors, "load_tp_checkpoint")
     missing = sorted(set(wanted) - set(tensors))
     unexpected = sorted(present - set(wanted))
     if strict and (missing or unexpected):
