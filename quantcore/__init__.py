@@ -8,11 +8,8 @@ registers the ops as `torch.ops.quantcore.<name>` custom ops (`quantcore.library
 CuPy are imported only when one of their kernels first runs.
 """
 
-from . import ops
-from .capability import DeviceProfile, profile_for, simulate
-from .errors import InvalidInputError, NonFiniteInputError, QuantcoreError, UnsupportedError
-from .ops import explain
-from .registry import NumericsWarning, priority
+import os as _os
+import sys as _sys
 
 __version__ = "0.1.0"
 
@@ -20,3 +17,26 @@ __all__ = [
     "ops", "explain", "simulate", "priority", "profile_for", "DeviceProfile",
     "QuantcoreError", "InvalidInputError", "NonFiniteInputError", "UnsupportedError", "NumericsWarning",
 ]
+
+_FROM = {"ops": ".ops", "explain": ".ops", "simulate": ".capability", "priority": ".registry",
+         "profile_for": ".capability", "DeviceProfile": ".capability", "NumericsWarning": ".registry",
+         "QuantcoreError": ".errors", "InvalidInputError": ".errors", "NonFiniteInputError": ".errors",
+         "UnsupportedError": ".errors"}
+
+
+def __getattr__(name: str):
+    if name not in _FROM:
+        raise AttributeError(f"module 'quantcore' has no attribute {name!r}")
+    import importlib
+
+    module = importlib.import_module(_FROM[name], __name__)
+    value = module if name == "ops" else getattr(module, name)
+    globals()[name] = value
+    return value
+
+
+# The `quantcore` command (its console script) loads what each subcommand needs itself, so that
+# `quantcore --version` and `--help` answer without importing torch; any other process registers the
+# custom ops at import, as torch.export.load of a saved program needs.
+if _os.path.basename(_sys.argv[0] if _sys.argv else "") != "quantcore":
+    from . import ops  # noqa: E402,F401

@@ -15,12 +15,17 @@ import functools
 import importlib.metadata
 import importlib.util
 import os
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
-import torch
 from pydantic import BaseModel, ConfigDict, computed_field
 
 from .errors import InvalidInputError
+
+if TYPE_CHECKING:
+    import torch
+
+# torch is imported inside the functions that ask the device: the command line's `--help` and
+# `--version` describe the simulated profiles without loading torch.
 
 SIMULATE_ENV = "QUANTCORE_SIMULATE"
 
@@ -146,6 +151,7 @@ def _cpu_profile(interpreter: bool) -> DeviceProfile:
 
 @functools.lru_cache(maxsize=None)
 def _real_cuda_profile(index: int) -> DeviceProfile:
+    import torch
     props = torch.cuda.get_device_properties(index)
     cc = (props.major, props.minor)
     smem = getattr(props, "shared_memory_per_block_optin", 0) or getattr(props, "shared_memory_per_block", 0)
@@ -163,6 +169,7 @@ def _with_simulation(real: DeviceProfile) -> DeviceProfile:
 
 def profile_for(device: torch.device | str | int) -> DeviceProfile:
     """The effective profile of `device` (simulation applied to CUDA devices)."""
+    import torch
     try:
         device = torch.device(device)
     except (RuntimeError, TypeError) as err:
@@ -180,6 +187,7 @@ def profile_for(device: torch.device | str | int) -> DeviceProfile:
 
 def cuda_available() -> bool:
     """True when torch sees at least one CUDA device."""
+    import torch
     return torch.cuda.is_available()
 
 
@@ -227,6 +235,7 @@ def nvrtc_version() -> str | None:
 @functools.lru_cache(maxsize=None)
 def versions() -> dict[str, str | None]:
     """Versions of torch, Triton, CuPy, NVRTC and the CUDA torch was built with (None: missing)."""
+    import torch
     return {
         "torch": torch.__version__,
         "torch_cuda": torch.version.cuda,

@@ -12,7 +12,7 @@ from pathlib import Path
 from . import __version__, capability
 from .bench.shapes import OPS
 from .errors import InvalidInputError
-from .report import SCHEMA, STATUS_HELP
+from .report_schema import SCHEMA, STATUS_HELP
 
 SIGPIPE_EXIT = 141  # 128 + SIGPIPE: what a command killed by a closed pipe returns
 
@@ -131,7 +131,7 @@ def _native() -> int:
 
 def _bench(args: argparse.Namespace, argv: list[str] | None) -> int:
     from .registry import measured
-    from .bench import BenchResult, run
+    from .bench.run import BenchResult, run
     from .bench.summary import summarize, write_priority
     from .errors import UnsupportedError
 

@@ -15,26 +15,13 @@ from . import capability, definitions, registry
 from .definitions import BUILTIN
 from .definitions.query import GemmQuery
 from .registry import measured
+from .report_schema import NUMERICS_HELP, SCHEMA, STATUS_HELP, STATUSES  # noqa: F401  (the report's vocabulary)
 from .runtime import native
 
-SCHEMA = 2  # the JSON's layout version: bumped whenever a field changes meaning or is removed
 
 # The input formats each built-in op is reported for (`OpDef.formats`; dequant_bias reads the GEMM's
 # output dtype). `build` reports every defined op, those added with `library.define` too.
 REPORTED_FORMATS: dict[str, tuple[str, ...]] = {op.name: op.formats for op in BUILTIN}
-
-STATUSES = {
-    "selected": "runs here: the first implementation of the priority in force with nothing against it",
-    "fallback": "runs here in place of a native path that cannot (a stand-in variant such as triton[w8a16] "
-                "on GPUs without FP8 tensor cores, or a later backend because the earlier ones cannot run)",
-    "available": "could run here, but one earlier in the priority runs, or it is opt-in (it changes numerics "
-                 "by choice, as torch[bf16_dequant]) and runs only where named",
-    "unavailable": "cannot run here; the reason says why",
-}
-NUMERICS_HELP = "the implementation departs from the numerics contract as described (warned once when it runs)"
-STATUS_HELP = "\n".join(textwrap.fill(text, 100, initial_indent=f"  {name:<15} ", subsequent_indent=" " * 18)
-                        for name, text in (*STATUSES.items(), ("[numerics: …]", NUMERICS_HELP)))
-
 
 class Row(BaseModel):
     """One op × implementation × dtype cell, for the smallest M where a measured table applies."""

@@ -8,7 +8,7 @@ import pytest
 
 import quantcore
 from quantcore import cli, registry
-from quantcore.bench import BenchResult, Record
+from quantcore.bench.run import BenchResult, Record
 from quantcore.bench.summary import simulated_gemms, summarize
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import quantcore
-from quantcore.bench import BenchResult, Record
+from quantcore.bench.run import BenchResult, Record
 from quantcore.bench.baselines import gemm_floor_bytes
 from quantcore.bench.shapes import READ_CEILING
 from quantcore.bench.summary import decode_gemms, summarize

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import quantcore
-from quantcore import cli, report
+from quantcore import cli, registry, report
 from quantcore.cli import main
 
 
@@ -80,7 +80,7 @@ def test_bad_simulate_profile_exits_2(capsys):
 
 def _saved_run(tmp_path):
     """A bench result as `quantcore bench --json` writes it (values are placeholders, not measurements)."""
-    from quantcore.bench import BenchResult, Record
+    from quantcore.bench.run import BenchResult, Record
 
     records = [Record(op="act_quant", fmt="fp8_e4m3", shape=[4096, 7168], impl=impl, us=us, rate=rate, unit="GB/s",
                       fraction=rate / 3000.0) for impl, us, rate in (("triton", 10.0, 2700.0), ("cupy", 20.0, 1350.0),
@@ -124,7 +124,7 @@ def test_dispatch_overhead_probe_measures_and_leaves_the_registry_as_it_was():
 def test_saved_runs_keep_the_versions_of_the_machine_that_measured(tmp_path):
     import json
 
-    from quantcore.bench import BenchResult
+    from quantcore.bench.run import BenchResult
 
     data = json.loads(_saved_run(tmp_path).read_text())
     data.pop("versions")
@@ -209,3 +209,32 @@ def test_progress_is_plain_lines_off_a_terminal_and_a_tqdm_bar_on_one(monkeypatc
     progress.step("a")
     progress.step("b")
     assert updates == [("total", 2), ("label", "a"), ("update", 1), ("label", "b"), ("update", 1), ("close",)]
+
+
+_WITHOUT_TORCH = """
+import sys
+sys.argv = ["quantcore", *sys.argv[1:]]  # as the console script runs it
+from quantcore.cli import main
+try:
+    main(sys.argv[1:])
+except SystemExit:
+    pass
+print("torch imported:", "torch" in sys.modules)
+"""
+
+
+@pytest.mark.parametrize("args", [["--version"], ["--help"], ["bench", "--help"], ["report", "--help"]])
+def test_version_and_help_answer_without_importing_torch(args):
+    out = subprocess.run([sys.executable, "-c", _WITHOUT_TORCH, *args], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "torch imported: False" in out.stdout and ("quantcore 0.1.0" in out.stdout or "usage:" in out.stdout)
+
+
+def test_numerics_warning_points_at_the_callers_line():
+    x = torch.randn(2, 256)
+    q, s = quantcore.ops.act_quant(x)
+    wq, ws = quantcore.ops.weight_quant(torch.randn(64, 256))
+    registry.clear_caches()
+    with pytest.warns(quantcore.NumericsWarning) as caught:
+        quantcore.ops.scaled_mm(q, s, wq, ws, backend="torch[bf16_dequant]")
+    assert caught[0].filename == __file__

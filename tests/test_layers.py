@@ -13,7 +13,7 @@ ROOT = Path(quantcore.__file__).parent
 
 # Bottom to top; a module may import its own layer's modules and those of the layers below.
 LAYERS = (
-    ("quantcore.errors", "quantcore.formats", "quantcore.capability", "quantcore.userdirs"),
+    ("quantcore.errors", "quantcore.formats", "quantcore.capability", "quantcore.userdirs", "quantcore.report_schema"),
     ("quantcore.definitions",),
     ("quantcore.registry",),
     ("quantcore.runtime",),

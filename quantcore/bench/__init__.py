@@ -1,5 +1,3 @@
-"""Benchmarks: `quantcore bench` and `quantcore.bench.run()`. Imports nothing heavy until run."""
-
-from .run import BenchResult, Record, run
-
-__all__ = ["run", "BenchResult", "Record"]
+"""Benchmarks: `quantcore bench` (`run.run`: every op and backend beside its baselines; `e2e`: decode
+tokens/s of a transformer). Importing the package imports nothing heavy: the command line reads its
+vocabulary (`shapes`) without torch."""
