@@ -30,7 +30,7 @@ def _contiguous_tile(offsets_ptr, slot, E, BLOCK_M: tl.constexpr, E_PAD: tl.cons
     hi = tl.load(offsets_ptr + experts + 1, mask=experts < E, other=0)
     tiles = tl.cdiv(hi - lo, BLOCK_M)
     ends = tl.cumsum(tiles, 0)
-    e = tl.sum((ends <= slot).to(tl.int32), 0)  # E past the last tile: no lane matches below
+    e = tl.sum((ends <= slot).to(tl.int32), 0)  # E past the last tile, whose count then reads as 0
     mine = experts == e
     first = tl.sum(tl.where(mine, lo, 0), 0)
     count = tl.sum(tl.where(mine, hi - lo, 0), 0)
