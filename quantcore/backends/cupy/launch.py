@@ -362,6 +362,9 @@ FUSED_M_MAX = 4
 # at most one row tile (gemm.cu's ONCE).
 ONCE_M_MAX = 32
 ONCE_NK_MAX = 2**25
+# gemm_kernel's parameters of a grouped launch (cupy/grouped.py), unused by a dense one: no expert table, no
+# experts, expert strides 0.
+UNGROUPED = (i64(0), i32(0), *(i64(0),) * 7)
 
 
 def gemm_tile(M: int, out_group: int | None = None) -> GemmTile:
@@ -402,13 +405,14 @@ def gemm_splits(M: int, N: int, K: int, block_k: int, tile: GemmTile, sm_count: 
 
 
 def gemm_kernel_name(mma: str, tile: GemmTile, stages: int, aligned: bool, a_type: str = "qc::u8",
-                     once: bool = False) -> str:
+                     once: bool = False, grouping: int = 0) -> str:
     """The gemm.cu template instantiation for one configuration; `mma` is "fp8", "int8" or "fp16";
     `a_type` the element type of A: codes, or a float activation quantized in the prologue (by each
-    program, or `once` per launch into a workspace)."""
+    program, or `once` per launch into a workspace); `grouping` gemm.cu's Grouping (0: a dense GEMM)."""
     bm, bn, wm, wn, bk, _ = tile
+    grouped = f", {grouping}" if grouping else ""
     return (f"qc::gemm_kernel<{MMA_KIND[mma]}, {a_type}, {bm}, {bn}, {wm}, {wn}, {bk}, {stages}, "
-            f"{'true' if aligned else 'false'}, {'true' if once else 'false'}>")
+            f"{'true' if aligned else 'false'}, {'true' if once else 'false'}{grouped}>")
 
 
 def _gemm(a, a_scale, b, b_scale, bias, *, block_n, block_k, activation, out_kind, out_group, ue8m0_out, eps,
@@ -460,7 +464,7 @@ def _gemm(a, a_scale, b, b_scale, bias, *, block_n, block_k, activation, out_kin
             i64(_address(ws)), i64(_address(counters)), *(i64(_address(t)) for t in codes or (None,) * 3),
             i32(M), i32(N), i32(K), i32(block_n), i32(block_k), i32(kb_per_split * block_k),
             i32(_ACTIVATION[activation]), i32(_OUT_KIND[out_kind]), i32(out_group or 1), i32(bool(ue8m0_out)),
-            f32(eps), f32(a_quant[0] if a_quant else 0.0), i32(bool(a_quant and a_quant[1])))
+            f32(eps), f32(a_quant[0] if a_quant else 0.0), i32(bool(a_quant and a_quant[1])), *UNGROUPED)
     a_type = _A_TYPE[a.dtype] if a_quant else "qc::u8"
     return _kernel("gemm.cu", gemm_kernel_name(mma, tile, stages, aligned, a_type, once), profile, a.device,
                    (math.ceil(M / tile.bm), math.ceil(N / tile.bn), splits), (tile.wm * tile.wn * 32,), args, smem)

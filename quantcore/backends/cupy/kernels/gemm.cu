@@ -464,9 +464,65 @@ __device__ __forceinline__ void release_once(int* flags, int num_kb, int program
 template <class T> struct IsCode { static constexpr bool value = false; };
 template <> struct IsCode<u8> { static constexpr bool value = true; };
 
+// ---------------------------------------------------------------- grouped (mixture-of-experts) launches
+//
+// A grouped launch runs the dense program on one expert's rows: each program finds its expert, moves every
+// operand to that expert (b [E, N, K], b_scale, bias [E, N], and the activation's and output's rows) and
+// sets M to the expert's row count, so an expert's rows get the dense GEMM's sums bit for bit (its K
+// unsplit). Row counts are read on the device: no host synchronization, and a graph replays the launch
+// with whatever counts the device holds.
+//   kContiguous: rows sorted by expert, rows[e]..rows[e+1] (int32 offsets [E + 1]); blockIdx.x is a slot
+//                of the bound ceil(M / BM) + E on the row tiles, taken in expert order; slots past the
+//                last tile exit.
+//   kMasked:     a [E, max_m, K] with rows[e] (int32 [E], clamped to 0..max_m) rows each; blockIdx.x is
+//                expert x ceil(max_m / BM) + row tile.
+enum Grouping { kDense = 0, kContiguous = 1, kMasked = 2 };
+
+struct ExpertTile {
+  int e, first, count, m0;  // expert, its first row (contiguous), its rows, the tile's first row among them
+};
+
+// Every warp scans the offsets by itself, 32 experts a step, one per lane: a lane's tile count, a prefix
+// sum over the warp, and the first lane whose running count passes the slot.
+template <int BM> __device__ __forceinline__ ExpertTile contiguous_tile(const int* offsets, int experts, int slot) {
+  const int lane = threadIdx.x & 31;
+  int before = 0;  // row tiles of the experts scanned so far
+  for (int base = 0; base < experts; base += 32) {
+    const int e = base + lane;
+    const int lo = e < experts ? __ldg(offsets + e) : 0, count = e < experts ? __ldg(offsets + e + 1) - lo : 0;
+    const int tiles = (count + BM - 1) / BM;
+    int ends = tiles;  // inclusive prefix sum over the lanes
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int v = __shfl_up_sync(0xffffffffu, ends, o);
+      if (lane >= o) ends += v;
+    }
+    const u32 past = __ballot_sync(0xffffffffu, before + ends > slot);
+    if (past) {
+      const int l = __ffs(past) - 1;
+      const int start = before + __shfl_sync(0xffffffffu, ends - tiles, l);
+      return {base + l, __shfl_sync(0xffffffffu, lo, l), __shfl_sync(0xffffffffu, count, l), (slot - start) * BM};
+    }
+    before += __shfl_sync(0xffffffffu, ends, 31);
+  }
+  return {0, 0, 0, 0};
+}
+
+template <int BM> __device__ __forceinline__ ExpertTile masked_tile(const int* counts, int max_m, int x) {
+  const int tiles = (max_m + BM - 1) / BM, e = x / tiles;
+  return {e, 0, min(max(__ldg(counts + e), 0), max_m), x % tiles * BM};
+}
+
+__device__ __forceinline__ int out_bytes(int out_kind) {
+  return out_kind == kOutF32 ? 4 : out_kind == kOutFp8 || out_kind == kOutInt8 ? 1 : 2;
+}
+
 // ONCE (a float AT, one row tile: M <= BM): once_q, once_s and once_flags are quantize_once's q, s and
-// flags, zero flags between launches; unused otherwise.
-template <int KIND, class AT, int BM, int BN, int WM, int WN, int BK, int STAGES, bool ALIGNED, bool ONCE>
+// flags, zero flags between launches; unused otherwise. GROUPED (a Grouping; codes only, K unsplit): rows
+// is the expert table, experts E, and *_e the expert strides of a, a_scale, b, b_scale, bias, out and
+// out_scale in elements (0 for a contiguous layout's activation, scales and output); unused when kDense.
+template <int KIND, class AT, int BM, int BN, int WM, int WN, int BK, int STAGES, bool ALIGNED, bool ONCE,
+          int GROUPED = kDense>
 __global__ void __launch_bounds__(WM * WN * 32)
 gemm_kernel(const AT* __restrict__ a, long long lda, const float* __restrict__ as, long long as_m, long long as_k,
             const u8* __restrict__ b, long long ldb, const float* __restrict__ bs, long long bs_n, long long bs_k,
@@ -474,9 +530,28 @@ gemm_kernel(const AT* __restrict__ a, long long lda, const float* __restrict__ a
             float* __restrict__ out_scale,
             long long os_m, long long os_n, float* ws, int* counters, u8* once_q, float* once_s, int* once_flags,
             int M, int N, int K, int block_n, int block_k, int k_split, int act, int out_kind, int out_group,
-            int ue8m0_out, float eps, float a_eps, int a_ue8m0) {
+            int ue8m0_out, float eps, float a_eps, int a_ue8m0, const int* __restrict__ rows, int experts,
+            long long a_e, long long as_e, long long b_e, long long bs_e, long long bias_e, long long out_e,
+            long long os_e) {
   static_assert(KIND != kMmaE4M3 || __CUDA_ARCH__ >= 890, "FP8 tensor-core MMA needs sm_89 or newer");
   static_assert(!ONCE || !IsCode<AT>::value, "ONCE quantizes a float activation");
+  static_assert(GROUPED == kDense || (IsCode<AT>::value && !ONCE), "grouped launches read codes");
+  int m0 = blockIdx.x * BM;
+  if constexpr (GROUPED != kDense) {
+    const ExpertTile et = GROUPED == kMasked ? masked_tile<BM>(rows, M, blockIdx.x)
+                                             : contiguous_tile<BM>(rows, experts, blockIdx.x);
+    if (et.m0 >= et.count) return;  // the whole block alike, before any barrier
+    const long long e = et.e, first = et.first;
+    a += e * a_e + first * lda;
+    as += e * as_e + first * as_m;
+    b += e * b_e;
+    bs += e * bs_e;
+    if (bias) bias = static_cast<const char*>(bias) + e * bias_e * (bias_kind == kBiasF32 ? 4 : 2);
+    out = static_cast<char*>(out) + (e * out_e + first * ldo) * out_bytes(out_kind);
+    if (out_scale) out_scale += e * os_e + first * os_m;
+    M = et.count;
+    m0 = et.m0;
+  }
   typedef Mma<KIND> MMA;
   typedef typename MMA::acc_t acc_t;
   typedef typename Select<KIND == kMmaS8, Int8, Fp8E4M3>::type Q;  // the format a float activation takes
@@ -496,7 +571,7 @@ gemm_kernel(const AT* __restrict__ a, long long lda, const float* __restrict__ a
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wm = warp / WN, wn = warp % WN, g = lane >> 2, t = lane & 3;
-  const int m0 = blockIdx.x * BM, n0 = blockIdx.y * BN;
+  const int n0 = blockIdx.y * BN;
   const int kz0 = blockIdx.z * k_split, kz1 = min(K, kz0 + k_split);
   const int KT = (kz1 - kz0 + BK - 1) / BK;
 

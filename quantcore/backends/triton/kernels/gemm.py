@@ -91,6 +91,41 @@ def tile_pointers(a_ptr, b_ptr, a_scale_ptr, b_scale_ptr, offs_m, offs_n, offs_k
 
 
 @triton.jit
+def scaled_k_blocks(a_ptrs, b_ptrs, a_desc, b_desc, a_s_ptrs, b_s_ptrs, off_m, off_n, offs_k, kb_start, kb_end, K,
+                    stride_ask, stride_bsk, QFMT: tl.constexpr, USE_FP8_MMA: tl.constexpr, TMA: tl.constexpr,
+                    UNIFORM_BS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                    K_STEP: tl.constexpr, BLOCK_KS: tl.constexpr):
+    """The fp32 [BLOCK_M, BLOCK_N] tile Σ fp32(dot_kb) · a_s · b_s over K blocks kb_start ≤ kb < kb_end, added in
+    order to zeros: the main loop of `block_scaled_mm_kernel` (whose docstring says what K_STEP, BLOCK_KS and TMA
+    do), shared with the grouped GEMM so that an expert's rows get the dense GEMM's sums. The pointers are
+    `tile_pointers`' (a_ptrs/b_ptrs with BLOCK_KS columns offs_k); off_m/off_n are the tile's TMA coordinates."""
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if BLOCK_KS < BLOCK_K:
+        tl.static_assert(K_STEP == 1 and not TMA and BLOCK_K % BLOCK_KS == 0)
+        STEPS: tl.constexpr = BLOCK_K // BLOCK_KS
+        part = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32 if QFMT == "int8" else tl.float32)
+        for i in range(kb_start * STEPS, kb_end * STEPS):
+            a, b = _load_k_block(a_ptrs, b_ptrs, a_desc, b_desc, 0, 0, offs_k, i, K, False, BLOCK_KS)
+            part = block_dot(a, b, part, QFMT, USE_FP8_MMA, False)
+            if i % STEPS == STEPS - 1:
+                acc += _scaled(part, a_s_ptrs, b_s_ptrs, i // STEPS, stride_ask, stride_bsk, True, UNIFORM_BS)
+                part = tl.zeros((BLOCK_M, BLOCK_N), dtype=part.dtype)
+    else:
+        for kb in range(kb_start, kb_end, K_STEP):
+            a0, b0 = _load_k_block(a_ptrs, b_ptrs, a_desc, b_desc, off_m, off_n, offs_k, kb, K, TMA, BLOCK_K)
+            if K_STEP == 2:
+                a1, b1 = _load_k_block(a_ptrs, b_ptrs, a_desc, b_desc, off_m, off_n, offs_k, kb + 1, K, TMA, BLOCK_K)
+            part0 = block_dot(a0, b0, None, QFMT, USE_FP8_MMA, TMA)
+            if K_STEP == 2:
+                part1 = block_dot(a1, b1, None, QFMT, USE_FP8_MMA, TMA)
+            acc += _scaled(part0, a_s_ptrs, b_s_ptrs, kb, stride_ask, stride_bsk, True, UNIFORM_BS)
+            if K_STEP == 2:
+                acc += _scaled(part1, a_s_ptrs, b_s_ptrs, tl.minimum(kb + 1, kb_end - 1), stride_ask, stride_bsk,
+                               kb + 1 < kb_end, UNIFORM_BS)
+    return acc
+
+
+@triton.jit
 def finish_tile(acc, offs_m, offs_n, pid_n, M, N, bias_ptr, stride_bias, out_ptr, stride_om, out_scale_ptr,
                 stride_osm, eps, BIAS: tl.constexpr, ACTIVATION: tl.constexpr, OUT: tl.constexpr,
                 OUT_GROUP: tl.constexpr, UE8M0_OUT: tl.constexpr, TINY_SCALES: tl.constexpr, HW_FP8: tl.constexpr,
@@ -188,37 +223,14 @@ def block_scaled_mm_kernel(
     a_ptrs, b_ptrs, a_s_ptrs, b_s_ptrs = tile_pointers(
         a_ptr, b_ptr, a_scale_ptr, b_scale_ptr, offs_m, offs_n, offs_k, pid_n, M, N, stride_am, stride_bn,
         stride_asm, stride_bsn, SCALE_BN, BLOCK_N)
-    UNIFORM_BS: tl.constexpr = SCALE_BN % BLOCK_N == 0
 
     kb_start, kb_end = 0, tl.cdiv(K, BLOCK_K)
     if SPLIT:
         kb_start = tl.program_id(1) * kb_per_split
         kb_end = tl.minimum(kb_start + kb_per_split, kb_end)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    if BLOCK_KS < BLOCK_K:
-        tl.static_assert(K_STEP == 1 and not TMA and BLOCK_K % BLOCK_KS == 0)
-        STEPS: tl.constexpr = BLOCK_K // BLOCK_KS
-        part = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32 if QFMT == "int8" else tl.float32)
-        for i in range(kb_start * STEPS, kb_end * STEPS):
-            a, b = _load_k_block(a_ptrs, b_ptrs, a_desc, b_desc, 0, 0, offs_k, i, K, False, BLOCK_KS)
-            part = block_dot(a, b, part, QFMT, USE_FP8_MMA, False)
-            if i % STEPS == STEPS - 1:
-                acc += _scaled(part, a_s_ptrs, b_s_ptrs, i // STEPS, stride_ask, stride_bsk, True, UNIFORM_BS)
-                part = tl.zeros((BLOCK_M, BLOCK_N), dtype=part.dtype)
-    else:
-        for kb in range(kb_start, kb_end, K_STEP):
-            a0, b0 = _load_k_block(a_ptrs, b_ptrs, a_desc, b_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, offs_k, kb, K,
-                                   TMA, BLOCK_K)
-            if K_STEP == 2:
-                a1, b1 = _load_k_block(a_ptrs, b_ptrs, a_desc, b_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, offs_k,
-                                       kb + 1, K, TMA, BLOCK_K)
-            part0 = block_dot(a0, b0, None, QFMT, USE_FP8_MMA, TMA)
-            if K_STEP == 2:
-                part1 = block_dot(a1, b1, None, QFMT, USE_FP8_MMA, TMA)
-            acc += _scaled(part0, a_s_ptrs, b_s_ptrs, kb, stride_ask, stride_bsk, True, UNIFORM_BS)
-            if K_STEP == 2:
-                acc += _scaled(part1, a_s_ptrs, b_s_ptrs, tl.minimum(kb + 1, kb_end - 1), stride_ask, stride_bsk,
-                               kb + 1 < kb_end, UNIFORM_BS)
+    acc = scaled_k_blocks(a_ptrs, b_ptrs, a_desc, b_desc, a_s_ptrs, b_s_ptrs, pid_m * BLOCK_M, pid_n * BLOCK_N, offs_k,
+                          kb_start, kb_end, K, stride_ask, stride_bsk, QFMT, USE_FP8_MMA, TMA, SCALE_BN % BLOCK_N == 0,
+                          BLOCK_M, BLOCK_N, BLOCK_K, K_STEP, BLOCK_KS)
 
     if not SPLIT:
         finish_tile(acc, offs_m, offs_n, pid_n, M, N, bias_ptr, stride_bias, out_ptr, stride_om, out_scale_ptr,

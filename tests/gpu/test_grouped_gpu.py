@@ -1,0 +1,153 @@
+"""The grouped (mixture-of-experts) GEMMs on the GPU, Triton and CuPy: each expert's rows bit for bit what
+`quantcore.ops.scaled_mm` on the same backend computes for those rows, on DeepSeek-like shapes with uneven
+routing (empty experts, one row, decode-sized, past the decode kernel's 64 rows and the TMA tiles' 512); the
+masked layout; and the masked launch captured in a CUDA graph, replayed on new counts and activations.
+
+The grouped kernels never split K, and scaled_mm splits it where its output tiles leave SMs idle (summing
+the same K blocks in another order), so scaled_mm runs unsplit here (`unsplit`).
+
+Run on a GPU machine: `python3 -m pytest -m gpu tests/gpu/test_grouped_gpu.py`.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+import torch
+
+import quantcore
+from quantcore import ops, registry
+from quantcore.backends import torch as ref
+from quantcore.backends.cupy import launch as cupy_launch
+from quantcore.backends.triton import configs
+from quantcore.capability import profile_for
+
+from test_parity import poison, rand
+
+pytestmark = pytest.mark.gpu
+
+FP8, I8 = torch.float8_e4m3fn, torch.int8
+BACKENDS = ["triton", "cupy"]
+# Rows per expert: empty, one, decode-sized, 64 / 65 (the decode kernels' bound), past 512 (the TMA tiles').
+COUNTS = [0, 1, 3, 17, 64, 65, 128, 300, 7, 0, 513, 2, 40, 90, 200, 33]
+
+
+@pytest.fixture(autouse=True)
+def unsplit(monkeypatch):
+    """scaled_mm with K whole, as the grouped kernels run it."""
+    monkeypatch.setattr(configs, "_split", lambda profile, tiles, kbs, *args: (1, kbs))
+    monkeypatch.setattr(cupy_launch, "gemm_splits", lambda M, N, K, block_k, tile, sms: (-(-K // block_k), 1))
+    registry.reset()
+    yield
+    registry.reset()
+
+
+def _grouped(backend):
+    pytest.importorskip(backend)
+    return importlib.import_module(f"quantcore.backends.{backend}.grouped")
+
+
+def _activations(qdtype, rows, K, seed=0):
+    """Quantized activations [*rows, K] with 1×128 scales [*rows, ceil(K/128)]."""
+    a, a_s = ref.act_quant(rand((*rows, K), torch.float32, seed).view(-1, K), qdtype=qdtype, group_size=128,
+                           ue8m0=False, eps=1e-4, scale_m_major=False)
+    return a.view(*rows, K), a_s.view(*rows, a_s.shape[-1])
+
+
+def _operands(qdtype, rows, E, N, K):
+    """`_activations` and E stacked weights [E, N, K] with 128×128 scales."""
+    ws = [ref.weight_quant(rand((N, K), torch.float32, 1 + e), qdtype=qdtype, block_n=128, block_k=128, ue8m0=False,
+                           eps=1e-4) for e in range(E)]
+    return (*_activations(qdtype, rows, K), torch.stack([w for w, _ in ws]), torch.stack([s for _, s in ws]))
+
+
+def _launch_options(backend, a, a_s, b, b_s, **epilogue):
+    """The grouped launch's options for `epilogue` (ops.scaled_mm's keywords), with the `mma` of the scaled_mm
+    variant that `backend` runs here."""
+    explained = quantcore.explain("scaled_mm", a, a_s, b[0], b_s[0], backend=backend)
+    return dict(block_n=128, block_k=128, bias=epilogue.get("bias"), activation=epilogue.get("activation"),
+                out_dtype=epilogue.get("out_dtype", torch.bfloat16), out_quant=epilogue.get("out_quant"),
+                out_group=epilogue.get("out_group_size", 128), ue8m0_out=False, eps=1e-4,
+                profile=profile_for(a.device), mma=explained.options["mma"])
+
+
+def _parts(out) -> tuple:
+    return out if isinstance(out, tuple) else (out,)
+
+
+def _bits(t):
+    return t.view({1: torch.uint8, 2: torch.int16, 4: torch.int32}[t.element_size()])
+
+
+def _assert_scaled_mm_rows(backend, got: tuple, a, a_s, b, b_s, e, epilogue):
+    bias = epilogue.get("bias")
+    want = _parts(ops.scaled_mm(a, a_s, b[e], b_s[e], **dict(epilogue, bias=None if bias is None else bias[e]),
+                                backend=backend))
+    for g, w in zip(got, want, strict=True):
+        assert g.dtype == w.dtype and g.shape == w.shape
+        same = _bits(g) == _bits(w)
+        assert bool(same.all()), f"expert {e} ({a.shape[0]} rows): {int((~same).sum())} elements differ"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("qdtype", [FP8, I8])
+@pytest.mark.parametrize("N,K,epilogue", [
+    (4096, 7168, {}),
+    (512, 7168, {}),
+    (512, 7168, dict(bias=True, activation="silu", requantize=True)),  # a bf16 bias; q and scales in a's format
+])
+def test_contiguous_is_scaled_mm_per_expert(backend, qdtype, N, K, epilogue):
+    grouped = _grouped(backend)
+    a, a_s, b, b_s = _operands(qdtype, (sum(COUNTS),), len(COUNTS), N, K)
+    if epilogue:
+        epilogue = dict(activation=epilogue["activation"], out_quant=qdtype,
+                        bias=rand((len(COUNTS), N), torch.bfloat16, seed=99))
+    offsets = torch.tensor([sum(COUNTS[:e]) for e in range(len(COUNTS) + 1)], dtype=torch.int32, device="cuda")
+    poison()
+    out = _parts(grouped.grouped_mm(a, a_s, b, b_s, offsets, **_launch_options(backend, a, a_s, b, b_s, **epilogue)))
+    for e, (lo, hi) in enumerate(zip(offsets.tolist(), offsets.tolist()[1:])):
+        if hi > lo:
+            _assert_scaled_mm_rows(backend, tuple(t[lo:hi] for t in out), a[lo:hi], a_s[lo:hi], b, b_s, e, epilogue)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("qdtype", [FP8, I8])
+@pytest.mark.parametrize("N,K", [(4096, 7168), (7168, 2048)])
+def test_masked_is_scaled_mm_per_expert(backend, qdtype, N, K):
+    grouped = _grouped(backend)
+    E, max_m = 8, 96
+    a, a_s, b, b_s = _operands(qdtype, (E, max_m), E, N, K)
+    masked_m = torch.tensor([0, 1, 96, 5, 64, 65, 17, 200], dtype=torch.int32, device="cuda")  # 200: max_m
+    poison()
+    out = grouped.grouped_mm_masked(a, a_s, b, b_s, masked_m, **_launch_options(backend, a, a_s, b, b_s))
+    for e, count in enumerate(min(c, max_m) for c in masked_m.tolist()):
+        if count:
+            _assert_scaled_mm_rows(backend, (out[e, :count],), a[e, :count], a_s[e, :count], b, b_s, e, {})
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("qdtype", [FP8, I8])
+def test_masked_launch_replays_in_a_cuda_graph(backend, qdtype):
+    """Captured once, replayed after the counts and activations changed in place: the rows an eager launch
+    computes for the new inputs, bit for bit, with no host synchronization inside the capture."""
+    grouped = _grouped(backend)
+    E, max_m, N, K = 8, 32, 512, 7168
+    a, a_s, b, b_s = _operands(qdtype, (E, max_m), E, N, K)
+    masked_m = torch.tensor([3, 0, 32, 1, 7, 16, 0, 2], dtype=torch.int32, device="cuda")
+    run = grouped.grouped_mm_masked.prepare(a, a_s, b, b_s, masked_m, **_launch_options(backend, a, a_s, b, b_s))
+    run(a, a_s, b, b_s, masked_m)  # compiles and binds the direct launch outside the capture
+    run(a, a_s, b, b_s, masked_m)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = run(a, a_s, b, b_s, masked_m)
+    for old, new in zip((a, a_s), _activations(qdtype, (E, max_m), K, seed=7)):
+        old.copy_(new)
+    masked_m.copy_(torch.tensor([32, 5, 0, 9, 1, 0, 31, 4], dtype=torch.int32))
+    graph.replay()
+    eager = run(a, a_s, b, b_s, masked_m)
+    torch.cuda.synchronize()
+    for e, count in enumerate(masked_m.tolist()):
+        assert torch.equal(_bits(captured[e, :count]), _bits(eager[e, :count])), f"expert {e}"
+        if count:
+            _assert_scaled_mm_rows(backend, (captured[e, :count],), a[e, :count], a_s[e, :count], b, b_s, e, {})
