@@ -18,7 +18,7 @@ import math
 import torch
 
 from ...errors import InvalidInputError, UnsupportedError
-from ..base import allocator, by_address, prepared
+from ...runtime.launch import allocator, by_address, prepared
 from .launch import (_ACTIVATION, _BIAS_KIND, _MMA_READS, _OUT_KIND, _QTYPE, _bias_layout, _bias_name, _kernel,
                      _native_bias, _nothing, _run, gemm_kernel_name, gemm_stages, gemm_tile)
 from .launcher import POINTER, f32, i32, i64

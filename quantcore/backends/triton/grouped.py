@@ -19,7 +19,7 @@ import torch
 import triton
 
 from ...errors import InvalidInputError
-from ..base import by_address, compose, prepared
+from ...runtime.launch import by_address, compose, prepared
 from . import configs
 from .direct import Launcher
 from .kernels.grouped import grouped_mm_kernel
