@@ -40,8 +40,8 @@ def test_snippet_runs(code, needs, tmp_path):
         torchrun = shutil.which("torchrun")
         if torchrun is None:
             pytest.skip("torchrun is not on the PATH")
-        command = [torchrun, "--nproc-per-node", "2", "--master-port", "0", str(script)]
+        command = [torchrun, "--standalone", "--nproc-per-node", "2", str(script)]
     else:
         command = [sys.executable, str(script)]
-    out = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
+    out = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
