@@ -12,6 +12,11 @@
 Both answer `layer(name)`: the `LayerFormat` a linear of that dotted name is stored in, or None when
 the config keeps it in floating point. `to_config()` writes the dict back; `scheme_from_config` and
 `read_scheme` read one.
+
+Plain dataclasses rather than pydantic models: the dicts are other libraries' formats (aliases such as
+`ignored_layers`, fields that differ between their versions, unknown fields to ignore), and what a
+reader must say is why quantcore computes a layer differently, which validators would restate line by
+line.
 """
 
 from __future__ import annotations
