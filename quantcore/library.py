@@ -233,7 +233,7 @@ ROUTES: dict[str, tuple[Route, ...]] = {}  # op name -> its custom ops' routes
 
 def _route(op: OpDef, custom: CustomOp, overload: torch._ops.OpOverload) -> Route:
     keywords = [a for a in overload._schema.arguments if a.kwarg_only and a.name != BACKEND_ARG]
-    dtypes = tuple(a.name for a in keywords if "ScalarType" in str(a.type))
+    dtypes = tuple(a.name for a in keywords if "ScalarType" in str(a.real_type))
     taken = {a.name for a in keywords}
     return Route(custom, overload, tuple(a.name for a in keywords), dtypes,
                  tuple(n for n in op.defaults if n not in taken))
