@@ -34,14 +34,16 @@ same gradients (`call_with_gradient`).
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import torch
 
 from . import definitions
-from .definitions import BUILTIN
+from .definitions import BUILTIN, checks
 from .definitions.op import CustomOp, OpDef, register_op, requires_grad, unregister_op
+from .definitions.schema import BACKEND_ARG
 from .errors import InvalidInputError
+from .formats import dtype_name
 from .runtime import entry, native
 from .runtime.dispatch import call, kept
 from .runtime.plans import PLAIN_TENSORS
@@ -212,10 +214,36 @@ FUNCTIONS: dict[str, entry.Functions] = {}  # op name -> its generated functions
 CUSTOM_OPS: dict[str, torch._ops.OpOverload] = {}
 
 
+class Route(NamedTuple):
+    """How a `quantcore.ops` call is made as the custom op that serves it (`CustomOp.serves`): `overload`
+    called with the call's tensors positionally and, by keyword, the options it takes (`options`: the
+    schema's keyword-only arguments but the backend), those of them the schema types as a dtype (`dtypes`:
+    "auto" is the caller's to resolve) and the op's other options (`unused`: the schema omits them, as
+    the call's options that make no difference to it, but they are validated all the same)."""
+
+    custom: CustomOp
+    overload: torch._ops.OpOverload
+    options: tuple[str, ...]
+    dtypes: tuple[str, ...]
+    unused: tuple[str, ...]
+
+
+ROUTES: dict[str, tuple[Route, ...]] = {}  # op name -> its custom ops' routes
+
+
+def _route(op: OpDef, custom: CustomOp, overload: torch._ops.OpOverload) -> Route:
+    keywords = [a for a in overload._schema.arguments if a.kwarg_only and a.name != BACKEND_ARG]
+    dtypes = tuple(a.name for a in keywords if "ScalarType" in str(a.real_type))
+    taken = {a.name for a in keywords}
+    return Route(custom, overload, tuple(a.name for a in keywords), dtypes,
+                 tuple(n for n in op.defaults if n not in taken))
+
+
 def _define(op: OpDef) -> Callable[..., Any]:
-    FUNCTIONS[op.name] = entry.generate(op, call_with_gradient)
+    FUNCTIONS[op.name] = entry.generate(op, call_with_gradient, as_custom_op)
     for custom in op.custom_ops:
         CUSTOM_OPS[custom.name] = _register(op, custom)
+    ROUTES[op.name] = tuple(_route(op, c, CUSTOM_OPS[c.name]) for c in op.custom_ops)
     return FUNCTIONS[op.name].public
 
 
@@ -231,8 +259,7 @@ def undefine(op: OpDef) -> None:
     """Forget an op added with `define` (its custom ops stay defined: torch.library cannot drop them)."""
     unregister_op(op)
     FUNCTIONS.pop(op.name, None)
-
-
+    ROUTES.pop(op.name, None)
 
 
 def _schema_backend(backend: Any) -> Any:
@@ -243,21 +270,72 @@ def _schema_backend(backend: Any) -> Any:
     return backend
 
 
+def _serving(name: str, options: dict[str, Any]) -> Route:
+    """The route of the custom op of `name` that serves a call with `options`."""
+    for route in ROUTES[name]:
+        if route.custom.serves(options):
+            return route
+    raise InvalidInputError(f"{name}: none of its custom ops {[r.custom.name for r in ROUTES[name]]} serves "
+                            f"a call with options {options}")
+
+
+def _given(value: Any, default: Any) -> bool:
+    """Whether an option differs from its default in type or value (validation tells 128 from 128.0)."""
+    return value is not default and (type(value) is not type(default) or value != default)
+
+
+# Run by TorchDynamo at trace time on the call's constant options, not traced: they read the device's
+# profile and validate with numpy, and what they return is a constant of the graph.
+@torch.compiler.assume_constant_result
+def _check_unused(name: str, unused: tuple[tuple[str, Any], ...], dtype: torch.dtype) -> bool:
+    """Raise what `quantcore.ops.<name>` raises for an invalid option among `unused` ((name, value) pairs
+    the custom op does not take), by running the op's spec on its example call in the format of `dtype`
+    (the call's first tensor's), with these options given. An op without an example is not checked."""
+    op = definitions.get(name)
+    if op.example is not None:
+        fmt = dtype_name(dtype) if dtype_name(dtype) in op.formats else op.formats[0]
+        args, kwargs = op.example(fmt)
+        op.spec(*args, **{**kwargs, **dict(unused)})
+    return True
+
+
+@torch.compiler.assume_constant_result
+def _auto_dtype(name: str, option: str, value: str, device: torch.device) -> torch.dtype:
+    """The quantized dtype that `value` ("auto") means for option `option` of `name` on `device`."""
+    return checks.quant_format(name, option, value, device).dtype
+
+
+def as_custom_op(name: str, tensors: tuple, options: dict[str, Any], backend: Any) -> Any:
+    """`quantcore.ops.<name>` called as the custom op that serves it, with the schema's arguments: a dtype
+    option's "auto" resolved for the first tensor's device, a backend priority joined by commas. What the
+    schema omits is validated here (`_check_unused`); the rest, with the tensors, by the custom op's real
+    kernel when it runs. The public function calls it when TorchDynamo or a non-strict `torch.export`
+    traces it, so that the graph holds the custom op: the trace reads no shape (M stays dynamic) and
+    nothing but constants decides the route."""
+    route = _serving(name, options)
+    defaults = definitions.get(name).defaults
+    unused = tuple((n, options[n]) for n in route.unused if _given(options[n], defaults[n]))
+    if unused:
+        _check_unused(name, unused, tensors[0].dtype)
+    kwargs = {n: options[n] for n in route.options}
+    for n in route.dtypes:
+        if isinstance(kwargs[n], str):
+            kwargs[n] = _auto_dtype(name, n, kwargs[n], tensors[0].device)
+    return route.overload(*tensors, **kwargs, backend=_schema_backend(backend))
+
+
 def call_with_gradient(name: str, tensors: tuple, options: dict[str, Any], backend: Any) -> Any:
     """`quantcore.ops.<name>` called with grad mode on and an input that requires grad: validated as
-    the plain call is (same errors, before anything runs), then run through the custom op whose
-    `Gradient` applies, so that autograd records it. A call no gradient applies to (`scaled_mm` with
-    `out_quant`) runs plainly: its outputs never require grad."""
+    the plain call is (same errors, before anything runs), then run through the custom op that serves it
+    (`as_custom_op`), so that autograd records it. A call whose custom op has no `Gradient` (`scaled_mm`
+    with `out_quant`) runs plainly: its outputs never require grad."""
     op = definitions.get(name)
     op.prepare(tensors, options)
-    custom = next((c for c in op.custom_ops if c.gradient is not None and c.gradient.applies(options)), None)
-    backend = _schema_backend(backend)
-    if custom is None or not (backend is None or isinstance(backend, str)):
+    custom = _serving(name, options).custom
+    if custom.gradient is None or not (backend is None or isinstance(_schema_backend(backend), str)):
         return call(name, tensors, options, backend)  # a bad backend: the plain path names what is wrong
     _refuse_undefined(op, custom, tensors)
-    schema = getattr(torch.ops.quantcore, custom.name).default._schema
-    kwargs = {a.name: options[a.name] for a in schema.arguments if a.kwarg_only and a.name in options}
-    return CUSTOM_OPS[custom.name](*tensors, **kwargs, backend=backend)
+    return as_custom_op(name, tensors, options, backend)
 
 
 for _op in BUILTIN:

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import functools
 import struct
 import warnings
 
@@ -193,14 +194,19 @@ def test_the_cli_builds_the_extension_ahead(ext, cache, monkeypatch, capsys):
     assert cli.main(["native"]) == 2 and "QUANTCORE_NATIVE=0" in capsys.readouterr().err
 
 
-def test_a_failed_build_warns_once_and_leaves_calls_in_python(monkeypatch):
+def test_a_failed_build_warns_once_and_leaves_calls_in_python(monkeypatch, tmp_path):
+    @functools.lru_cache(maxsize=None)  # as `_build`: `module()` asks whether it has loaded (it has not)
     def fail():
         raise OSError("no C++ compiler\ncc: not found")
+    monkeypatch.setenv("QUANTCORE_CACHE_DIR", str(tmp_path))  # nothing built there
     monkeypatch.setattr(native, "_build", fail)
     monkeypatch.setattr(native, "_failure", None)
+    monkeypatch.setattr(native, "_background", [])
     run = _run("x", {"_out": base.allocator((2,), torch.float32, torch.device("cpu"))}, lambda: [], "_out")
     with pytest.warns(UserWarning, match="could not be built .OSError: cc: not found"):
-        assert native.replay(run, torch.device("cuda", 0)) is run
+        with pytest.warns(UserWarning, match="in the background"):  # the first call does not wait for the build
+            assert native.replay(run, torch.device("cuda", 0)) is run
+        assert native.wait(60)
     assert native.reason() == "OSError: cc: not found" and native.status("cuda") == "Python (OSError: cc: not found)"
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # not again

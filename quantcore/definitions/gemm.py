@@ -111,9 +111,11 @@ SCALED_MM = OpDef(
      "profile"),
     QUANT_FORMATS, DEFAULT_BLOCK,
     (CustomOp("scaled_mm", _scaled_mm_fake, returns=1, omit=("out_quant", "out_group_size", "out_scale_fmt", "eps"),
-              gradient=Gradient(("bias",), gradients.scaled_mm, lambda options: options["out_quant"] is None,
-                                " (quant_linear takes the float activation and gives it a gradient)")),
-     CustomOp("scaled_mm_quant", _scaled_mm_quant_fake, returns=2, omit=("out_dtype",), required=("out_quant",))),
+              gradient=Gradient(("bias",), gradients.scaled_mm,
+                                " (quant_linear takes the float activation and gives it a gradient)"),
+              serves=lambda options: options["out_quant"] is None),
+     CustomOp("scaled_mm_quant", _scaled_mm_quant_fake, returns=2, omit=("out_dtype",), required=("out_quant",),
+              serves=lambda options: options["out_quant"] is not None)),
     example_of("xq", "wq"))
 
 

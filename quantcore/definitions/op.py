@@ -31,7 +31,7 @@ def contiguous(out: Any, options: dict[str, Any]) -> Any:
 
 
 def always(options: dict[str, Any]) -> bool:
-    """A gradient that holds for every call of its op."""
+    """A custom op that serves every call of its op."""
     return True
 
 
@@ -43,12 +43,10 @@ class Gradient:
     arguments by name, its keyword-only arguments as the schema has them, the output's gradient and
     the names whose gradient is wanted; it returns {name: gradient}. It must be traceable (only
     torch ops and `torch.ops.quantcore.*` calls), so that compiled training graphs hold it too.
-    `applies(options)` says whether a `quantcore.ops` call with these options is this custom op's
-    (the public `scaled_mm` is either of two custom ops); `hint` ends the refusal's message."""
+    `hint` ends the refusal's message."""
 
     inputs: tuple[str, ...]
     backward: Callable[..., dict[str, Any]]
-    applies: Callable[[dict[str, Any]], bool] = always
     hint: str = ""  # appended to the refusal: where a gradient for what was refused can be had
 
 
@@ -58,7 +56,9 @@ class CustomOp:
     inputs' alone), `layout(out, options)`, which gives the real outputs the fake's strides, and its
     `gradient`; without one the op is not differentiable and its outputs never require grad. Its schema
     is the op's signature (`schema.derive`): `returns` tensors (None: from the return annotation),
-    without the options in `omit`, and with those in `required` first and without defaults."""
+    without the options in `omit`, and with those in `required` first and without defaults.
+    `serves(options)` says whether a `quantcore.ops` call with these options is this custom op's (the
+    public `scaled_mm` is either of two, one per return type); an op's custom ops serve disjoint calls."""
 
     name: str
     fake: Callable[..., Any]
@@ -67,6 +67,7 @@ class CustomOp:
     returns: int | None = None
     omit: tuple[str, ...] = ()
     required: tuple[str, ...] = ()
+    serves: Callable[[dict[str, Any]], bool] = always
 
 
 @dataclass(frozen=True)

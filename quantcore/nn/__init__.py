@@ -2,6 +2,7 @@
 
 - `layers.py`: `QuantLinear` (block-quantized weight as frozen parameters, one `quant_linear` call per
   forward), `quantize_model`, and `convert_fp8_to_int8` (FP8 layers to INT8 blocks, with the error).
+- `warmup.py`: `warmup(model, batch_sizes)`, the compiles and plans of a server's first requests, ahead.
 - `checkpoint.py`: `load_checkpoint` / `save_checkpoint` for checkpoint folders (config.json +
   safetensors shards) in the DeepSeek-V3 / transformers `fp8` and the `compressed-tensors` flavours,
   `quantize_from_config`, and `load_fp8_checkpoint` for bare safetensors files or a state dict.
@@ -16,9 +17,10 @@ from .checkpoint import (LoadedKeys, load_checkpoint, load_fp8_checkpoint, quant
 from .files import SafetensorsFiles
 from .layers import QuantLinear, convert_fp8_to_int8, quantize_model, resolve_dtype
 from .schemes import CompressedTensorsScheme, Fp8Scheme, LayerFormat, read_scheme, scheme_from_config
+from .warmup import warmup
 
 __all__ = [
-    "QuantLinear", "quantize_model", "resolve_dtype", "convert_fp8_to_int8",
+    "QuantLinear", "quantize_model", "resolve_dtype", "convert_fp8_to_int8", "warmup",
     "load_checkpoint", "save_checkpoint", "quantize_from_config", "load_fp8_checkpoint", "LoadedKeys", "scale_to_fp32",
     "SafetensorsFiles", "Fp8Scheme", "CompressedTensorsScheme", "LayerFormat", "read_scheme", "scheme_from_config",
 ]

@@ -118,10 +118,9 @@ class QuantLinear(nn.Module):
         their own bias and dtype)."""
         params = self._parameters
         w, w_scale = params["weight"], params["weight_scale_inv"]
-        if torch.compiler.is_compiling():
-            return torch.ops.quantcore.quant_linear(x, w, w_scale, bias, out_dtype=out_dtype,
-                                                    block_size=list(self.block_size), scale_fmt=self.scale_fmt)
-        if torch.is_grad_enabled() and requires_grad(x, w, w_scale, bias):  # recorded by autograd
+        # Traced (torch.compile, torch.export) the op's function is its custom op; with an input requiring grad
+        # autograd records it: the function does both, and the site below neither.
+        if torch.compiler.is_compiling() or (torch.is_grad_enabled() and requires_grad(x, w, w_scale, bias)):
             return ops.quant_linear(x, w, w_scale, bias, out_dtype=out_dtype, block_size=self.block_size,
                                     scale_fmt=self.scale_fmt)
         # Eagerly the layer's own call site keeps its plan (`runtime.dispatch.Site`): only x changes between

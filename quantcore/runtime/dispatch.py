@@ -41,22 +41,6 @@ def call(op: str, args: tuple, options: dict[str, Any], backend: BackendChoice) 
 def _plan(op: str, args: tuple, options: dict[str, Any], backend: BackendChoice) -> Plan:
     """The call's plan: the kept one for its key, else a new one (kept when it can be replayed)."""
     try:
-        key = _key(op, args, options, backend)
-        plan = _plans.get(key)
-    except _UNKEPT:
-        return _prepare(op, args, options, backend)
-    if plan is None:
-        plan = _prepare(op, args, options, backend)
-        if plan.bindings is not None:
-            if len(_plans) >= _MAX_PLANS:
-                _plans.clear()
-            _plans[key] = plan
-    return plan
-
-
-def _plan(op: str, args: tuple, options: dict[str, Any], backend: BackendChoice) -> Plan:
-    """The call's plan: the kept one for its key, else a new one (kept when it can be replayed)."""
-    try:
         k = key(op, args, options, backend)
         plan = plans.get(k)
     except UNKEPT:

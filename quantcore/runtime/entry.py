@@ -1,10 +1,15 @@
 """The public function of each op, generated from its definition, and its plan key.
 
 The function has the spec's signature, defaults, annotations and docstring, and a body compiled from
-source so that no argument binding happens at call time: a differentiable op first asks
+source so that no argument binding happens at call time. Traced by TorchDynamo (`torch.compile`,
+`torch.export`'s strict mode) it is its custom op and nothing else (`as_custom_op`, which
+`quantcore.library` gives): the body's first statement asks `torch.compiler.is_dynamo_compiling()`,
+which Dynamo folds to True and which eagerly is one call returning False (the rest of the body reads
+context variables, which Dynamo cannot trace). Eagerly, a differentiable op then asks
 `torch.is_grad_enabled()` and, when an input requires grad, runs through its custom op so that
-autograd records the call (`with_gradient`, which `quantcore.library` gives); then the kept plan of the
-call's key, if any, is launched inline; else `dispatch.call` validates, selects and keeps the plan.
+autograd records the call (`with_gradient`); then the kept plan of the call's key, if any, is launched
+inline; else, outside a trace (a non-strict `torch.export` runs the function on its fake tensors, and
+reaches this line), `dispatch.call` validates, selects and keeps the plan.
 """
 
 from __future__ import annotations
@@ -89,10 +94,13 @@ class Functions(NamedTuple):
     kernel: Callable[..., Any]
 
 
-def generate(op: OpDef, with_gradient: Callable[..., Any] | None = None) -> Functions:
+def generate(op: OpDef, with_gradient: Callable[..., Any] | None = None,
+             as_custom_op: Callable[..., Any] | None = None) -> Functions:
     """The functions of `op` (see the module's docstring), its plan key registered for the dispatcher.
     `with_gradient(name, tensors, options, backend)` runs a call whose input requires grad (a
-    differentiable op's; ignored for others)."""
+    differentiable op's; ignored for others); `as_custom_op(name, tensors, options, backend)` makes a
+    traced call the op's custom op (None: the public function is not traceable). The kernel asks
+    neither: it is what the custom ops run."""
     params = inspect.signature(op.spec).parameters
     source, keyword_only = [], False
     for p in params.values():
@@ -105,16 +113,26 @@ def generate(op: OpDef, with_gradient: Callable[..., Any] | None = None) -> Func
     replay = entry(op.name, op.tensors, optional, op.defaults, sequences)
     options = ", ".join(f"{n!r}: {n}" for n in op.defaults)  # the order `OpDef.options` gives too
     tensors = "".join(f"{t}, " for t in op.tensors)
-    # The spec's module globals too, so that `typing.get_type_hints` resolves the copied annotations.
-    namespace = {**op.spec.__globals__, **replay.namespace, "_call": dispatch.call,
+    # The spec's module globals too, so that `typing.get_type_hints` resolves the copied annotations; but not
+    # its `__name__`: TorchDynamo would guard this namespace's names as attributes of that module.
+    spec_globals = {n: v for n, v in op.spec.__globals__.items() if n != "__name__"}
+    namespace = {**spec_globals, **replay.namespace, "_call": dispatch.call,
                  "_defaults": {n: p.default for n, p in params.items()}, "_grad_enabled": torch.is_grad_enabled,
-                 "_requires_grad": requires_grad, "_with_gradient": with_gradient}
+                 "_requires_grad": requires_grad, "_with_gradient": with_gradient, "_as_custom_op": as_custom_op,
+                 "_dynamo": torch.compiler.is_dynamo_compiling, "_tracing": torch.compiler.is_compiling}
     arguments = f"{op.name!r}, ({tensors}), {{{options}}}, {BACKEND_ARG}"
     grad = (f"    if _grad_enabled() and _requires_grad({tensors}):\n        return _with_gradient({arguments})\n"
             if op.differentiable and with_gradient is not None else "")
+
+    def traced(question: str) -> str:
+        return f"    if {question}():\n        return _as_custom_op({arguments})\n" if as_custom_op else ""
+    public = (traced("_dynamo") + grad, traced("_tracing"))  # (the body's first statements, its last but one)
     functions = []
-    for prelude in dict.fromkeys((grad, "")):  # one function where the op asks nothing about gradients
-        exec(compile(f"def {op.name}({', '.join(source)}):\n{prelude}{replay.body}    return _call({arguments})\n", GENERATED, "exec"), namespace)
+    # The public function, then the kernel, which asks nothing about tracing or gradients (one function where
+    # the public one asks nothing either).
+    for prelude, tail in dict.fromkeys((public, ("", ""))):
+        exec(compile(f"def {op.name}({', '.join(source)}):\n{prelude}{replay.body}{tail}    return _call({arguments})\n",
+                     GENERATED, "exec"), namespace)
         fn = namespace[op.name]
         fn.__doc__, fn.__annotations__ = op.spec.__doc__, dict(op.spec.__annotations__)
         fn.__module__, fn.__qualname__ = "quantcore.ops", op.name

@@ -333,7 +333,9 @@ def _gemm(a, a_scale, b, b_scale, bias, out, out_scale, *, block_n, block_k, act
         if work is None:
             return None
         ws, counters, codes, cfg = work
-        codes = codes or (out,) * 3
+        # Read only `once`: else stand-ins of out's type that hold no memory (the plan keeps them, and `out` is
+        # made while preparing: kept, it would outlive a CUDA-graph tree's warm-up in the graph's pool).
+        codes = codes or (out.new_empty(0),) * 3
         a_strides = (a_scale.stride(0), a_scale.stride(1)) if quantized else (0, 0)
         launch = Launcher(decode_mm_kernel, (triton.cdiv(N, cfg.block_n), cfg.split_k), dict(
             constants, A=_KIND[a.dtype], UE8M0_A=bool(a_ue8m0), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,

@@ -19,10 +19,14 @@ call adds the dispatcher's boxing into Python and the Autograd kernel's question
   kept replay, runs it without entering Python; the others run the ops' Python kernels as before.
 
 The extension is compiled from source with `torch.utils.cpp_extension` into quantcore's cache folder,
-once per source and torch version (about 30 s), the first time a CUDA plan is kept in a process, or
-ahead by `quantcore native`; QUANTCORE_NATIVE=0 turns the path off (and the build with it). Where it
-cannot be built or loaded (no compiler, no CUDA driver), `reason()` says why and every call takes the
-Python path.
+once per source and torch version (about 30 s), or ahead by `quantcore native`. Where the cache has it,
+the first CUDA plan loads it (a fraction of a second). Where it does not, that plan starts the build on
+a thread of its own and takes the Python path, as every call does until the build is done (a process
+never waits for it before its first forward; one that ends sooner waits for it at exit, so that the
+next finds it built): its end invalidates the kept plans (`registry.table.invalidate`), so that the
+next call of each makes its plan again, as a native replay, and loads the extension. QUANTCORE_NATIVE=0
+turns the path off (and the build with it). Where it cannot be built or loaded (no compiler, no CUDA
+driver), one warning says so, `reason()` says why, and every call takes the Python path.
 """
 
 from __future__ import annotations
@@ -39,11 +43,14 @@ from typing import Any, Callable
 import torch
 
 from ... import userdirs
+from ...errors import caller_stacklevel
 from ...registry import table
 
 NATIVE_ENV = "QUANTCORE_NATIVE"
 _SOURCE = Path(__file__).with_name("replay.cpp")
-_lock = threading.Lock()
+_lock = threading.Lock()  # held while building or loading
+_starting = threading.Lock()
+_background: list[threading.Thread] = []  # the build `module()` started, once a process
 _failure: str | None = None
 
 
@@ -83,8 +90,6 @@ def _build() -> Any:
     from torch.utils import cpp_extension
 
     folder.mkdir(parents=True, exist_ok=True)
-    warnings.warn("quantcore: compiling its native launch path (once per torch version, about 30 s); "
-                  f"{NATIVE_ENV}=0 skips it", stacklevel=4)
     return cpp_extension.load(name=name, sources=[str(_SOURCE)], build_directory=str(folder),
                               extra_cflags=["-O2"], verbose=False)
 
@@ -98,21 +103,22 @@ def build() -> Path:
 
 
 def module() -> Any | None:
-    """The extension, built and loaded on first use; None where it is off or cannot be had (`reason`)."""
+    """The extension, loaded and configured; None where it is off, cannot be had (`reason`) or is being built
+    in the background (see the module's docstring): a call that finds it neither loaded nor in the cache
+    starts that build and returns None at once."""
     global _failure
     if not enabled() or _failure is not None:
+        return None
+    if not _build.cache_info().currsize and _built() is None:
+        _start()
         return None
     with _lock:
         if _failure is not None:
             return None
         try:
             ext = _build()
-        except Exception as e:  # a missing compiler or headers, a failed build or load
-            _failure = f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"
-            # Once a process: its calls stay correct, only slower.
-            warnings.warn(f"quantcore: its native launch path could not be built ({_failure}); kept plans are "
-                          f"replayed in Python, a few µs more a call. `quantcore native` shows the whole error; "
-                          f"{NATIVE_ENV}=0 skips the attempt", stacklevel=3)
+        except Exception as e:  # a failed load, or a build started here by a racing process's half-written file
+            _fail(e)
             return None
         missing = ext.driver_missing()
         if missing:
@@ -120,6 +126,48 @@ def module() -> Any | None:
             return None
         _configure(ext)
         return ext
+
+
+def _fail(error: Exception) -> None:
+    global _failure
+    _failure = f"{type(error).__name__}: {str(error).strip().splitlines()[-1] if str(error).strip() else ''}"
+    # Once a process: its calls stay correct, only slower.
+    warnings.warn(f"quantcore: its native launch path could not be built ({_failure}); kept plans are replayed "
+                  f"in Python, a few µs more a call. `quantcore native` shows the whole error; {NATIVE_ENV}=0 skips "
+                  "the attempt", stacklevel=caller_stacklevel())
+
+
+def _start() -> None:
+    """Start building the extension on a thread of its own, once a process."""
+    with _starting:
+        if _background:
+            return
+        warnings.warn("quantcore: building its native launch path in the background (once per torch version, about "
+                      "30 s; `quantcore native` builds it ahead); calls take the Python path meanwhile; "
+                      f"{NATIVE_ENV}=0 skips it", stacklevel=4)
+        # Not a daemon: killed halfway, the build would leave torch's lock file in the cache folder, on which
+        # every later build waits.
+        thread = threading.Thread(target=_build_in_background, name="quantcore-native-build")
+        _background.append(thread)
+        thread.start()
+
+
+def _build_in_background() -> None:
+    try:
+        with _lock:
+            _build()
+    except Exception as e:  # a missing compiler or headers, a failed build or load
+        _fail(e)
+        return
+    table.invalidate()  # the plans kept meanwhile are Python runs: made again, they are native replays
+
+
+def wait(timeout: float | None = None) -> bool:
+    """Wait for a background build to end (a server that wants native replays from its first request, tests);
+    whether none is running."""
+    for thread in _background:
+        thread.join(timeout)
+    return not any(thread.is_alive() for thread in _background)
 
 
 def status(kind: str) -> str:
@@ -131,7 +179,9 @@ def status(kind: str) -> str:
         return f"Python ({reason()})"
     if _loaded() is not None or _built() is not None:
         return "native (kept plans replayed in C++, quantcore/backends/native)"
-    return "native once built (compiled on the first CUDA call, about 30 s; then kept in the cache folder)"
+    if any(thread.is_alive() for thread in _background):
+        return "Python while the native path is built in the background (about 30 s), then native"
+    return "native once built (in the background from the first CUDA call, about 30 s; then kept in the cache folder)"
 
 
 def reason() -> str | None:
