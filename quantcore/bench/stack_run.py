@@ -34,8 +34,8 @@ class StacksConfig(BaseModel):
     stacks: list[str] = Field(default_factory=lambda: list(STACKS), min_length=1)
     layers: int = Field(4, ge=1)
     ms: list[PositiveInt] = Field(default_factory=lambda: list(STACK_MS), min_length=1)
-    # 64 steps of 0.3-1 ms each keep a loop at 20-60 ms, far above the host clock's noise, and the whole
-    # run near 40 s of timing on an H100 (docs/performance.md, "How it is measured").
+    # The stacks' floors on an H100 are 0.25-1 ms a step: 64 steps keep a loop at tens of ms, far above
+    # the host clock's resolution, and put all the timing loops of a full run near 40 s by that estimate.
     tokens: int = Field(64, ge=1, description="timed steps per loop")
     warmup: int = Field(8, ge=1, description="untimed steps before timing (compiles the kernels)")
     scale: int = Field(1, ge=1, description="every feature size divided by this, rounded up (1: the models' own)")
