@@ -79,7 +79,8 @@ def test_saved_result_reads_back_and_renders(result):
     again = stack_run.StacksResult.model_validate_json(result.model_dump_json())
     assert again == result
     text = stack_run.render(again)
-    assert "**llama-3-8b** (meta-llama/Meta-Llama-3-8B): 2 × (qkv 64→96, o 64→64, gate_up 64→448, down 224→64)" in text
+    assert ("**llama-3-8b** (meta-llama/Meta-Llama-3-8B): 2 × (qkv 64→96, o 64→64, gate_up 64→448, down 224→64); "
+            "weights MB: bf16 0.2") in text
     assert "kv_a 112→9" in text and "Every size divided by 64" in text
     r = next(r for r in result.stacks[1].rows if (r.dtype, r.batch, r.mode) == ("int8", 16, "eager"))
     assert f"| {r.floor_us:.1f} | {r.floor_fraction:.2f} | {r.vs_bf16:.2f} |" in text
