@@ -25,7 +25,7 @@ from . import decoder
 from .stacks import STACKS, Stack
 from .steps import DTYPES, MODES, ROUNDS, Row, StepResult, cell, default_device, mb, measure, progress
 
-STACK_MS = (1, 2, 4, 8, 16, 32, 64, 128)  # decode batches, up to where the GEMMs start to leave the memory floor
+STACK_MS = (1, 2, 4, 8, 16, 32, 64, 128)  # decode batches: one sequence up to 128 of them (issue 64)
 
 
 class StacksConfig(BaseModel):
@@ -81,6 +81,7 @@ def _make_step(module: nn.Module, m: int) -> tuple[Callable[[], None], dict[str,
 
 
 def _build(stack: Stack, layers: int, device: torch.device) -> nn.ModuleList:
+    """The stack's bf16 linears, `layers` times over, in the order a step calls them."""
     with torch.no_grad():
         shapes = [(lin.in_features, lin.out_features) for lin in stack.linears]
         return nn.ModuleList(decoder.linears(shapes * layers, device)).requires_grad_(False)
