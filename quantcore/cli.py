@@ -1,6 +1,7 @@
 """`quantcore` command line: `quantcore report [--json] [--simulate PROFILE]`, `quantcore bench [...]`
-(the ops beside their baselines), `quantcore bench --e2e [...]` (decode tokens/s of a model) and
-`quantcore native` (compile the native launch path ahead of its first use)."""
+(the ops beside their baselines), `quantcore bench --e2e [...]` (decode tokens/s of a model),
+`quantcore bench --stacks [...]` (real models' layer linears, M = 1-128) and `quantcore native` (compile
+the native launch path ahead of its first use)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 
 from . import __version__, capability
 from .bench.shapes import OPS
+from .bench.stacks import STACKS
 from .errors import InvalidInputError
 from .report_schema import SCHEMA, STATUS_HELP
 
@@ -63,7 +65,38 @@ def _parser() -> argparse.ArgumentParser:
     e2e.add_argument("--e2e-layers", type=_positive, metavar="N", help="transformer layers (default 4)")
     e2e.add_argument("--e2e-batch", type=_positive, nargs="+", metavar="B", help="batch sizes (default 1 8)")
     e2e.add_argument("--e2e-tokens", type=_positive, metavar="N", help="timed decode steps per configuration (default 128)")
+    stacks = bench.add_argument_group("linear stacks of real models (--stacks)")
+    stacks.add_argument("--stacks", nargs="*", choices=STACKS, metavar="NAME",
+                        help="instead of the ops: the linears of these models' layers (all when none is named: "
+                             f"{', '.join(STACKS)}) in bf16, FP8 and INT8, eager and with CUDA graphs, against "
+                             "their memory floor (on the CPU, graphs are skipped: shrink them with --stacks-scale)")
+    stacks.add_argument("--stacks-m", type=_positive, nargs="+", metavar="M",
+                        help="rows (default 1 2 4 8 16 32 64 128)")
+    stacks.add_argument("--stacks-layers", type=_positive, metavar="N", help="layers a step (default 4)")
+    stacks.add_argument("--stacks-tokens", type=_positive, metavar="N", help="timed steps per loop (default 64)")
+    stacks.add_argument("--stacks-scale", type=_positive, metavar="D",
+                        help="divide every size by D, rounded up (default 1: the models' own)")
     return parser
+
+
+# Options that belong to one kind of run (flag: argparse attribute), refused by the others.
+_OP_FLAGS = {"--quick": "quick", "--ops": "ops", "--resume": "resume", "--ours-only": "ours_only", "--plot": "plot",
+             "--write-priority": "write_priority", "--simulate": "simulate"}
+_E2E_FLAGS = {"--e2e-dim": "e2e_dim", "--e2e-layers": "e2e_layers", "--e2e-batch": "e2e_batch",
+              "--e2e-tokens": "e2e_tokens"}
+_STACKS_FLAGS = {"--stacks-m": "stacks_m", "--stacks-layers": "stacks_layers", "--stacks-tokens": "stacks_tokens",
+                 "--stacks-scale": "stacks_scale"}
+
+
+def _refused(args: argparse.Namespace, run: str, others: dict[str, dict[str, str]]) -> bool:
+    """Print an error and say True where the command line sets options of `others` (owner: flags) for a
+    `run` they do not belong to; `--write-priority` without a folder counts as set."""
+    for owner, flags in others.items():
+        given = [flag for flag, attr in flags.items() if getattr(args, attr) not in (None, False, (), [])]
+        if given:
+            print(f"quantcore: {', '.join(given)}: options of {owner}, not of {run}", file=sys.stderr)
+            return True
+    return False
 
 
 def _gpu_profiles(text: str) -> tuple[str, ...]:
@@ -146,8 +179,19 @@ def _bench(args: argparse.Namespace, argv: list[str] | None) -> int:
             f.write(partial.model_dump_json(indent=1))
 
     try:
-        if args.e2e or (args.from_json and _is_e2e_file(args.from_json)):
-            return _e2e(args, command, save)
+        asked = [kind for kind, flag in (("e2e", args.e2e), ("stacks", args.stacks is not None)) if flag]
+        saved = _saved_kind(args.from_json) if args.from_json else None
+        kind = asked[0] if asked else saved
+        if len(asked) > 1:
+            print("quantcore: --e2e and --stacks are two runs: ask for one", file=sys.stderr)
+            return 2
+        if asked and args.from_json and saved != kind:
+            print(f"quantcore: {args.from_json} holds no --{kind} run", file=sys.stderr)
+            return 2
+        if kind in ("e2e", "stacks"):
+            return _step_run(args, command, save, kind)
+        if _refused(args, "the op bench", {"--e2e": _E2E_FLAGS, "--stacks": _STACKS_FLAGS}):
+            return 2
         if args.plot and not capability.module_available("matplotlib"):  # before a run that would end without it
             print("quantcore: --plot needs matplotlib: pip install 'quantcore[bench]' (or matplotlib)", file=sys.stderr)
             return 2
@@ -175,34 +219,39 @@ def _bench(args: argparse.Namespace, argv: list[str] | None) -> int:
     return 0
 
 
-def _is_e2e_file(path: str) -> bool:
-    """Whether a saved run is an end-to-end one (its "kind" says so; op bench files have none)."""
+def _saved_kind(path: str) -> str | None:
+    """What run a saved file holds: its "kind" ("e2e", "stacks"); op bench files have none."""
     import json
 
     with open(path) as f:
         data = json.load(f)
-    return isinstance(data, dict) and data.get("kind") == "e2e"
+    return data.get("kind") if isinstance(data, dict) else None
 
 
-def _e2e(args: argparse.Namespace, command: str, save) -> int:
-    from .bench import e2e
+def _step_run(args: argparse.Namespace, command: str, save, kind: str) -> int:
+    """`bench --e2e` or `bench --stacks` (`kind` "e2e" or "stacks"): measure, or read back the saved
+    run of --from-json, then print its tables."""
+    from .bench import e2e, stack_run
 
-    unused = [flag for flag, value in (("--quick", args.quick), ("--ops", args.ops), ("--resume", args.resume),
-                                       ("--ours-only", args.ours_only), ("--plot", args.plot),
-                                       ("--write-priority", args.write_priority is not None),
-                                       ("--simulate", args.simulate)) if value]
-    if unused:
-        print(f"quantcore: {', '.join(unused)}: options of the op bench, not of an end-to-end run", file=sys.stderr)
+    if kind == "e2e":
+        run, name, others = e2e.run_e2e, "an end-to-end run", {"--stacks": _STACKS_FLAGS}
+        result_type, config_type, render = e2e.E2EResult, e2e.Config, e2e.render
+        sizes = {"dim": args.e2e_dim, "layers": args.e2e_layers, "batches": args.e2e_batch, "tokens": args.e2e_tokens}
+    else:
+        run, name, others = stack_run.run_stacks, "a --stacks run", {"--e2e": _E2E_FLAGS}
+        result_type, config_type, render = stack_run.StacksResult, stack_run.StacksConfig, stack_run.render
+        sizes = {"stacks": args.stacks or None, "ms": args.stacks_m, "layers": args.stacks_layers,
+                 "tokens": args.stacks_tokens, "scale": args.stacks_scale}  # no name given: every stack
+    if _refused(args, name, {"the op bench": _OP_FLAGS, **others}):
         return 2
     if args.from_json:
         with open(args.from_json) as f:
-            result = e2e.E2EResult.model_validate_json(f.read())
+            result = result_type.model_validate_json(f.read())
     else:
-        sizes = {"dim": args.e2e_dim, "layers": args.e2e_layers, "batches": args.e2e_batch, "tokens": args.e2e_tokens}
-        result = e2e.run_e2e(e2e.Config(**{k: v for k, v in sizes.items() if v is not None}), command=command,
-                             log=lambda line: print(line, file=sys.stderr, flush=True),
-                             checkpoint=save if args.json else None)
+        result = run(config_type(**{k: v for k, v in sizes.items() if v is not None}), command=command,
+                     log=lambda line: print(line, file=sys.stderr, flush=True),
+                     checkpoint=save if args.json else None)
     if args.json:
         save(result)
-    print(e2e.render(result))
+    print(render(result))
     return 0

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import quantcore.nn
-from quantcore.bench import decoder, e2e
+from quantcore.bench import decoder, e2e, steps
 from quantcore.cli import main
 
 TINY = e2e.Config(dim=256, layers=1, batches=[1, 2], tokens=2, warmup=1, vocab=64, context=8)  # 2 heads of 128
@@ -66,7 +66,7 @@ def test_a_failing_configuration_is_recorded_not_raised(monkeypatch):
     quantize, step = quantcore.nn.quantize_model, decoder.decode_step
 
     def quantize_no_int8(model, *, dtype, **kwargs):
-        if dtype is e2e.DTYPES["int8"]:
+        if dtype is steps.DTYPES["int8"]:
             raise RuntimeError("int8 refused for the test")
         return quantize(model, dtype=dtype, **kwargs)
 

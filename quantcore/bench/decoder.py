@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Iterable
 
 import torch
 import torch.nn.functional as F
@@ -138,8 +139,14 @@ def decode_step(model: DecodeModel, state: DecodeState) -> torch.Tensor:
     return logits
 
 
+def linears(shapes: Iterable[tuple[int, int]], device: torch.device) -> list[nn.Linear]:
+    """bf16 linears without bias of these (in_features, out_features), in order, initialized as the
+    model's are (variance-preserving weights)."""
+    return [_linear(i, o, False, device) for i, o in shapes]
+
+
 def linear_stack(dim: int, layers: int, device: torch.device) -> nn.Sequential:
     """`layers` × 6 bf16 linears without bias, applied in sequence with nothing between them:
     4 of dim → dim (a layer's q, k, v, o), then dim → 4·dim (up) and 4·dim → dim (down)."""
     shapes = [(dim, dim)] * 4 + [(dim, 4 * dim), (4 * dim, dim)]
-    return nn.Sequential(*(_linear(i, o, False, device) for _ in range(layers) for i, o in shapes)).requires_grad_(False)
+    return nn.Sequential(*linears(shapes * layers, device)).requires_grad_(False)
