@@ -15,14 +15,6 @@ import sys as _sys
 __version__ = "0.1.0"
 
 
-def __getattr__(name: str):
-    if name == "warmup":  # imported on first use: quantcore.nn is more than `import quantcore` needs
-        from .nn.warmup import warmup
-
-        return warmup
-    raise AttributeError(f"module 'quantcore' has no attribute {name!r}")
-
-
 __all__ = [
     "ops", "explain", "simulate", "priority", "warmup", "profile_for", "DeviceProfile",
     "QuantcoreError", "InvalidInputError", "NonFiniteInputError", "UnsupportedError", "NumericsWarning",
@@ -31,7 +23,7 @@ __all__ = [
 _FROM = {"ops": ".ops", "explain": ".ops", "simulate": ".capability", "priority": ".registry",
          "profile_for": ".capability", "DeviceProfile": ".capability", "NumericsWarning": ".registry",
          "QuantcoreError": ".errors", "InvalidInputError": ".errors", "NonFiniteInputError": ".errors",
-         "UnsupportedError": ".errors"}
+         "UnsupportedError": ".errors", "warmup": ".nn.warmup"}  # warmup: quantcore.nn loads on first use
 
 
 def __getattr__(name: str):
