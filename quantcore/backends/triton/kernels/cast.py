@@ -42,3 +42,15 @@ def store_f32_as(ptrs, x, mask, KIND: tl.constexpr):
         tl.store(ptrs, bf16_encode(x), mask=mask)
     else:
         tl.store(ptrs, x.to(ptrs.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def round_to(x, KIND: tl.constexpr):
+    """fp32 `x` rounded to nearest even in KIND ("fp32", "fp16", "bf16") and back to fp32, exactly: where a
+    computation written in KIND would round (the norm's x·rstd, rounded to the input's dtype)."""
+    if KIND == "bf16":
+        return to_f32(bf16_encode(x), "bf16")
+    elif KIND == "fp16":
+        return x.to(tl.float16).to(tl.float32)
+    else:
+        return x
