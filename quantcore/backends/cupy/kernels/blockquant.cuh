@@ -12,12 +12,15 @@ namespace qc {
 
 constexpr int kQuantThreads = 256;
 
-// Src supplies fp32 values: begin_block(rb, cb) once per block, then load<VEC>(r, c, v) for VEC
-// consecutive elements of row r from column c; both are called only inside the matrix.
+// Src supplies fp32 values: begin_block(rb, cb) once per block, which returns whether the block is
+// computed at all (a masked row's is not: neither read nor written), then load<VEC>(r, c, v) for VEC
+// consecutive elements of row r from column c; both are called only inside the matrix. The thread block
+// takes blocks `cta`, cta + ctas, ... in teams (`quantize_blocks`: the grid's blocks, grid-strided).
 template <class Src, class Q, int VEC, int TEAM, int CACHE>
-__device__ __forceinline__ void quantize_blocks(Src src, typename Q::storage* __restrict__ q, long long ldq,
-                                                float* __restrict__ scale, long long ss_r, long long ss_c,
-                                                int R, int C, int BR, int BC, float eps, bool ue8m0) {
+__device__ __forceinline__ void quantize_blocks_of(Src src, typename Q::storage* __restrict__ q, long long ldq,
+                                                   float* __restrict__ scale, long long ss_r, long long ss_c,
+                                                   int R, int C, int BR, int BC, float eps, bool ue8m0, int cta,
+                                                   int ctas) {
   static_assert(TEAM <= 32 || TEAM == kQuantThreads, "a team is a power of two within a warp, or the block");
   constexpr int TEAMS = kQuantThreads / TEAM;
   __shared__ u32 red[kQuantThreads / 32];
@@ -26,14 +29,14 @@ __device__ __forceinline__ void quantize_blocks(Src src, typename Q::storage* __
   const int nblocks = ((R + BR - 1) / BR) * CB;  // the launcher keeps this below 2^31
 
   // The trip count is uniform over the thread block so that every thread reaches team_max.
-  for (int base = blockIdx.x * TEAMS; base < nblocks; base += gridDim.x * TEAMS) {
+  for (int base = cta * TEAMS; base < nblocks; base += ctas * TEAMS) {
     const int b = base + team;
-    const bool live = b < nblocks;
+    bool live = b < nblocks;
     const int rb = live ? b / CB : 0, cb = live ? b % CB : 0;
+    if (live) live = src.begin_block(rb, cb);
     const int r0 = rb * BR, c0 = cb * BC;
     const int nvr = (min(BC, C - c0) + VEC - 1) / VEC;  // VEC divides the row length unless VEC == 1
     const int total = live ? min(BR, R - r0) * nvr : 0;
-    if (live) src.begin_block(rb, cb);
 
     float cache[CACHE > 0 ? CACHE : 1][VEC];
     u32 amax = 0;
@@ -74,6 +77,14 @@ __device__ __forceinline__ void quantize_blocks(Src src, typename Q::storage* __
       emit(i, v);
     }
   }
+}
+
+template <class Src, class Q, int VEC, int TEAM, int CACHE>
+__device__ __forceinline__ void quantize_blocks(Src src, typename Q::storage* __restrict__ q, long long ldq,
+                                                float* __restrict__ scale, long long ss_r, long long ss_c,
+                                                int R, int C, int BR, int BC, float eps, bool ue8m0) {
+  quantize_blocks_of<Src, Q, VEC, TEAM, CACHE>(src, q, ldq, scale, ss_r, ss_c, R, C, BR, BC, eps, ue8m0, blockIdx.x,
+                                               gridDim.x);
 }
 
 }  // namespace qc
