@@ -1,7 +1,9 @@
 """The fused producers' launch functions (docs/backend-contract.md) on the kernels of `kernels/producers.py`:
 `rms_norm_quant`, one program per row, and `silu_mul_quant`, the block quantizer's tiling over [M, I].
 Each is `prepared` as the launches of `launch.py` are: the plan fixes tiles, constants and the kernel's
-scalar arguments, and a call allocates the outputs and launches once."""
+scalar arguments, and a call allocates the outputs and launches once. Both compile without floating-point
+contraction: an FMA would round the norm's v·v and the first add of its sum once instead of twice (the
+quantizers' FMAs are explicit `tl.fma` calls, which need no contraction)."""
 
 from __future__ import annotations
 
@@ -46,7 +48,8 @@ def rms_norm_quant(x, weight, residual, *, eps, qdtype, group_size, ue8m0, quant
         GROUP=group_size, NG_PAD=ng_pad, G_PAD=g_pad, FLAT=flat, LEVELS=width.bit_length() - 1, TILE_SUM=tile_sum,
         SRC=_KIND[x.dtype], WKIND=_KIND[weight.dtype], OUT=out_kind, RESIDUAL=residual is not None,
         QFMT=_KIND[qdtype], UE8M0=bool(ue8m0), HW_FP8=_hw_fp8(profile),
-        EVEN=H == ng_pad * g_pad and g_pad == group_size, num_warps=configs.row_warps(max(width, flat), profile)),
+        EVEN=H == ng_pad * g_pad and g_pad == group_size, num_warps=configs.row_warps(max(width, flat), profile),
+        enable_fp_fusion=False),
         device, fixed=(M, H, x.stride(0), 0 if residual is None else residual.stride(0), H, H, scale.stride(0),
                        scale.stride(1), eps, quant_eps))
     leading = ("x", "weight", None if residual is None else "residual", "_q", "_scale",
@@ -71,7 +74,7 @@ def silu_mul_quant(gate_up, masked_m, *, qdtype, group_size, ue8m0, eps, scale_m
     launch = Launcher(silu_mul_quant_kernel, t.grid, dict(
         BC=group_size, RB=t.rb, CB=t.cb, BC_PAD=t.bc_pad, SRC=_KIND[gate_up.dtype], QFMT=_KIND[qdtype],
         UE8M0=bool(ue8m0), HW_FP8=_hw_fp8(profile), EVEN=t.even, MASKED=masked_m is not None,
-        num_warps=t.num_warps), device,
+        num_warps=t.num_warps, enable_fp_fusion=False), device,
         fixed=(M, I, 1 if masked_m is None else M // masked_m.shape[0], gate_up.stride(0), I, scale.stride(0),
                scale.stride(1), eps))
     leading = ("gate_up", None if masked_m is None else "masked_m", "_q", "_scale")
