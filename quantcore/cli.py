@@ -63,6 +63,9 @@ def _parser() -> argparse.ArgumentParser:
     e2e.add_argument("--e2e-layers", type=_positive, metavar="N", help="transformer layers (default 4)")
     e2e.add_argument("--e2e-batch", type=_positive, nargs="+", metavar="B", help="batch sizes (default 1 8)")
     e2e.add_argument("--e2e-tokens", type=_positive, metavar="N", help="timed decode steps per configuration (default 128)")
+    e2e.add_argument("--e2e-mlp", choices=("gelu", "swiglu"),
+                     help="the model's MLP: GELU with biases (default) or Llama's SwiGLU, whose SiLU·up the fused "
+                          "rows also fuse")
     return parser
 
 
@@ -198,7 +201,8 @@ def _e2e(args: argparse.Namespace, command: str, save) -> int:
         with open(args.from_json) as f:
             result = e2e.E2EResult.model_validate_json(f.read())
     else:
-        sizes = {"dim": args.e2e_dim, "layers": args.e2e_layers, "batches": args.e2e_batch, "tokens": args.e2e_tokens}
+        sizes = {"dim": args.e2e_dim, "layers": args.e2e_layers, "batches": args.e2e_batch, "tokens": args.e2e_tokens,
+                 "mlp": args.e2e_mlp}
         result = e2e.run_e2e(e2e.Config(**{k: v for k, v in sizes.items() if v is not None}), command=command,
                              log=lambda line: print(line, file=sys.stderr, flush=True),
                              checkpoint=save if args.json else None)

@@ -1,6 +1,8 @@
 """`quantcore bench --e2e`: decode tokens/s of a transformer the size of a real one, in bf16 and with
-its linears quantized to FP8 and INT8 (`quantcore.nn.quantize_model`, output head kept in bf16),
-each eager and replayed from a CUDA graph; and the same comparison on a bare stack of linears.
+its linears quantized to FP8 and INT8 (`quantcore.nn.quantize_model`, output head kept in bf16), and
+quantized with its norms and (SwiGLU) SiLU-and-multiply fused into the kernels that quantize their outputs
+("+fused": `fuse_norms`, `fuse_silu_mul`), each eager and replayed from a CUDA graph; and the same
+comparison on a bare stack of linears (which has nothing to fuse).
 
 Timing: `warmup` steps (they compile the kernels), then `tokens` steps timed with the host clock
 around the loop and one synchronize at its end, the fastest of `ROUNDS` such loops taken in turn with
@@ -25,6 +27,7 @@ from . import decoder, timing
 from .run import error_note
 
 DTYPES: dict[str, torch.dtype | None] = {"bf16": None, "fp8_e4m3": torch.float8_e4m3fn, "int8": torch.int8}
+FUSED = "+fused"  # the suffix of a quantized model's rows with its producers fused (`decoder.FUSED_NORMS`)
 MODES = ("eager", "graph")
 STACK_M = 1  # the linear stack is timed at one row: the decode GEMM at its most memory-bound
 GRAPH_WARMUP = 3  # steps on the capture's side stream before it, as torch's CUDA graph docs ask
@@ -42,6 +45,7 @@ class Config(BaseModel):
     vocab: int = Field(32000, ge=1)
     context: int = Field(256, ge=1, description="KV-cache positions; attention reads all of them every step")
     seed: int = 0
+    mlp: Literal["gelu", "swiglu"] = Field("gelu", description="the model's MLP: GELU with biases, or Llama's SwiGLU")
 
     @computed_field  # type: ignore[prop-decorator]
     @property
@@ -59,7 +63,7 @@ class Config(BaseModel):
 class Row(BaseModel):
     """One weights format × batch × mode of the model or the stack (batch = M for the stack)."""
 
-    dtype: str  # "bf16", "fp8_e4m3", "int8"
+    dtype: str  # "bf16", "fp8_e4m3", "int8", and the model's "fp8_e4m3+fused", "int8+fused"
     batch: int
     mode: str  # "eager" or "graph"
     step_us: float | None = None  # per decode step: the per-token latency
@@ -118,11 +122,20 @@ def _warm_graph(step: Callable[[], object], cfg: Config) -> Callable[[], object]
     return graph.replay
 
 
+def variants(fused: dict | None) -> dict[str, tuple[torch.dtype | None, dict]]:
+    """Row name -> (quantized dtype or None for bf16, quantize_model's fusion arguments): every format of
+    DTYPES, and with `fused` (those arguments) each quantized format again, fused."""
+    out = {name: (qdtype, {}) for name, qdtype in DTYPES.items()}
+    if fused:
+        out.update({name + FUSED: (qdtype, fused) for name, qdtype in DTYPES.items() if qdtype is not None})
+    return out
+
+
 def _measure(rows: list[Row], base: nn.Module, batches: list[int], make_step: Callable[[nn.Module, int], tuple],
-             cfg: Config, copy_gbps: float | None, done: Callable[[Row], None]) -> None:
+             cfg: Config, copy_gbps: float | None, done: Callable[[Row], None], fused: dict | None = None) -> None:
     """Append to `rows` every weights format × batch × mode of `base` (a bf16 module, quantized per
-    format on a deep copy), calling `done` with each finished row. `make_step(module, batch)` returns
-    (step, KV-cache bytes it reads).
+    format on a deep copy; with `fused`, quantize_model's fusion arguments, also each format fused),
+    calling `done` with each finished row. `make_step(module, batch)` returns (step, KV-cache bytes it reads).
 
     The formats of one batch and mode are timed together, in ROUNDS interleaved loops of `cfg.tokens`
     steps each, and each keeps its fastest loop: a slow moment of a shared host then lands on every
@@ -130,10 +143,12 @@ def _measure(rows: list[Row], base: nn.Module, batches: list[int], make_step: Ca
     same bf16 eager step took 1.9 ms in one run and 2.5 in the next)."""
     graphs = torch.cuda.is_available() and next(base.parameters()).is_cuda
     modules: dict[str, nn.Module] = {}
-    for name, qdtype in DTYPES.items():
+    names = variants(fused)
+    for name, (qdtype, fusion) in names.items():
         try:
             with torch.no_grad():
-                modules[name] = base if qdtype is None else qnn.quantize_model(copy.deepcopy(base), dtype=qdtype)
+                modules[name] = base if qdtype is None else qnn.quantize_model(copy.deepcopy(base), dtype=qdtype,
+                                                                                 **fusion)
         except Exception as err:  # any failure is this configuration's result, never the run's end
             for batch in batches:
                 for mode in MODES:
@@ -174,7 +189,7 @@ def _measure(rows: list[Row], base: nn.Module, batches: list[int], make_step: Ca
             timed.clear()  # frees the states (and the graphs' memory pools) before the next configuration
             if graphs:
                 torch.cuda.empty_cache()
-    order = {(d, b, m): i for i, (d, b, m) in enumerate((d, b, m) for d in DTYPES for b in batches for m in MODES)}
+    order = {(d, b, m): i for i, (d, b, m) in enumerate((d, b, m) for d in names for b in batches for m in MODES)}
     rows.sort(key=lambda r: order[(r.dtype, r.batch, r.mode)])
 
 
@@ -224,13 +239,14 @@ def run_e2e(cfg: Config | None = None, *, device: str | torch.device | None = No
 
     torch.manual_seed(cfg.seed)
     with torch.no_grad():
-        model = decoder.DecodeModel(cfg.dim, cfg.layers, cfg.vocab, dev)
+        model = decoder.DecodeModel(cfg.dim, cfg.layers, cfg.vocab, dev, cfg.mlp)
 
     def model_step(module, batch):
         state = decoder.DecodeState.new(module, batch, cfg.context)
         return (lambda: decoder.decode_step(module, state)), state.cache_bytes()
 
-    _measure(result.model, model, cfg.batches, model_step, cfg, copy_gbps, done("model"))
+    fused = dict(fuse_norms=decoder.FUSED_NORMS, fuse_silu_mul=decoder.FUSED_ACTS if cfg.mlp == "swiglu" else ())
+    _measure(result.model, model, cfg.batches, model_step, cfg, copy_gbps, done("model"), fused)
     del model
     with torch.no_grad():
         stack = decoder.linear_stack(cfg.dim, cfg.layers, dev)
@@ -258,12 +274,17 @@ def render(result: E2EResult) -> str:
     out = [f"device: {d.name} ({d.arch}), {result.date}; {copy}; "
            f"versions: {', '.join(f'{k} {v}' for k, v in result.versions.items())}",
            f"command: `{result.command}`", "",
-           f"Decode: dim {cfg.dim}, MLP {cfg.hidden} (GELU, biases), {cfg.layers} layers, {cfg.dim // cfg.head_dim} "
+           f"Decode: dim {cfg.dim}, MLP {cfg.hidden} "
+           f"({'SwiGLU: gate_up, SiLU·up, down; no biases' if cfg.mlp == 'swiglu' else 'GELU, biases'}), "
+           f"{cfg.layers} layers, {cfg.dim // cfg.head_dim} "
            f"heads of {cfg.head_dim}, vocab {cfg.vocab} (bf16 output head, not quantized), bf16 KV cache of "
            f"{cfg.context} positions read whole every step; greedy; {cfg.tokens} timed steps after {cfg.warmup} "
            f"warm-up steps, host clock around the loop with one synchronize, the fastest of {ROUNDS} loops run in turn "
            "with the other formats'; graph: one captured step replayed. "
-           "Floor: (weights + KV cache bytes) / copy rate. Speed vs bf16: bf16 step time / this step time.", "",
+           f"{FUSED}: the norms before attention and MLP{' and SiLU·up' if cfg.mlp == 'swiglu' else ''} write their "
+           "output quantized (rms_norm_quant, the MLP's norm adding the residual; silu_mul_quant), which the "
+           "linears read. Floor: (weights + KV cache bytes) / copy rate. Speed vs bf16: bf16 step time / this "
+           "step time.", "",
            "| weights | batch | mode | ms / token | tokens/s | speed vs bf16 | weights MB | KV cache MB | floor ms "
            "| floor / step | note |",
            "|---|---|---|---|---|---|---|---|---|---|---|"]
