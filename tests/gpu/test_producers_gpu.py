@@ -52,8 +52,8 @@ def assert_same(out, ref):
     assert len(out) == len(ref)
     assert same_q(out[0], ref[0]), int((out[0].view(torch.uint8) != ref[0].view(torch.uint8)).sum())
     assert same_scale(out[1].contiguous(), ref[1].contiguous())
-    if len(out) == 3:
-        assert torch.equal(out[2], ref[2])
+    if len(out) == 3:  # the new residual: NaN where x + residual is (a NaN's payload is free)
+        assert torch.equal(out[2].isnan(), ref[2].isnan()) and torch.equal(out[2].nan_to_num(0), ref[2].nan_to_num(0))
 
 
 def norm_operands(M, H, dtype=torch.bfloat16, w_dtype=torch.bfloat16, seed=0):
