@@ -60,7 +60,8 @@ def test_rms_norm_quant_is_the_reference_bit_for_bit(dtype, w_dtype, H, group):
 def test_rms_norm_quant_non_finite_rows_as_the_reference():
     x, w, _ = norm_inputs((3, 256), torch.bfloat16)
     x[0, 7], x[1, 130] = float("nan"), float("-inf")
-    assert_same(ops.rms_norm_quant(x, w, dtype=I8, backend="triton"), ops.rms_norm_quant(x, w, dtype=I8, backend="torch"))
+    assert_same(ops.rms_norm_quant(x, w, dtype=I8, backend="triton"),
+                ops.rms_norm_quant(x, w, dtype=I8, backend="torch"))
 
 
 @pytest.mark.parametrize("dtype,width,group", [(torch.bfloat16, 2 * 200, 128), (torch.float32, 2 * 100, 48)])

@@ -14,6 +14,7 @@ from ...runtime.launch import allocator, by_address, compose, prepared, transpos
 from . import configs
 from .direct import Launcher
 from .kernels.producers import rms_norm_quant_kernel, silu_mul_quant_kernel
+from .kernels.quant import scales_may_be_tiny
 from .launch import _KIND, _hw_fp8
 
 
@@ -48,6 +49,7 @@ def rms_norm_quant(x, weight, residual, *, eps, qdtype, group_size, ue8m0, quant
         GROUP=group_size, NG_PAD=ng_pad, G_PAD=g_pad, FLAT=flat, LEVELS=width.bit_length() - 1, TILE_SUM=tile_sum,
         SRC=_KIND[x.dtype], WKIND=_KIND[weight.dtype], OUT=out_kind, RESIDUAL=residual is not None,
         QFMT=_KIND[qdtype], UE8M0=bool(ue8m0), HW_FP8=_hw_fp8(profile),
+        TINY_SCALES=scales_may_be_tiny(quant_eps, qdtype),
         EVEN=H == ng_pad * g_pad and g_pad == group_size, num_warps=configs.row_warps(max(width, flat), profile),
         enable_fp_fusion=False),
         device, fixed=(M, H, x.stride(0), 0 if residual is None else residual.stride(0), H, H, scale.stride(0),
@@ -74,6 +76,7 @@ def silu_mul_quant(gate_up, masked_m, *, qdtype, group_size, ue8m0, eps, scale_m
     launch = Launcher(silu_mul_quant_kernel, t.grid, dict(
         BC=group_size, RB=t.rb, CB=t.cb, BC_PAD=t.bc_pad, SRC=_KIND[gate_up.dtype], QFMT=_KIND[qdtype],
         UE8M0=bool(ue8m0), HW_FP8=_hw_fp8(profile), EVEN=t.even, MASKED=masked_m is not None,
+        TINY_SCALES=scales_may_be_tiny(eps, qdtype),
         num_warps=t.num_warps, enable_fp_fusion=False), device,
         fixed=(M, I, 1 if masked_m is None else M // masked_m.shape[0], gate_up.stride(0), I, scale.stride(0),
                scale.stride(1), eps))

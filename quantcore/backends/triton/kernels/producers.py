@@ -40,7 +40,7 @@ def rms_norm_quant_kernel(x_ptr, w_ptr, res_ptr, q_ptr, scale_ptr, new_res_ptr, 
                           GROUP: tl.constexpr, NG_PAD: tl.constexpr, G_PAD: tl.constexpr, FLAT: tl.constexpr,
                           LEVELS: tl.constexpr, TILE_SUM: tl.constexpr, SRC: tl.constexpr, WKIND: tl.constexpr,
                           OUT: tl.constexpr, RESIDUAL: tl.constexpr, QFMT: tl.constexpr, UE8M0: tl.constexpr,
-                          HW_FP8: tl.constexpr, EVEN: tl.constexpr):
+                          HW_FP8: tl.constexpr, EVEN: tl.constexpr, TINY_SCALES: tl.constexpr):
     """One row of x [M, H] (SRC kind; + residual when RESIDUAL, stored to new_res) per program: RMSNorm with
     weight [H] (WKIND), the product rounded to OUT, quantized per 1×GROUP into q (QFMT) and scale.
 
@@ -63,9 +63,11 @@ def rms_norm_quant_kernel(x_ptr, w_ptr, res_ptr, q_ptr, scale_ptr, new_res_ptr, 
     mean_square = tl.div_rn(total, zero + H.to(tl.float32))
     rstd = tl.reshape(tl.div_rn(zero + 1.0, tl.sqrt_rn(mean_square + eps)), (1, 1, 1, 1))
     normed = round_to(v * rstd, SRC)
+    # Masked lanes are 0 here without a select: their x and weight loaded as 0 and rstd is finite, or NaN for a
+    # row holding a NaN, whose every group's scale is NaN anyway.
     y = round_to(load_f32(w_ptr + cols, mask, WKIND) * normed, OUT)
-    store_quantized(tl.where(mask, y, 0.0), rows, cols, mask, srow, scol, smask, q_ptr, stride_q, scale_ptr,
-                    stride_sr, stride_sc, quant_eps, QFMT, UE8M0, HW_FP8)
+    store_quantized(y, rows, cols, mask, srow, scol, smask, q_ptr, stride_q, scale_ptr, stride_sr, stride_sc,
+                    quant_eps, QFMT, UE8M0, HW_FP8, TINY_SCALES)
 
 
 @triton.jit
@@ -73,7 +75,7 @@ def silu_mul_quant_kernel(src_ptr, counts_ptr, q_ptr, scale_ptr, R, C, rows_per_
                           stride_sr, stride_sc, eps,
                           BC: tl.constexpr, RB: tl.constexpr, CB: tl.constexpr, BC_PAD: tl.constexpr,
                           SRC: tl.constexpr, QFMT: tl.constexpr, UE8M0: tl.constexpr, HW_FP8: tl.constexpr,
-                          EVEN: tl.constexpr, MASKED: tl.constexpr):
+                          EVEN: tl.constexpr, MASKED: tl.constexpr, TINY_SCALES: tl.constexpr):
     """silu(gate)·up in fp32 of src [R, 2C] (gate = src[:, :C], up = src[:, C:]), quantized per 1×BC into
     q [R, C] (QFMT) and scale. MASKED: the rows are experts' [rows_per_expert] rows in turn, and a row
     r % rows_per_expert at or past counts[r // rows_per_expert] (int32) is neither read nor written."""
@@ -85,5 +87,6 @@ def silu_mul_quant_kernel(src_ptr, counts_ptr, q_ptr, scale_ptr, R, C, rows_per_
         smask = smask & counted
     gate = load_f32(src_ptr + rows * stride_src + cols, mask, SRC)
     up = load_f32(src_ptr + rows * stride_src + (cols + C), mask, SRC)
-    store_quantized(tl.where(mask, activate(gate, "silu") * up, 0.0), rows, cols, mask, srow, scol, smask, q_ptr,
-                    stride_q, scale_ptr, stride_sr, stride_sc, eps, QFMT, UE8M0, HW_FP8)
+    # Masked lanes are 0 already (silu(0)·0), also past an expert's count.
+    store_quantized(activate(gate, "silu") * up, rows, cols, mask, srow, scol, smask, q_ptr, stride_q, scale_ptr,
+                    stride_sr, stride_sc, eps, QFMT, UE8M0, HW_FP8, TINY_SCALES)
