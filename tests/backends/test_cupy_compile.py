@@ -131,10 +131,13 @@ def _producer_names() -> tuple[str, ...]:
                                                   (torch.float32, torch.bfloat16, torch.int8, 4096, True),
                                                   (torch.float16, torch.float32, torch.float8_e4m3fn, 200, False)):
         vec = 16 // torch.empty(0, dtype=x_dtype).element_size()
-        qvec = min(vec, 8)
-        team, cache = launch._team(128 // qvec, qvec)
+        lanes = producers.group_lanes(H, 128, vec)
         names.append(producers.rms_norm_kernel_name(x_dtype, w_dtype, qdtype, vec, producers.norm_passes(H, vec),
-                                                    residual, qvec, team, cache))
+                                                    residual, lanes, 1, 1, 1))
+        if H == 200:  # and the block quantizer's path, for groups the lanes do not tile
+            team, cache = launch._team(128 // vec, vec)
+            names.append(producers.rms_norm_kernel_name(x_dtype, w_dtype, qdtype, vec, producers.norm_passes(H, vec),
+                                                        residual, 0, vec, team, cache))
     names += [f"qc::silu_mul_quant_kernel<{t}, {q}, {v}, 16, 1>" for t, v in (("__nv_bfloat16", 8), ("__half", 8),
                                                                               ("float", 4))
               for q in ("qc::Fp8E4M3", "qc::Int8")]

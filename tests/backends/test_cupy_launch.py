@@ -183,13 +183,14 @@ def test_act_quant_parameters(launches):
 
 
 def test_rms_norm_quant_parameters(launches):
-    """One thread block of 256 per row; the sum's vector (8 bf16, dividing H and the row strides) and its
-    passes (a 512-wide power of two over 256 × 8: one), the quantizer's team for 128-wide groups."""
+    """One thread block of 256 per row; the sum's vector (4 bf16: 300 and the row strides have no 8) and its
+    passes (a 512-wide power of two over 256 × 4: one); a 128-wide group is 32 threads' chunks, quantized
+    from the registers the sum read."""
     fn, make, options = CASES["rms_norm_quant"]
     tensors = make(0)
     q, s, new_residual = fn(**tensors, **options)
     (run,) = launches
-    assert run.expr == "qc::rms_norm_quant_kernel<__nv_bfloat16, float, float, qc::Fp8E4M3, 4, 1, true, 4, 32, 1>"
+    assert run.expr == "qc::rms_norm_quant_kernel<__nv_bfloat16, float, float, qc::Fp8E4M3, 4, 1, true, 32, 1, 1, 1>"
     assert run.grid == (5, 1, 1) and run.block == (256, 1, 1)
     assert run.params == dict(x=tensors["x"].data_ptr(), ldx=316, w=tensors["weight"].data_ptr(),
                               res=tensors["residual"].data_ptr(), ldr=300, q=q.data_ptr(), scale=s.data_ptr(), ss_r=1,

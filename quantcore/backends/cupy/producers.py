@@ -10,7 +10,8 @@ import math
 import torch
 
 from ...runtime.launch import allocator, by_address, prepared, transposed
-from .launch import _CTYPE, _QTYPE, _QUANT_THREADS, _kernel, _nothing, _quantizer, _row_stride, _run, _team, _vector_width
+from .launch import (_CTYPE, _QTYPE, _QUANT_THREADS, _kernel, _nothing, _quantizer, _row_stride, _run, _team,
+                     _vector_width)
 from .launcher import POINTER, f32, i32, i64
 
 
@@ -27,13 +28,26 @@ def norm_passes(H: int, vec: int) -> int:
     return max(1, (1 << max(H - 1, 0).bit_length()) // (_QUANT_THREADS * vec))
 
 
-def rms_norm_kernel_name(x_dtype, w_dtype, qdtype, vec: int, passes: int, residual: bool, qvec: int, team: int,
-                         cache: int) -> str:
+# Values a thread keeps in registers from the sum to the quantization (`group_lanes`); past it, spills.
+_KEPT_FLOATS = 64
+
+
+def group_lanes(H: int, group_size: int, vec: int) -> int:
+    """How many neighbouring threads' chunks of `vec` make one group, where the norm quantizes from the registers
+    its sum read: a power of two within a warp, and the row's chunks few enough to keep (`_KEPT_FLOATS`); else
+    0, and the block quantizer reads the row again."""
+    lanes = group_size // vec
+    fits = norm_passes(H, vec) * vec <= _KEPT_FLOATS
+    return lanes if group_size % vec == 0 and lanes & (lanes - 1) == 0 and lanes <= 32 and fits else 0
+
+
+def rms_norm_kernel_name(x_dtype, w_dtype, qdtype, vec: int, passes: int, residual: bool, lanes: int, qvec: int,
+                         team: int, cache: int) -> str:
     """The producers.cu instantiation of the norm for these dtypes and widths (its output rounded to the
     promoted dtype of x and the weight, as the unfused product is)."""
     out = _CTYPE[torch.promote_types(x_dtype, w_dtype)]
     return (f"qc::rms_norm_quant_kernel<{_CTYPE[x_dtype]}, {_CTYPE[w_dtype]}, {out}, {_QTYPE[qdtype]}, {vec}, "
-            f"{passes}, {'true' if residual else 'false'}, {qvec}, {team}, {cache}>")
+            f"{passes}, {'true' if residual else 'false'}, {lanes}, {qvec}, {team}, {cache}>")
 
 
 @prepared
@@ -52,10 +66,12 @@ def rms_norm_quant(x, weight, residual, *, eps, qdtype, group_size, ue8m0, quant
         strides = (_row_stride(x),) if residual is None else (_row_stride(x), _row_stride(residual))
         limit = 16 // x.element_size()
         vec = _vector_width(limit, (H, *strides), tensors)
-        qvec = _vector_width(limit, (H, group_size, *strides), tensors)
-        team, cache = _team(math.ceil(group_size / qvec), qvec)
+        lanes = group_lanes(H, group_size, vec)
+        # The block quantizer's widths; unused (1, 1, 1: one instantiation) where the groups are lanes'.
+        qvec = 1 if lanes else _vector_width(limit, (H, group_size, *strides), tensors)
+        team, cache = (1, 1) if lanes else _team(math.ceil(group_size / qvec), qvec)
         name = rms_norm_kernel_name(x.dtype, weight.dtype, qdtype, vec, norm_passes(H, vec), residual is not None,
-                                    qvec, team, cache)
+                                    lanes, qvec, team, cache)
         launch = _kernel("producers.cu", name, profile, device, (M,), (_QUANT_THREADS,), (
             POINTER, i64(strides[0]), POINTER, POINTER, i64(strides[-1] if residual is not None else 0), POINTER,
             POINTER, i64(1 if scale_m_major else kb), i64(M if scale_m_major else 1), POINTER, i32(H),

@@ -79,6 +79,32 @@ __device__ __forceinline__ void quantize_blocks_of(Src src, typename Q::storage*
   }
 }
 
+// One 1 x (LANES * VEC) group held in registers by LANES neighbouring lanes of a warp (aligned to LANES, a
+// power of two up to 32), VEC consecutive values each, in order: the group's scale from the amax over the
+// lanes, each lane's codes stored at q (VEC of them) and the scale by the group's first lane. A lane whose
+// values lie past the row (`present` false: a tail group) adds nothing to the amax and stores nothing; every
+// lane of the warp must call it (the shuffles).
+template <class Q, int VEC, int LANES>
+__device__ __forceinline__ void quantize_lanes(const float (&v)[VEC], bool present, typename Q::storage* __restrict__ q,
+                                               float* __restrict__ scale, float eps, bool ue8m0) {
+  static_assert(LANES >= 1 && LANES <= 32 && (LANES & (LANES - 1)) == 0, "a group's lanes: a power of two in a warp");
+  u32 amax = 0;
+  if (present) {
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) amax = max(amax, abs_bits(v[j]));
+  }
+#pragma unroll
+  for (int o = 1; o < LANES; o <<= 1) amax = max(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  const float s = block_scale(amax, eps, Q::qmax, ue8m0);
+  if (!present) return;
+  const Divisor divide(s);
+  typename Q::storage out[VEC];
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) out[j] = Q::encode(divide(v[j]));
+  store_vec(q, out);
+  if (threadIdx.x % LANES == 0) *scale = s;
+}
+
 template <class Src, class Q, int VEC, int TEAM, int CACHE>
 __device__ __forceinline__ void quantize_blocks(Src src, typename Q::storage* __restrict__ q, long long ldq,
                                                 float* __restrict__ scale, long long ss_r, long long ss_c,

@@ -32,14 +32,15 @@ template <class T, bool RESIDUAL> struct NormInput {
 
 // The sum of squares of row `row` in the contract's order: the squares padded with zeros to a power of two,
 // neighbours added first, level by level. Thread t holds elements (p * kQuantThreads + t) * VEC + j of
-// pass p: a chunk of VEC in registers, then the threads' chunks by a butterfly (a + b is b + a, bit for bit,
-// so both lanes of a pair hold their pair's sum), the warps' sums, then the passes' sums; every level adds
-// aligned neighbours, so it is the contract's tree over the row padded to kQuantThreads * VEC * PASSES, and
-// zeros added to non-negative sums change no bit. VEC divides H, so a chunk lies wholly inside the row or
-// past it. With RESIDUAL, the rounded x + residual is stored to new_res [.., H] as it is read.
+// pass p, kept in v[p] (0 past the row): a chunk of VEC in registers, then the threads' chunks by a butterfly
+// (a + b is b + a, bit for bit, so both lanes of a pair hold their pair's sum), the warps' sums, then the
+// passes' sums; every level adds aligned neighbours, so it is the contract's tree over the row padded to
+// kQuantThreads * VEC * PASSES, and zeros added to non-negative sums change no bit. VEC divides H, so a chunk
+// lies wholly inside the row or past it. With RESIDUAL, the rounded x + residual is stored to new_res
+// [.., H] as it is read.
 template <class T, int VEC, int PASSES, bool RESIDUAL>
 __device__ __forceinline__ float row_sum_squares(const NormInput<T, RESIDUAL>& in, T* __restrict__ new_res, int row,
-                                                 int H) {
+                                                 int H, float (&v)[PASSES][VEC]) {
   constexpr int WARPS = kQuantThreads / 32;
   __shared__ float warp_sums[PASSES][WARPS];
   const int t = threadIdx.x;
@@ -47,23 +48,25 @@ __device__ __forceinline__ float row_sum_squares(const NormInput<T, RESIDUAL>& i
   for (int p = 0; p < PASSES; ++p) {
     const int c = (p * kQuantThreads + t) * VEC;
     float s = 0.f;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) v[p][j] = 0.f;
     if (c < H) {
-      float v[VEC];
-      in.template load<VEC>(row, c, v);
+      in.template load<VEC>(row, c, v[p]);
       if (RESIDUAL) {
         T o[VEC];
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) o[j] = from_f32<T>(v[j]);
+        for (int j = 0; j < VEC; ++j) o[j] = from_f32<T>(v[p][j]);
         store_vec(new_res + (long long)row * H + c, o);
       }
+      float sq[VEC];
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) v[j] = __fmul_rn(v[j], v[j]);
+      for (int j = 0; j < VEC; ++j) sq[j] = __fmul_rn(v[p][j], v[p][j]);
 #pragma unroll
       for (int w = 1; w < VEC; w <<= 1) {
 #pragma unroll
-        for (int j = 0; j < VEC; j += 2 * w) v[j] = __fadd_rn(v[j], v[j + w]);
+        for (int j = 0; j < VEC; j += 2 * w) sq[j] = __fadd_rn(sq[j], sq[j + w]);
       }
-      s = v[0];
+      s = sq[0];
     }
 #pragma unroll
     for (int o = 1; o < 32; o <<= 1) s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, o));
@@ -91,7 +94,16 @@ __device__ __forceinline__ float row_sum_squares(const NormInput<T, RESIDUAL>& i
   return pass_sums[0];
 }
 
-// The normalized row as the block quantizer reads it: weight * (v * rstd rounded to T), rounded to OutT.
+// weight * (v * rstd rounded to T), rounded to OutT: the values the norm quantizes.
+template <class T, class W, class OutT, int VEC>
+__device__ __forceinline__ void normalized(const W* __restrict__ w, float rstd, float (&v)[VEC]) {
+  W e[VEC];
+  load_vec(w, e);
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) v[j] = round_to<OutT>(__fmul_rn(to_f32(e[j]), round_to<T>(__fmul_rn(v[j], rstd))));
+}
+
+// The normalized row as the block quantizer reads it (groups that a thread's chunks do not tile).
 template <class T, class W, class OutT, bool RESIDUAL> struct NormSource {
   NormInput<T, RESIDUAL> in;
   const W* __restrict__ w;
@@ -102,29 +114,41 @@ template <class T, class W, class OutT, bool RESIDUAL> struct NormSource {
 
   template <int VEC> __device__ __forceinline__ void load(int, int c, float (&v)[VEC]) const {
     in.template load<VEC>(row, c, v);
-    W e[VEC];
-    load_vec(w + c, e);
-#pragma unroll
-    for (int j = 0; j < VEC; ++j) v[j] = round_to<OutT>(__fmul_rn(to_f32(e[j]), round_to<T>(__fmul_rn(v[j], rstd))));
+    normalized<T, W, OutT, VEC>(w + c, rstd, v);
   }
 };
 
 // One thread block per row of x [M, H] (row stride ldx; residual [M, H] at ldr when RESIDUAL, the sum stored
 // to new_res [M, H] contiguous): rstd = 1 / sqrt(sum / H + eps), IEEE division and square root, then the
-// row quantized per 1 x G into q [M, H] and scale[row * ss_r + g * ss_c]. VEC is the sum's vector width
-// (it divides H), QVEC, TEAM and CACHE the block quantizer's.
-template <class T, class W, class OutT, class Q, int VEC, int PASSES, bool RESIDUAL, int QVEC, int TEAM, int CACHE>
+// row quantized per 1 x G into q [M, H] and scale[row * ss_r + g * ss_c]. VEC is the sum's vector width (it
+// divides H). LANES > 0: a group is LANES neighbouring threads' chunks (G = LANES * VEC), quantized from the
+// registers the sum read (`quantize_lanes`); 0: by the block quantizer, which reads the row again (from L2)
+// with its own QVEC, TEAM and CACHE.
+template <class T, class W, class OutT, class Q, int VEC, int PASSES, bool RESIDUAL, int LANES, int QVEC, int TEAM,
+          int CACHE>
 __global__ void __launch_bounds__(kQuantThreads)
 rms_norm_quant_kernel(const T* __restrict__ x, long long ldx, const W* __restrict__ w, const T* __restrict__ res,
                       long long ldr, typename Q::storage* __restrict__ q, float* __restrict__ scale, long long ss_r,
                       long long ss_c, T* __restrict__ new_res, int H, int G, float eps, float quant_eps, int ue8m0) {
   const int row = blockIdx.x;
   const NormInput<T, RESIDUAL> in{x, ldx, res, ldr};
-  const float total = row_sum_squares<T, VEC, PASSES, RESIDUAL>(in, new_res, row, H);
+  float v[PASSES][VEC];
+  const float total = row_sum_squares<T, VEC, PASSES, RESIDUAL>(in, new_res, row, H, v);
   const float rstd = __fdiv_rn(1.f, __fsqrt_rn(__fadd_rn(__fdiv_rn(total, __int2float_rn(H)), eps)));
-  const NormSource<T, W, OutT, RESIDUAL> src{in, w, rstd, row};
-  quantize_blocks_of<NormSource<T, W, OutT, RESIDUAL>, Q, QVEC, TEAM, CACHE>(
-      src, q + (long long)row * H, H, scale + row * ss_r, ss_r, ss_c, 1, H, 1, G, quant_eps, ue8m0 != 0, 0, 1);
+  if constexpr (LANES > 0) {
+#pragma unroll
+    for (int p = 0; p < PASSES; ++p) {
+      const int c = (p * kQuantThreads + threadIdx.x) * VEC;
+      const bool present = c < H;
+      if (present) normalized<T, W, OutT, VEC>(w + c, rstd, v[p]);
+      quantize_lanes<Q, VEC, LANES>(v[p], present, q + (long long)row * H + c, scale + row * ss_r + (c / G) * ss_c,
+                                    quant_eps, ue8m0 != 0);
+    }
+  } else {
+    const NormSource<T, W, OutT, RESIDUAL> src{in, w, rstd, row};
+    quantize_blocks_of<NormSource<T, W, OutT, RESIDUAL>, Q, QVEC, TEAM, CACHE>(
+        src, q + (long long)row * H, H, scale + row * ss_r, ss_r, ss_c, 1, H, 1, G, quant_eps, ue8m0 != 0, 0, 1);
+  }
 }
 
 // silu(gate) * up in fp32 of x [R, 2C] (gate the first C columns). With counts (int32, one per expert) the
