@@ -278,9 +278,11 @@ def _replace_modules(model: nn.Module, argument: str, patterns: tuple[str, ...],
     (a misspelt name would otherwise leave the model unfused without a word)."""
     made: dict[int, nn.Module] = {}
     for pattern in patterns:
-        targets = [(name, m) for name, m in model.named_modules(remove_duplicate=False) if name and _skipped(name, (pattern,))]
+        targets = [(name, m) for name, m in model.named_modules(remove_duplicate=False)
+                   if name and _skipped(name, (pattern,))]
         if not targets:
-            raise InvalidInputError(f"quantize_model: the {argument} pattern {pattern!r} matches no module of the model")
+            raise InvalidInputError(f"quantize_model: the {argument} pattern {pattern!r} matches no module of the "
+                                    "model")
         for name, module in targets:
             if id(module) not in made:
                 made[id(module)] = module if isinstance(module, (QuantRMSNorm, QuantSiLUMul)) else make(name, module)
@@ -290,7 +292,8 @@ def _replace_modules(model: nn.Module, argument: str, patterns: tuple[str, ...],
 
 def quantize_model(model: nn.Module, *, dtype: Any = "auto", skip: Iterable[str] = ("lm_head",),
                    block_size: tuple[int, int] = DEFAULT_BLOCK, out_dtype: torch.dtype | None = None,
-                   scale_fmt: str = "fp32", fuse_norms: Iterable[str] = (), fuse_silu_mul: Iterable[str] = ()) -> nn.Module:
+                   scale_fmt: str = "fp32", fuse_norms: Iterable[str] = (),
+                   fuse_silu_mul: Iterable[str] = ()) -> nn.Module:
     """Replace every `nn.Linear` of `model` in place by a `QuantLinear` (see `QuantLinear.from_linear`)
     and return `model`.
 

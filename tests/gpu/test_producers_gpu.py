@@ -82,8 +82,8 @@ def test_rms_norm_quant_is_the_reference_bit_for_bit(backend, profile, M, H):
 
 
 @pytest.mark.parametrize("backend", registry.compared("rms_norm_quant"))
-@pytest.mark.parametrize("dtype,w_dtype,group", [(torch.float16, torch.float32, 128), (torch.float32, torch.bfloat16, 96),
-                                                 (torch.bfloat16, torch.float16, 64)])
+@pytest.mark.parametrize("dtype,w_dtype,group", [(torch.float16, torch.float32, 128),
+                                                 (torch.float32, torch.bfloat16, 96), (torch.bfloat16, torch.float16, 64)])
 def test_rms_norm_quant_dtypes_groups_and_strided_rows(backend, dtype, w_dtype, group):
     x, weight, residual = norm_operands(33, 7168 + 64, dtype, w_dtype, seed=3)
     x, residual = x[:, :7168], residual[:, 64:]  # rows strided
