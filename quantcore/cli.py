@@ -65,6 +65,9 @@ def _parser() -> argparse.ArgumentParser:
     e2e.add_argument("--e2e-layers", type=_positive, metavar="N", help="transformer layers (default 4)")
     e2e.add_argument("--e2e-batch", type=_positive, nargs="+", metavar="B", help="batch sizes (default 1 8)")
     e2e.add_argument("--e2e-tokens", type=_positive, metavar="N", help="timed decode steps per configuration (default 128)")
+    e2e.add_argument("--e2e-mlp", choices=("gelu", "swiglu"),
+                     help="the model's MLP: GELU with biases (default) or Llama's SwiGLU, whose SiLU·up the fused "
+                          "rows also fuse")
     stacks = bench.add_argument_group("linear stacks of real models (--stacks)")
     stacks.add_argument("--stacks", nargs="*", choices=STACKS, metavar="NAME",
                         help="instead of the ops: the linears of these models' layers (all when none is named: "
@@ -83,7 +86,7 @@ def _parser() -> argparse.ArgumentParser:
 _OP_FLAGS = {"--quick": "quick", "--ops": "ops", "--resume": "resume", "--ours-only": "ours_only", "--plot": "plot",
              "--write-priority": "write_priority", "--simulate": "simulate"}
 _E2E_FLAGS = {"--e2e-dim": "e2e_dim", "--e2e-layers": "e2e_layers", "--e2e-batch": "e2e_batch",
-              "--e2e-tokens": "e2e_tokens"}
+              "--e2e-tokens": "e2e_tokens", "--e2e-mlp": "e2e_mlp"}
 _STACKS_FLAGS = {"--stacks-m": "stacks_m", "--stacks-layers": "stacks_layers", "--stacks-tokens": "stacks_tokens",
                  "--stacks-scale": "stacks_scale"}
 
@@ -236,7 +239,8 @@ def _step_run(args: argparse.Namespace, command: str, save, kind: str) -> int:
     if kind == "e2e":
         run, name, others = e2e.run_e2e, "an end-to-end run", {"--stacks": _STACKS_FLAGS}
         result_type, config_type, render = e2e.E2EResult, e2e.Config, e2e.render
-        sizes = {"dim": args.e2e_dim, "layers": args.e2e_layers, "batches": args.e2e_batch, "tokens": args.e2e_tokens}
+        sizes = {"dim": args.e2e_dim, "layers": args.e2e_layers, "batches": args.e2e_batch, "tokens": args.e2e_tokens,
+                 "mlp": args.e2e_mlp}
     else:
         run, name, others = stack_run.run_stacks, "a --stacks run", {"--e2e": _E2E_FLAGS}
         result_type, config_type, render = stack_run.StacksResult, stack_run.StacksConfig, stack_run.render

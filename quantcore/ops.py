@@ -29,6 +29,8 @@ scaled_mm = FUNCTIONS["scaled_mm"].public
 quant_linear = FUNCTIONS["quant_linear"].public
 dequant_bias = FUNCTIONS["dequant_bias"].public
 quantized_gelu = FUNCTIONS["quantized_gelu"].public
+rms_norm_quant = FUNCTIONS["rms_norm_quant"].public
+silu_mul_quant = FUNCTIONS["silu_mul_quant"].public
 
 
 def explain(op: str, *args, backend: BackendChoice = None, **kwargs) -> Explanation:

@@ -9,7 +9,7 @@ import torch
 
 import oracle
 from quantcore import ops
-from quantcore.definitions.tolerances import activation_within, requant_within_one_step
+from quantcore.definitions.tolerances import REQUANT_SCALE_RTOL, activation_within, requant_within_one_step
 
 
 def randn(shape, dtype=torch.float32, gen=None, scale=1.0, device="cpu"):
@@ -193,3 +193,31 @@ def quantizer_values(s: torch.Tensor, per_scale: int, g: torch.Generator) -> tor
     inf = torch.isinf(s)
     x[inf, 2], x[inf, 3] = float("inf"), float("-inf")
     return x
+
+
+def norm_inputs(shape, dtype, w_dtype=None, gen=None, residual=False):
+    """x [..., H] with a per-row spread, a weight near 1 and optionally a residual, all seeded."""
+    gen = gen or torch.Generator().manual_seed(0)
+    x = randn(shape, dtype=dtype, gen=gen, scale=3.0)
+    w = (1 + 0.2 * torch.randn(shape[-1], generator=gen)).to(w_dtype or dtype)
+    r = randn(shape, dtype=dtype, gen=gen) if residual else None
+    return x, w, r
+
+
+def judge_silu_mul(gate_up, q, s, group, qdtype, ue8m0=False, rows=None):
+    """Every value within one quantization step of the float64 silu(gate)·up; fp32 scales within the
+    re-quantization tolerance of the exact amax's (ue8m0: the same power of two or its neighbour)."""
+    exact = oracle.silu_mul(gate_up).reshape(-1, gate_up.shape[-1] // 2)
+    q, s = q.reshape(exact.shape[0], -1), s.reshape(exact.shape[0], -1)
+    if rows is not None:
+        exact, q, s = exact[rows], q[rows], s[rows]
+    full = torch.from_numpy(np.repeat(s.double().numpy(), group, -1)[:, :exact.shape[1]])
+    assert requant_within_one_step(torch.from_numpy(oracle.decode(q)) * full, torch.from_numpy(exact), full,
+                                   "int8" if qdtype == torch.int8 else "fp8_e4m3")
+    blocks = np.pad(np.abs(exact), ((0, 0), (0, -exact.shape[1] % group))).reshape(exact.shape[0], -1, group)
+    amax_scale = np.maximum(blocks.max(-1), 1e-4) / oracle.QMAX[qdtype]
+    if ue8m0:
+        assert bool(((s.double().numpy() >= amax_scale * (1 - REQUANT_SCALE_RTOL))
+                     & (s.double().numpy() <= 2 * amax_scale * (1 + REQUANT_SCALE_RTOL))).all())
+    else:
+        np.testing.assert_allclose(s.double().numpy(), amax_scale, rtol=REQUANT_SCALE_RTOL)

@@ -162,3 +162,43 @@ def scaled_mm(a, a_scale, b, b_scale, bn: int, bk: int, bias=None, act=None) -> 
     if bias is not None:
         out += bias.double().numpy()
     return activation(out, act)
+
+
+def _to_dtype(a: np.ndarray, dtype: torch.dtype) -> np.ndarray:
+    """fp32 values (float64 storage) rounded to nearest even in `dtype` (bf16, fp16, fp32), as float64."""
+    return torch.from_numpy(np.ascontiguousarray(a)).to(dtype).double().numpy()
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None = None, eps: float = 1e-6):
+    """The contract's RMSNorm in float64, every operation rounded once to fp32: [..., H] -> (y as float64
+    values of torch.promote_types(x.dtype, weight.dtype), new_residual as x's dtype or None).
+
+    The sum of squares follows the contract's order: squares padded with zeros to a power of two, summed
+    pairwise, neighbours first, level by level."""
+    H = x.shape[-1]
+    v = x.double().numpy().reshape(-1, H)
+    new_residual = None
+    if residual is not None:
+        v = _to_dtype(f32(v + residual.double().numpy().reshape(-1, H)), x.dtype)
+        new_residual = torch.from_numpy(v).to(x.dtype).reshape(x.shape)
+    squares = f32(v * v)
+    width = 1 << (H - 1).bit_length()
+    level = np.concatenate([squares, np.zeros((v.shape[0], width - H))], axis=1)
+    while level.shape[1] > 1:
+        level = f32(level[:, ::2] + level[:, 1::2])
+    mean_square = f32(level[:, 0] / H)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rstd = f32(1.0 / f32(np.sqrt(f32(mean_square + f32(eps)))))
+        normed = _to_dtype(f32(v * rstd[:, None]), x.dtype)
+    out_dtype = torch.promote_types(x.dtype, weight.dtype)
+    with np.errstate(invalid="ignore"):
+        y = _to_dtype(f32(weight.double().numpy()[None, :] * normed), out_dtype)
+    return y.reshape(x.shape), new_residual
+
+
+def silu_mul(gate_up: torch.Tensor) -> np.ndarray:
+    """silu(gate)·up of [..., 2I] in float64 (no intermediate rounding): [..., I]."""
+    g = gate_up.double().numpy()
+    half = g.shape[-1] // 2
+    with np.errstate(invalid="ignore"):
+        return activation(g[..., :half], "silu") * g[..., half:]

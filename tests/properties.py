@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 import oracle
 from helpers import assert_same_q, assert_same_scale, randn
 from quantcore import ops
-from quantcore.definitions.tolerances import activation_within, gemm_tolerance, requant_within_one_step
+from quantcore.definitions.tolerances import (REQUANT_SCALE_RTOL, activation_within, gemm_tolerance,
+                                              requant_within_one_step)
 
 FMTS = {torch.float8_e4m3fn: "fp8_e4m3", torch.int8: "int8"}
 
@@ -153,10 +154,54 @@ def check_quantized_gelu(data, backend: str) -> None:
     assert requant_within_one_step(got, torch.from_numpy(exact), scale_full, FMTS[out_qdtype])
 
 
+def check_rms_norm_quant(data, backend: str) -> None:
+    """rms_norm_quant bit-exact (codes, scales and the new residual) against the oracle's norm quantized by
+    the oracle, NaN/Inf rows and all-zero rows included."""
+    qdtype, group, ue8m0, quant_eps = (data.draw(qdtypes, label="qdtype"), data.draw(blocks, label="group"),
+                                       data.draw(st.booleans(), label="ue8m0"), data.draw(epsilons, label="quant_eps"))
+    dtype, w_dtype = data.draw(float_dtypes, label="in_dtype"), data.draw(float_dtypes, label="w_dtype")
+    eps = data.draw(st.sampled_from([1e-6, 1e-2, 3.0]), label="eps")
+    x = data.draw(tensors(st.integers(1, 5), st.integers(1, 70), dtype))
+    gen = torch.Generator().manual_seed(data.draw(st.integers(0, 2**31 - 1), label="seed"))
+    w = (1 + 0.5 * torch.randn(x.shape[1], generator=gen)).to(w_dtype)
+    r = randn(x.shape, gen=gen, dtype=dtype) if data.draw(st.booleans(), label="residual") else None
+    got = ops.rms_norm_quant(x, w, r, eps=eps, dtype=qdtype, group_size=group, quant_eps=quant_eps,
+                             scale_fmt="ue8m0" if ue8m0 else "fp32", backend=backend)
+    y, new_residual = oracle.rms_norm(x, w, r, eps)
+    eq, es = oracle.act_quant(torch.from_numpy(y), qdtype, min(group, x.shape[1]), ue8m0=ue8m0, eps=quant_eps)
+    assert_same_q(got[0], eq)
+    assert_same_scale(got[1], es)
+    if r is not None:
+        assert equal_with_nan(got[2], new_residual)
+
+
+def check_silu_mul_quant(data, backend: str) -> None:
+    """Every value within one quantization step of the float64 silu(gate)·up (finite inputs); the scales
+    within the re-quantization tolerance of the exact amax's."""
+    qdtype, group, ue8m0 = (data.draw(qdtypes, label="qdtype"), data.draw(blocks, label="group"),
+                            data.draw(st.booleans(), label="ue8m0"))
+    dtype = data.draw(float_dtypes, label="in_dtype")
+    x = data.draw(tensors(st.integers(1, 4), st.integers(1, 35).map(lambda n: 2 * n), dtype)).nan_to_num(0, 0, 0)
+    q, s = ops.silu_mul_quant(x, dtype=qdtype, group_size=group, scale_fmt="ue8m0" if ue8m0 else "fp32",
+                              backend=backend)
+    group = min(group, x.shape[1] // 2)
+    exact = oracle.silu_mul(x)
+    scale_full = torch.from_numpy(full(s, exact.shape, 1, group))
+    assert requant_within_one_step(torch.from_numpy(oracle.decode(q)) * scale_full, torch.from_numpy(exact),
+                                   scale_full, FMTS[qdtype])
+    amax = np.pad(np.abs(exact), ((0, 0), (0, -exact.shape[1] % group))).reshape(exact.shape[0], -1, group).max(-1)
+    expected = oracle.scales(amax, qdtype, False, 1e-4)
+    ratio = s.double().numpy() / expected
+    low = ratio >= 1 - REQUANT_SCALE_RTOL
+    assert low.all() and (ratio <= (2 if ue8m0 else 1) * (1 + REQUANT_SCALE_RTOL)).all()
+
+
 CHECKS = {
     "act_quant": check_act_quant_and_dequant,
     "weight_quant": check_weight_quant_and_dequant,
     "scaled_mm": check_scaled_mm,
     "dequant_bias": check_dequant_bias,
     "quantized_gelu": check_quantized_gelu,
+    "rms_norm_quant": check_rms_norm_quant,
+    "silu_mul_quant": check_silu_mul_quant,
 }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
@@ -23,9 +24,12 @@ def result():
     return e2e.run_e2e(TINY, device="cpu", copy_gbps=10.0)
 
 
+MODEL_ROWS = ("bf16", "fp8_e4m3", "int8", "fp8_e4m3+fused", "int8+fused")
+
+
 def test_every_format_batch_and_mode_has_a_row(result):
     key = [(r.dtype, r.batch, r.mode) for r in result.model]
-    assert key == [(d, b, m) for d in ("bf16", "fp8_e4m3", "int8") for b in (1, 2) for m in ("eager", "graph")]
+    assert key == [(d, b, m) for d in MODEL_ROWS for b in (1, 2) for m in ("eager", "graph")]
     assert [(r.dtype, r.batch, r.mode) for r in result.stack] == [
         (d, 1, m) for d in ("bf16", "fp8_e4m3", "int8") for m in ("eager", "graph")]
     assert result.device.kind == "cpu" and result.versions["torch"]
@@ -47,6 +51,7 @@ def test_bytes_and_floor(result):
     rows = {(r.dtype, r.batch, r.mode): r for r in result.model}
     assert rows[("bf16", 1, "eager")].weight_bytes == BF16_BYTES
     assert rows[("int8", 1, "eager")].weight_bytes == BF16_BYTES - QUANTIZED_WEIGHTS + 4 * SCALES
+    assert rows[("int8+fused", 1, "eager")].weight_bytes == rows[("int8", 1, "eager")].weight_bytes
     for r in result.model:
         assert r.cache_bytes == 2 * TINY.layers * r.batch * TINY.context * TINY.dim * 2  # keys and values, bf16
         assert r.floor_us == pytest.approx((r.weight_bytes + r.cache_bytes) / 10.0 / 1e3)
@@ -79,10 +84,10 @@ def test_a_failing_configuration_is_recorded_not_raised(monkeypatch):
     monkeypatch.setattr(decoder, "decode_step", step_failing_at_batch_2)
     saved = []
     out = e2e.run_e2e(TINY, device="cpu", checkpoint=lambda partial: saved.append(len(partial.model + partial.stack)))
-    assert saved == list(range(1, 19))  # the partial result after every row, failed ones included
+    assert saved == list(range(1, 27))  # the partial result after every row, failed ones included
     rows = {(r.dtype, r.batch, r.mode): r for r in out.model}
     assert all(r.note == "quantize_model: RuntimeError: int8 refused for the test" and r.step_us is None
-               for r in out.model + out.stack if r.dtype == "int8")
+               for r in out.model + out.stack if r.dtype.startswith("int8"))
     assert rows[("fp8_e4m3", 2, "eager")].note == "RuntimeError: " and rows[("fp8_e4m3", 2, "eager")].step_us is None
     assert rows[("fp8_e4m3", 1, "eager")].step_us > 0 and rows[("fp8_e4m3", 1, "eager")].floor_us is None  # no copy rate
     assert rows[("bf16", 2, "eager")].vs_bf16 is None
@@ -98,6 +103,28 @@ def test_cli_runs_saves_and_reprints(tmp_path, capsys):
     assert capsys.readouterr().out == printed
     assert main([*args, "--plot", str(tmp_path / "x.png")]) == 2
     assert "options of the op bench" in capsys.readouterr().err
+
+
+def test_a_swiglu_model_runs_its_fused_producers():
+    """With Llama's SwiGLU MLP the fused rows replace the norms and SiLU·up by the fused producers, whose
+    quantized outputs the linears read; the step's logits are the unfused quantized model's up to the norms'
+    rounding (nn.RMSNorm rounds once, after the weight) and SiLU·up's (fp32 where the unfused is bf16)."""
+    torch.manual_seed(0)
+    with torch.inference_mode():
+        model = decoder.DecodeModel(256, 1, 64, torch.device("cpu"), "swiglu")
+        fused = quantcore.nn.quantize_model(copy.deepcopy(model), dtype=torch.float8_e4m3fn,
+                                            fuse_norms=decoder.FUSED_NORMS, fuse_silu_mul=decoder.FUSED_ACTS)
+        plain = quantcore.nn.quantize_model(model, dtype=torch.float8_e4m3fn)
+        block = fused.layers[0]
+        assert isinstance(block.attn_norm, quantcore.nn.QuantRMSNorm) and isinstance(block.act, quantcore.nn.QuantSiLUMul)
+        assert isinstance(fused.norm, torch.nn.RMSNorm)  # the head's norm feeds a bf16 linear: not fused
+        logits = [decoder.decode_step(m, decoder.DecodeState.new(m, 2, context=4)) for m in (fused, plain)]
+        assert logits[0].shape == (2, 64) and float((logits[0] - logits[1]).norm() / logits[1].norm()) < 0.05
+    out = e2e.run_e2e(e2e.Config(dim=256, layers=1, batches=[1], tokens=1, warmup=1, vocab=64, context=4,
+                                 mlp="swiglu"), device="cpu")
+    assert [r.dtype for r in out.model if r.mode == "eager"] == list(MODEL_ROWS)
+    assert all(r.step_us for r in out.model if r.mode == "eager")
+    assert "SwiGLU" in e2e.render(out)
 
 
 def test_a_step_sees_the_cache_up_to_its_position_only_and_advances_in_place():

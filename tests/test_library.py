@@ -121,8 +121,28 @@ def test_quantized_gelu(gen, shape, out_dtype):
     check(qc.quantized_gelu.default, (q, s), dict(out_dtype=out_dtype, approximate="tanh"))
 
 
+@pytest.mark.parametrize("shape", [(1, 1), (3, 130), (2, 5, 256)])
+@pytest.mark.parametrize("qdtype", QDTYPES)
+def test_rms_norm_quant(gen, shape, qdtype):
+    x, residual = (randn(shape, gen=gen, dtype=torch.bfloat16) for _ in range(2))
+    weight = randn(shape[-1:], gen=gen)
+    check(qc.rms_norm_quant.default, (x, weight), dict(dtype=qdtype, scale_layout="m_major", scale_fmt="ue8m0"))
+    check(qc.rms_norm_quant_residual.default, (x, weight, residual), dict(dtype=qdtype, eps=1e-5, group_size=64))
+
+
+@pytest.mark.parametrize("shape", [(1, 2), (3, 260), (2, 5, 512)])
+@pytest.mark.parametrize("qdtype", QDTYPES)
+def test_silu_mul_quant(gen, shape, qdtype):
+    gate_up = randn(shape, gen=gen, dtype=torch.bfloat16)
+    check(qc.silu_mul_quant.default, (gate_up,), dict(dtype=qdtype, scale_layout="m_major"))
+    experts = gate_up.reshape(shape[0], -1, shape[-1])
+    counts = torch.arange(shape[0], dtype=torch.int32)
+    check(qc.silu_mul_quant.default, (experts, counts), dict(dtype=qdtype, group_size=64, scale_fmt="ue8m0"))
+
+
 def test_every_public_op_is_registered():
-    assert set(quantcore.library.CUSTOM_OPS) == set({op.name: op.spec for op in definitions.BUILTIN}) | {"scaled_mm_quant"}
+    assert set(quantcore.library.CUSTOM_OPS) == set({op.name: op.spec for op in definitions.BUILTIN}) | {
+        "scaled_mm_quant", "rms_norm_quant_residual"}
     assert all(hasattr(torch.ops.quantcore, name) for name in quantcore.library.CUSTOM_OPS)
 
 

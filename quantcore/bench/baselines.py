@@ -1,5 +1,6 @@
-"""What quantcore is measured against: torch.compile of the reference, and the vendor kernels torch
-exposes (cuBLAS block-wise FP8 through `scaled_mm`, `torch._int_mm`, bf16 `mm`)."""
+"""What quantcore is measured against: torch.compile of the reference, the vendor kernels torch
+exposes (cuBLAS block-wise FP8 through `scaled_mm`, `torch._int_mm`, bf16 `mm`), and for the fused
+producers the unfused torch code they replace (eager, compiled, and compiled beside quantcore's act_quant)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from .. import ops
 from ..backends import torch as reference
 from ..backends.torch.cublas import blockwise_fp8_mm
 
@@ -103,3 +105,76 @@ def gemm_floor_bytes(m: int, n: int, k: int, *, in_bytes: int = 1, out_bytes: in
     the M×N output (bf16) and the fp32 scales (1×block per activation row, block×block of the weight)."""
     kb = math.ceil(k / block)
     return (n * k + m * k) * in_bytes + m * n * out_bytes + 4 * (m * kb + math.ceil(n / block) * kb)
+
+
+def llama_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """transformers' LlamaRMSNorm.forward: the norm a model runs before quantizing its output."""
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(x.dtype)
+
+
+def torch_silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """`act_fn(gate) * up` as Llama's MLP writes it, in the input's dtype."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+def _unfused(op: str):
+    """The unfused torch code of a fused producer as one function of its operands and act_quant's options:
+    Llama's RMSNorm (with the residual added first) or SiLU-and-multiply, then the reference act_quant."""
+    act_quant = inspect.unwrap(reference.act_quant)
+
+    def rms_norm_quant(x, weight, residual, eps, quant):
+        y = llama_rms_norm(x if residual is None else x + residual, weight, eps)
+        return act_quant(y.reshape(-1, y.shape[-1]), **quant)
+
+    def silu_mul_quant(gate_up, quant):
+        y = torch_silu_mul(gate_up)
+        return act_quant(y.reshape(-1, y.shape[-1]), **quant)
+    return rms_norm_quant if op == "rms_norm_quant" else silu_mul_quant
+
+
+@functools.lru_cache(maxsize=None)
+def _compiled(fn_name: str):
+    """torch.compile (dynamic shapes, Inductor) of an unfused producer or of its float part alone."""
+    fns = {"rms_norm_quant": _unfused("rms_norm_quant"), "silu_mul_quant": _unfused("silu_mul_quant"),
+           "rms_norm": llama_rms_norm, "silu_mul": torch_silu_mul}
+    return torch.compile(fns[fn_name], dynamic=True)
+
+
+def producer_baselines(op: str, args: tuple, kwargs: dict) -> dict:
+    """The unfused code a fused producer call (`ops.<op>(*args, **kwargs)`) replaces, as calls of no
+    arguments by name: "torch-unfused" (eager torch: Llama's norm or act_fn(gate)·up, then the reference
+    act_quant), "torch.compile" (that function compiled) and "compiled+act_quant" (the float part compiled,
+    then quantcore's act_quant: two launches). Each is called once here (compiling it)."""
+    quant = dict(qdtype=kwargs.get("dtype", torch.float8_e4m3fn), group_size=kwargs.get("group_size", 128),
+                 ue8m0=kwargs.get("scale_fmt", "fp32") == "ue8m0", eps=kwargs.get("eps" if op == "silu_mul_quant"
+                                                                                  else "quant_eps", 1e-4),
+                 scale_m_major=False)
+    act = dict(dtype=quant["qdtype"], group_size=quant["group_size"], scale_fmt=kwargs.get("scale_fmt", "fp32"))
+    if op == "rms_norm_quant":
+        x, weight, residual = (*args, None)[:3]
+        eps = kwargs.get("eps", 1e-6)
+        operands = (x, weight, residual, eps, quant)
+        norm = _compiled("rms_norm")
+        split = lambda: ops.act_quant(norm(x if residual is None else x + residual, weight, eps), **act)  # noqa: E731
+    else:
+        operands = (args[0], quant)
+        silu_mul = _compiled("silu_mul")
+        split = lambda: ops.act_quant(silu_mul(args[0]), **act)  # noqa: E731
+    eager, compiled = _unfused(op), _compiled(op)
+    calls = {"torch-unfused": lambda: eager(*operands), "torch.compile": lambda: compiled(*operands),
+             "compiled+act_quant": split}
+    for call in calls.values():
+        call()
+    return calls
+
+
+def producer_bytes(op: str, m: int, width: int, group: int = 128, in_bytes: int = 2) -> int:
+    """Least bytes a fused producer moves: rms_norm_quant (width H) reads x and the weight and writes the
+    codes and scales; silu_mul_quant (width 2I) reads gate_up and writes I codes per row and their scales."""
+    if op == "rms_norm_quant":
+        return act_bytes(m, width, group, in_bytes) + in_bytes * width
+    half = width // 2
+    return m * width * in_bytes + m * half + 4 * m * math.ceil(half / group)

@@ -2,6 +2,12 @@
 device tensors, so that one step can be captured in a CUDA graph and replayed, and a stack of bare
 linears of the same sizes.
 
+The model's MLP is a GELU one with biases, or Llama's SwiGLU (a fused gate_up projection, SiLU-and-multiply,
+the down projection, no biases). Its blocks are written as vLLM writes Llama's: the norm before the MLP adds
+the attention's output to the residual itself where it can (`add_norm`), so that a quantized model whose
+norms and SiLU-and-multiply are the fused producers (`quantize_model(..., fuse_norms=FUSED_NORMS,
+fuse_silu_mul=FUSED_ACTS)`) runs each of them as one kernel writing the quantized activation.
+
 The decode state (`DecodeState`) holds the token, the position as a one-element int64 tensor, and a
 bf16 KV cache of a fixed number of positions per layer. A step writes its keys and values into the
 cache with `index_copy_` at that position, attends over the whole cache with a mask built from the
@@ -19,8 +25,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..nn import QuantRMSNorm
+
 DTYPE = torch.bfloat16
 HEAD_DIM = 128  # the head size of Llama-class models; smaller models get the largest divisor of dim
+MLPS = ("gelu", "swiglu")
+# What a quantized model's fused producers replace (`quantcore.nn.quantize_model` patterns): the norms
+# before the attention and the MLP, whose outputs only quantized linears read, and SwiGLU's activation.
+FUSED_NORMS = ("attn_norm", "ffn_norm")
+FUSED_ACTS = ("act",)
 
 
 def head_dim(dim: int) -> int:
@@ -79,7 +92,7 @@ class _Attention(nn.Module):
         self.wq, self.wk, self.wv, self.wo = (_linear(dim, dim, False, device) for _ in range(4))
 
     def forward(self, x, pos, cos, sin, mask, cache):
-        batch = x.shape[0]
+        batch = cache[0].shape[0]  # x may be a quantized pair, which QuantLinear takes but has no shape
         q, k, v = (w(x).view(batch, 1, self.heads, self.head_dim) for w in (self.wq, self.wk, self.wv))
         q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
         keys, values = cache
@@ -90,29 +103,50 @@ class _Attention(nn.Module):
         return self.wo(out.transpose(1, 2).reshape(batch, 1, -1))
 
 
-class _Block(nn.Module):
-    """Pre-norm block: attention (q, k, v, o without bias), then a GELU MLP dim → hidden → dim with biases."""
+class SiLUMul(nn.Module):
+    """Llama's `act_fn(gate) * up` of a fused gate_up projection's output [..., 2I], in its dtype."""
 
-    def __init__(self, dim: int, hidden: int, device: torch.device):
+    def forward(self, gate_up: torch.Tensor) -> torch.Tensor:
+        gate, up = gate_up.chunk(2, dim=-1)
+        return F.silu(gate) * up
+
+
+def add_norm(norm: nn.Module, h: torch.Tensor, residual: torch.Tensor):
+    """(norm(residual + h), residual + h): one fused call where `norm` adds the residual itself
+    (QuantRMSNorm, as vLLM's fused_add_rms_norm), else the add and the norm; the same sum either way."""
+    if isinstance(norm, QuantRMSNorm):
+        return norm(h, residual)
+    residual = residual + h
+    return norm(residual), residual
+
+
+class _Block(nn.Module):
+    """Pre-norm block: attention (q, k, v, o without bias), then an MLP: GELU, dim → hidden → dim with
+    biases, or SwiGLU, dim → 2·hidden (gate and up) → SiLU(gate)·up → dim without."""
+
+    def __init__(self, dim: int, hidden: int, device: torch.device, mlp: str = "gelu"):
         super().__init__()
         self.attn_norm = nn.RMSNorm(dim, eps=1e-6, device=device, dtype=DTYPE)
         self.ffn_norm = nn.RMSNorm(dim, eps=1e-6, device=device, dtype=DTYPE)
         self.attn = _Attention(dim, device)
-        self.w1, self.w2 = _linear(dim, hidden, True, device), _linear(hidden, dim, True, device)
+        swiglu = mlp == "swiglu"
+        self.w1 = _linear(dim, 2 * hidden if swiglu else hidden, not swiglu, device)
+        self.act = SiLUMul() if swiglu else nn.GELU()
+        self.w2 = _linear(hidden, dim, not swiglu, device)
 
     def forward(self, x, pos, cos, sin, mask, cache):
-        x = x + self.attn(self.attn_norm(x), pos, cos, sin, mask, cache)
-        return x + self.w2(F.gelu(self.w1(self.ffn_norm(x))))
+        normed, x = add_norm(self.ffn_norm, self.attn(self.attn_norm(x), pos, cos, sin, mask, cache), x)
+        return x + self.w2(self.act(self.w1(normed)))
 
 
 class DecodeModel(nn.Module):
-    """A bf16 decoder-only transformer (RMSNorm, rotary positions, multi-head attention, GELU MLP of
-    hidden size 4·dim), one token per sequence per call; the output head is `lm_head`."""
+    """A bf16 decoder-only transformer (RMSNorm, rotary positions, multi-head attention, a GELU or SwiGLU
+    MLP of hidden size 4·dim: `mlp`), one token per sequence per call; the output head is `lm_head`."""
 
-    def __init__(self, dim: int, layers: int, vocab: int, device: torch.device):
+    def __init__(self, dim: int, layers: int, vocab: int, device: torch.device, mlp: str = "gelu"):
         super().__init__()
         self.embed = nn.Embedding(vocab, dim, device=device, dtype=DTYPE)
-        self.layers = nn.ModuleList(_Block(dim, 4 * dim, device) for _ in range(layers))
+        self.layers = nn.ModuleList(_Block(dim, 4 * dim, device, mlp) for _ in range(layers))
         self.norm = nn.RMSNorm(dim, eps=1e-6, device=device, dtype=DTYPE)
         self.lm_head = _linear(dim, vocab, False, device)
         self.head_dim = head_dim(dim)

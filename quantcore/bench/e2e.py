@@ -1,6 +1,8 @@
 """`quantcore bench --e2e`: decode tokens/s of a transformer the size of a real one, in bf16 and with
-its linears quantized to FP8 and INT8 (`quantcore.nn.quantize_model`, output head kept in bf16),
-each eager and replayed from a CUDA graph; and the same comparison on a bare stack of linears.
+its linears quantized to FP8 and INT8 (`quantcore.nn.quantize_model`, output head kept in bf16), and
+quantized with its norms and (SwiGLU) SiLU-and-multiply fused into the kernels that quantize their outputs
+("+fused": `fuse_norms`, `fuse_silu_mul`), each eager and replayed from a CUDA graph; and the same
+comparison on a bare stack of linears (which has nothing to fuse).
 
 Timing and failures as `steps.measure` says: the fastest of interleaved loops of `tokens` steps,
 eager and replaying one captured step; a failing configuration keeps its error as the row's note.
@@ -14,7 +16,7 @@ import torch
 from pydantic import BaseModel, Field, PositiveInt, computed_field
 
 from . import decoder
-from .steps import ROUNDS, Row, StepResult, cell, default_device, mb, measure, progress
+from .steps import FUSED, ROUNDS, StepResult, cell, default_device, mb, measure, progress
 
 STACK_M = 1  # the linear stack is timed at one row: the decode GEMM at its most memory-bound
 
@@ -30,6 +32,7 @@ class Config(BaseModel):
     vocab: int = Field(32000, ge=1)
     context: int = Field(256, ge=1, description="KV-cache positions; attention reads all of them every step")
     seed: int = 0
+    mlp: Literal["gelu", "swiglu"] = Field("gelu", description="the model's MLP: GELU with biases, or Llama's SwiGLU")
 
     @computed_field  # type: ignore[prop-decorator]
     @property
@@ -68,13 +71,14 @@ def run_e2e(cfg: Config | None = None, *, device: str | torch.device | None = No
     timed = dict(tokens=cfg.tokens, warmup=cfg.warmup, copy_gbps=result.copy_gbps)
     torch.manual_seed(cfg.seed)
     with torch.no_grad():
-        model = decoder.DecodeModel(cfg.dim, cfg.layers, cfg.vocab, dev)
+        model = decoder.DecodeModel(cfg.dim, cfg.layers, cfg.vocab, dev, cfg.mlp)
 
     def model_step(module, batch):
         state = decoder.DecodeState.new(module, batch, cfg.context)
         return (lambda: decoder.decode_step(module, state)), {"cache_bytes": state.cache_bytes()}
 
-    measure(result.model, model, cfg.batches, model_step, **timed, done=done("model"))
+    fused = dict(fuse_norms=decoder.FUSED_NORMS, fuse_silu_mul=decoder.FUSED_ACTS if cfg.mlp == "swiglu" else ())
+    measure(result.model, model, cfg.batches, model_step, **timed, done=done("model"), fused=fused)
     del model
     with torch.no_grad():
         stack = decoder.linear_stack(cfg.dim, cfg.layers, dev)
@@ -91,12 +95,17 @@ def render(result: E2EResult) -> str:
     """The run as markdown: the device line, the decode table, the linear-stack table, the notes."""
     cfg = result.config
     out = [*result.header(), "",
-           f"Decode: dim {cfg.dim}, MLP {cfg.hidden} (GELU, biases), {cfg.layers} layers, {cfg.dim // cfg.head_dim} "
+           f"Decode: dim {cfg.dim}, MLP {cfg.hidden} "
+           f"({'SwiGLU: gate_up, SiLU·up, down; no biases' if cfg.mlp == 'swiglu' else 'GELU, biases'}), "
+           f"{cfg.layers} layers, {cfg.dim // cfg.head_dim} "
            f"heads of {cfg.head_dim}, vocab {cfg.vocab} (bf16 output head, not quantized), bf16 KV cache of "
            f"{cfg.context} positions read whole every step; greedy; {cfg.tokens} timed steps after {cfg.warmup} "
            f"warm-up steps, host clock around the loop with one synchronize, the fastest of {ROUNDS} loops run in turn "
            "with the other formats'; graph: one captured step replayed. "
-           "Floor: (weights + KV cache bytes) / copy rate. Speed vs bf16: bf16 step time / this step time.", "",
+           f"{FUSED}: the norms before attention and MLP{' and SiLU·up' if cfg.mlp == 'swiglu' else ''} write their "
+           "output quantized (rms_norm_quant, the MLP's norm adding the residual; silu_mul_quant), which the "
+           "linears read. Floor: (weights + KV cache bytes) / copy rate. Speed vs bf16: bf16 step time / this "
+           "step time.", "",
            "| weights | batch | mode | ms / token | tokens/s | speed vs bf16 | weights MB | KV cache MB | floor ms "
            "| floor / step | note |",
            "|---|---|---|---|---|---|---|---|---|---|---|"]

@@ -17,6 +17,8 @@ from ..errors import InvalidInputError, UnsupportedError
 from . import baselines, shapes, timing
 from .shapes import DECODE_M, READ_CEILING
 
+PRODUCERS = ("rms_norm_quant", "silu_mul_quant")
+
 REFERENCE_GEMM_FLOPS = 1e12  # the reference GEMM computes in float64: beyond this it only wastes the run
 
 
@@ -150,7 +152,14 @@ def _contenders(op: str, args: tuple, kwargs: dict, with_baselines: bool) -> dic
             getattr(ops, op)(*args, backend=backend, **kwargs)  # compiles, and raises where it cannot run
             return lambda: getattr(ops, op)(*args, backend=backend, **kwargs)
         out[backend] = _try(make)
-    if op != "scaled_mm" and with_baselines:
+    if op in PRODUCERS and with_baselines:
+        # The fused producers against the unfused torch code they replace ("torch.compile" is that code
+        # compiled, what the summary's ratios read), not against compilations of the reference.
+        try:
+            out.update({name: (fn, "") for name, fn in baselines.producer_baselines(op, args, kwargs).items()})
+        except (RuntimeError, ValueError, TypeError, AttributeError) as err:
+            out["torch.compile"] = None, error_note(err)
+    elif op != "scaled_mm" and with_baselines:
         prepared = definitions.get(op).spec(*args, **kwargs)
         out["torch.compile"] = _try(lambda: baselines.compiled_call(op, prepared.kwargs))
     return out
@@ -173,6 +182,12 @@ def _memory_cases(plan: dict) -> list[tuple[str, str, list[int], Callable[[], tu
                 (_rand(n, k),), dict(dtype=q), b)))
             cases.append(("weight_dequant", fmt, [n, k], lambda n=n, k=k, q=qdtype, b=nbytes: (
                 ops.weight_quant(_rand(n, k), dtype=q), {}, b)))
+        for m, h in plan.get("norm", ()):
+            cases.append(("rms_norm_quant", fmt, [m, h], lambda m=m, h=h, q=qdtype: (
+                (_rand(m, h), _rand(h).add_(1)), dict(dtype=q), baselines.producer_bytes("rms_norm_quant", m, h))))
+        for m, i in plan.get("gated", ()):
+            cases.append(("silu_mul_quant", fmt, [m, 2 * i], lambda m=m, i=i, q=qdtype: (
+                (_rand(m, 2 * i),), dict(dtype=q), baselines.producer_bytes("silu_mul_quant", m, 2 * i))))
     for g_name, g_dtype in (("bfloat16", torch.bfloat16), ("float32", torch.float32), ("int32", torch.int32)):
         for m, n in plan["epilogue"]:
             def make(m=m, n=n, g_dtype=g_dtype):

@@ -5,7 +5,8 @@ The GEMM rows M = 1, 4, 16 and 64 are decode batches: the summary judges them ag
 from __future__ import annotations
 
 # The ops the bench measures (quant_linear is act_quant + scaled_mm, measured as those).
-OPS = ("act_quant", "act_dequant", "quantized_gelu", "weight_quant", "weight_dequant", "dequant_bias", "scaled_mm")
+OPS = ("act_quant", "act_dequant", "quantized_gelu", "weight_quant", "weight_dequant", "dequant_bias", "scaled_mm",
+       "rms_norm_quant", "silu_mul_quant")
 
 DEEPSEEK_M = (1, 4, 16, 64, 128, 512, 4096, 16384)
 DECODE_M = 64  # GEMMs of at most this many rows are judged against the memory floor, the read ceiling and bf16
@@ -16,17 +17,26 @@ EPILOGUE_M = (1, 16, 256, 4096, 65536)
 ACT_K = (7168, 2048)
 ACT_M = (1, 128, 4096, 16384)
 WEIGHT_NK = ((7168, 16384), (2112, 7168), (24576, 1536))
+# The fused producers: decode to prefill rows; Llama-3-8B's and DeepSeek-V3's hidden sizes for the norm, and
+# the MLP widths I of Llama-3-8B (14336), DeepSeek-V3's dense layers (18432) and its experts (2048).
+PRODUCER_M = (1, 4, 16, 128, 1024, 4096, 16384)
+NORM_H = (4096, 7168)
+GATED_I = (14336, 18432, 2048)
 
 QUICK = {  # a small set for a first look (`quantcore bench --quick`)
     "gemm": [(m, n, k) for m in (1, 128, 4096) for n, k in ((2112, 7168), (7168, 2048))],
     "act": [(m, 7168) for m in (1, 4096, 16384)],
     "weight": [(7168, 16384)],
     "epilogue": [(m, n) for m in (1, 4096, 65536) for n in (3840,)],
+    "norm": [(m, 7168) for m in (1, 4096, 16384)],
+    "gated": [(m, 14336) for m in (1, 4096, 16384)],
 }
 FULL = {
     "gemm": [(m, n, k) for m in DEEPSEEK_M for n, k in DEEPSEEK_NK],
     "act": [(m, k) for m in ACT_M for k in ACT_K],
     "weight": list(WEIGHT_NK),
     "epilogue": [(m, n) for m in EPILOGUE_M for n in EPILOGUE_N],
+    "norm": [(m, h) for m in PRODUCER_M for h in NORM_H],
+    "gated": [(m, i) for m in PRODUCER_M for i in GATED_I],
 }
 

@@ -27,6 +27,16 @@ from .run import error_note
 
 DTYPES: dict[str, torch.dtype | None] = {"bf16": None, "fp8_e4m3": torch.float8_e4m3fn, "int8": torch.int8}
 MODES = ("eager", "graph")
+FUSED = "+fused"  # the suffix of a quantized model's rows with its producers fused (`quantize_model`'s fuse_*)
+
+
+def variants(fused: dict | None) -> dict[str, tuple[torch.dtype | None, dict]]:
+    """Row name -> (quantized dtype or None for bf16, quantize_model's fusion arguments): every format of
+    DTYPES, and with `fused` (those arguments) each quantized format again, fused."""
+    out = {name: (qdtype, {}) for name, qdtype in DTYPES.items()}
+    if fused:
+        out.update({name + FUSED: (qdtype, fused) for name, qdtype in DTYPES.items() if qdtype is not None})
+    return out
 GRAPH_WARMUP = 3  # steps on the capture's side stream before it, as torch's CUDA graph docs ask
 ROUNDS = 3  # interleaved timing loops per configuration (`measure`)
 GRAPHS_SKIPPED = "CUDA graphs skipped: the device is not a CUDA GPU"
@@ -137,9 +147,10 @@ def _warm_graph(step: Callable[[], object], warmup: int) -> Callable[[], object]
 
 def measure(rows: list[Row], base: nn.Module, batches: list[int],
             make_step: Callable[[nn.Module, int], tuple[Callable[[], object], dict[str, int]]], *, tokens: int,
-            warmup: int, copy_gbps: float | None, done: Callable[[Row], None]) -> None:
+            warmup: int, copy_gbps: float | None, done: Callable[[Row], None], fused: dict | None = None) -> None:
     """Append to `rows` every weights format × batch × mode of `base` (a bf16 module, quantized per
-    format on a deep copy), calling `done` with each finished row. `make_step(module, batch)` returns
+    format on a deep copy; with `fused`, quantize_model's fusion arguments, also each format fused),
+    calling `done` with each finished row. `make_step(module, batch)` returns
     (step, the row's byte counts besides the weights: {"cache_bytes": n} or {"activation_bytes": n}).
 
     The formats of one batch and mode are timed together, in ROUNDS interleaved loops of `tokens`
@@ -148,10 +159,12 @@ def measure(rows: list[Row], base: nn.Module, batches: list[int],
     the lent H100, the same bf16 eager step took 1.9 ms in one run and 2.5 in the next)."""
     graphs = torch.cuda.is_available() and next(base.parameters()).is_cuda
     modules: dict[str, nn.Module] = {}
-    for name, qdtype in DTYPES.items():
+    names = variants(fused)
+    for name, (qdtype, fusion) in names.items():
         try:
             with torch.no_grad():
-                modules[name] = base if qdtype is None else qnn.quantize_model(copy.deepcopy(base), dtype=qdtype)
+                modules[name] = base if qdtype is None else qnn.quantize_model(copy.deepcopy(base), dtype=qdtype,
+                                                                                 **fusion)
         except Exception as err:  # any failure is this configuration's result, never the run's end
             for batch in batches:
                 for mode in MODES:
@@ -194,7 +207,7 @@ def measure(rows: list[Row], base: nn.Module, batches: list[int],
             timed.clear()  # frees the states (and the graphs' memory pools) before the next configuration
             if graphs:
                 torch.cuda.empty_cache()
-    order = {(d, b, m): i for i, (d, b, m) in enumerate((d, b, m) for d in DTYPES for b in batches for m in MODES)}
+    order = {(d, b, m): i for i, (d, b, m) in enumerate((d, b, m) for d in names for b in batches for m in MODES)}
     rows.sort(key=lambda r: order[(r.dtype, r.batch, r.mode)])
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from .. import registry
 from ..registry import measured
 from .baselines import gemm_floor_bytes
-from .run import BenchResult
+from .run import PRODUCERS, BenchResult
 from .shapes import DECODE_M, READ_CEILING
 
 K_FROM_M = 512  # the rows from which `write_priority` ranks GEMMs per K bucket as well
@@ -115,6 +115,8 @@ def summarize(result: BenchResult) -> str:
                    f"{_cells(recs, mem, lambda r: _fmt(r and r.rate, '.0f'))}{_fmt(best and best.fraction)} "
                    f"| {_fmt(comp and comp.rate, '.0f')} | {_fmt(ratio)} | {_fmt(ref and ref.rate, '.0f')} "
                    f"| {_cells(recs, mem, _times)}{_times(comp)} |")
+    if any(op in PRODUCERS for op, _, _ in by_case):
+        out += ["", producers(result)]
     gemm = _ours(by_case, gemm=True)
     out += ["", f"| fmt | M×N×K | {''.join(f'{i} TFLOP/s | ' for i in gemm)}vendor | vendor TFLOP/s "
             f"| {''.join(f'{i} / vendor | ' for i in gemm)}dense ceiling TFLOP/s "
@@ -135,6 +137,32 @@ def summarize(result: BenchResult) -> str:
     notes = sorted({f"{r.op} {r.impl}: {r.note}" for r in result.records if r.note and r.us is None})
     if notes:
         out += ["", "not measured:"] + [f"- {n}" for n in notes[:40]]
+    return "\n".join(out)
+
+
+def producers(result: BenchResult) -> str:
+    """The fused producers against the unfused code they replace: the fastest quantcore implementation's rate,
+    fraction of the copy rate and times, each baseline's times (eager torch, its torch.compile, the float part
+    compiled beside quantcore's act_quant: two launches), the ratios of GPU times, and act_quant's eager time
+    on the quantized tensor's shape where the run measured it (the decode target: within 2 µs of it)."""
+    by_case = _cases(result)
+    out = ["Fused producers against the unfused code (Llama's RMSNorm or act_fn(gate)·up in bf16, then act_quant); "
+           "times µs, GPU / eager; ratios of GPU times.", "",
+           "| op | fmt | shape | fastest of quantcore | GB/s | / copy | its µs | torch-unfused µs | torch.compile µs "
+           "| compiled+act_quant µs | compile / ours | 2 launches / ours | act_quant µs (same q) |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for (op, fmt, shape), recs in by_case.items():
+        if op not in PRODUCERS:
+            continue
+        best = _best(recs, registry.compared(op))
+        comp, split = recs.get("torch.compile"), recs.get("compiled+act_quant")
+        q_shape = (shape[0], shape[1] if op == "rms_norm_quant" else shape[1] // 2)
+        act = _best(by_case.get(("act_quant", fmt, q_shape), {}), registry.compared("act_quant"))
+        us = best and best.us
+        out.append(f"| {op} | {fmt} | {'x'.join(map(str, shape))} | {best.impl if best else '—'} "
+                   f"| {_fmt(best and best.rate, '.0f')} | {_fmt(best and best.fraction)} | {_times(best)} "
+                   f"| {_times(recs.get('torch-unfused'))} | {_times(comp)} | {_times(split)} "
+                   f"| {_fmt(_ratio(comp and comp.us, us))} | {_fmt(_ratio(split and split.us, us))} | {_times(act)} |")
     return "\n".join(out)
 
 

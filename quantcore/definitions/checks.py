@@ -89,18 +89,19 @@ def block_pair(op: str, value: Any) -> tuple[int, int]:
 _FP32_MAX = float(np.finfo(np.float32).max)
 
 
-def eps(op: str, value: Any, qmax: float) -> float:
-    """The amax floor: a finite number > 0 whose fp32 value over `qmax` is a positive, finite fp32 scale
-    (kernels use eps in fp32, so a Python-float check alone lets 1e-50 give scale 0 and 1e300 scale Inf)."""
+def eps(op: str, value: Any, qmax: float, name: str = "eps") -> float:
+    """The amax floor (the argument `name`): a finite number > 0 whose fp32 value over `qmax` is a positive,
+    finite fp32 scale (kernels use eps in fp32, so a Python-float check alone lets 1e-50 give scale 0 and
+    1e300 scale Inf)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise fail(op, f"eps must be a finite number > 0, got {value!r}")
+        raise fail(op, f"{name} must be a finite number > 0, got {value!r}")
     with np.errstate(over="ignore", under="ignore"):
         floor = np.float32(value)
         scale = floor / np.float32(qmax)
     if not (np.isfinite(scale) and scale > 0):
         # The quotient rounds to 0 at or below qmax * 2^-150 (half the smallest fp32 subnormal).
-        raise fail(op, f"eps={value!r} is {float(floor)!r} in fp32 and gives a scale eps/qmax of {float(scale)!r} "
-                       f"(qmax {qmax:g}); use an eps above {qmax * 2.0 ** -150:.3g} and at most {_FP32_MAX:.7g} so "
+        raise fail(op, f"{name}={value!r} is {float(floor)!r} in fp32 and gives a scale {name}/qmax of {float(scale)!r} "
+                       f"(qmax {qmax:g}); use an {name} above {qmax * 2.0 ** -150:.3g} and at most {_FP32_MAX:.7g} so "
                        "that the fp32 scale is positive and finite")
     return float(value)
 

@@ -50,25 +50,33 @@ def act_quant(x: torch.Tensor, *, dtype=torch.float8_e4m3fn, group_size: int = D
 
 # Fake kernels: the outputs' shapes, dtypes and strides from the inputs' shapes alone. They do not run
 # the specs, which also build the selection query (its M bucket would specialise a dynamic M).
-def _act_quant_fake(x, *, dtype=torch.float8_e4m3fn, group_size=DEFAULT_GROUP, scale_layout="row", **_):
-    lead, K = x.shape[:-1], x.shape[-1]
-    kb = blocks(K, "act_quant", "group_size", group_size)
-    if scale_layout == "m_major":  # as the real op builds it: [KB, M] contiguous, transposed, reshaped
-        scale = x.new_empty(kb, math.prod(lead), dtype=F32).t().reshape(*lead, kb)
+def quantized_fake(t, lead, K, op: str, *, dtype, group_size, scale_layout):
+    """The fake (codes [*lead, K] `dtype`, scale [*lead, ceil(K/group_size)] fp32) of an op that quantizes
+    per 1×group_size along a last dim of K (act_quant, and the fused producers of `definitions.producers`),
+    made like `t`; an M-major scale as the real ops build it: [KB, M] contiguous, transposed, reshaped."""
+    kb = blocks(K, op, "group_size", group_size)
+    if scale_layout == "m_major":
+        scale = t.new_empty(kb, math.prod(lead), dtype=F32).t().reshape(*lead, kb)
     else:
-        scale = x.new_empty(*lead, kb, dtype=F32)
-    return x.new_empty(x.shape, dtype=dtype), scale
+        scale = t.new_empty(*lead, kb, dtype=F32)
+    return t.new_empty(*lead, K, dtype=dtype), scale
 
 
-def _act_quant_layout(out, options):
-    # The M-major scale is a transposed view by contract; everything else is contiguous.
-    q, scale = out
-    return q.contiguous(), scale if options.get("scale_layout") == "m_major" else scale.contiguous()
+def _act_quant_fake(x, *, dtype=torch.float8_e4m3fn, group_size=DEFAULT_GROUP, scale_layout="row", **_):
+    return quantized_fake(x, x.shape[:-1], x.shape[-1], "act_quant", dtype=dtype, group_size=group_size,
+                          scale_layout=scale_layout)
+
+
+def quantized_layout(out, options):
+    """The real outputs in their fakes' layout: the M-major scale (the second output) is a transposed view by
+    contract; everything else is contiguous."""
+    m_major = options.get("scale_layout") == "m_major"
+    return tuple(t if i == 1 and m_major else t.contiguous() for i, t in enumerate(out))
 
 
 ACT_QUANT = OpDef(
     act_quant, ("x",), ("x", "qdtype", "group_size", "ue8m0", "eps", "scale_m_major", "profile"), QUANT_FORMATS,
-    (DEFAULT_GROUP,), (CustomOp("act_quant", _act_quant_fake, _act_quant_layout),), example_of("x", quantize=True))
+    (DEFAULT_GROUP,), (CustomOp("act_quant", _act_quant_fake, quantized_layout),), example_of("x", quantize=True))
 
 
 def act_dequant(q: torch.Tensor, scale: torch.Tensor, *, group_size: int = DEFAULT_GROUP,

@@ -1,7 +1,10 @@
 """quantcore.nn: quantized layers for PyTorch models and block-FP8 checkpoints in the Hugging Face layout.
 
 - `layers.py`: `QuantLinear` (block-quantized weight as frozen parameters, one `quant_linear` call per
-  forward), `quantize_model`, and `convert_fp8_to_int8` (FP8 layers to INT8 blocks, with the error).
+  forward, or `scaled_mm` on an activation already quantized), `quantize_model`, and `convert_fp8_to_int8`
+  (FP8 layers to INT8 blocks, with the error).
+- `producers.py`: `QuantRMSNorm` and `QuantSiLUMul`, which return their output quantized for the
+  QuantLinears they feed (`QuantizedActivation`): the fused `rms_norm_quant` and `silu_mul_quant`.
 - `warmup.py`: `warmup(model, batch_sizes)`, the compiles and plans of a server's first requests, ahead.
 - `checkpoint.py`: `load_checkpoint` / `save_checkpoint` for checkpoint folders (config.json +
   safetensors shards) in the DeepSeek-V3 / transformers `fp8` and the `compressed-tensors` flavours,
@@ -16,11 +19,13 @@ from .checkpoint import (LoadedKeys, load_checkpoint, load_fp8_checkpoint, quant
                          scale_to_fp32)
 from .files import SafetensorsFiles
 from .layers import QuantLinear, convert_fp8_to_int8, quantize_model, resolve_dtype
+from .producers import QuantizedActivation, QuantRMSNorm, QuantSiLUMul
 from .schemes import CompressedTensorsScheme, Fp8Scheme, LayerFormat, read_scheme, scheme_from_config
 from .warmup import warmup
 
 __all__ = [
     "QuantLinear", "quantize_model", "resolve_dtype", "convert_fp8_to_int8", "warmup",
+    "QuantRMSNorm", "QuantSiLUMul", "QuantizedActivation",
     "load_checkpoint", "save_checkpoint", "quantize_from_config", "load_fp8_checkpoint", "LoadedKeys", "scale_to_fp32",
     "SafetensorsFiles", "Fp8Scheme", "CompressedTensorsScheme", "LayerFormat", "read_scheme", "scheme_from_config",
 ]

@@ -22,11 +22,12 @@ from torch import nn
 from .. import ops
 from ..convert import RequantError, fp8_to_int8_blocks
 from ..definitions import checks
-from ..definitions.gemm import QUANT_LINEAR
+from ..definitions.gemm import QUANT_LINEAR, SCALED_MM
 from ..definitions.op import requires_grad
 from ..errors import InvalidInputError
 from ..formats import DEFAULT_BLOCK, dtype_name, format_named, format_of_dtype
 from ..runtime.dispatch import Site
+from .producers import QuantizedActivation, QuantRMSNorm, QuantSiLUMul
 
 QUANT_PARAMS = ("weight", "weight_scale_inv")  # the codes and their block scales: never cast
 _LAYER = "QuantLinear"  # how errors name the module
@@ -84,6 +85,7 @@ class QuantLinear(nn.Module):
         self.weight_scale_inv = frozen(torch.ones(grid, dtype=torch.float32, device=device))
         self.register_parameter("bias", frozen(torch.zeros(out_features, device=device)) if bias else None)
         self._site = Site("quant_linear")
+        self._pair_site = Site("scaled_mm")
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, *, dtype: Any = "auto", block_size: tuple[int, int] = DEFAULT_BLOCK,
@@ -103,8 +105,16 @@ class QuantLinear(nn.Module):
             module.bias = frozen(linear.bias.detach().clone())
         return module
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x [..., K] bf16/fp16/fp32 -> [..., N] in out_dtype, or in x's dtype when out_dtype is None."""
+    def forward(self, x: torch.Tensor | QuantizedActivation | tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """x [..., K] bf16/fp16/fp32 -> [..., N] in out_dtype, or in x's dtype when out_dtype is None.
+
+        x may also be the activation already quantized per 1×Bk in the weight's format, by a fused producer
+        (`QuantRMSNorm`, `QuantSiLUMul`): a `QuantizedActivation` (q, scale, dtype) or a pair (q, scale), q
+        [..., K] and scale [..., ceil(K/Bk)] fp32. The layer then skips its own quantization (`scaled_mm` on
+        the pair), bit for bit its result on the float activation the pair quantizes; out_dtype None gives
+        the QuantizedActivation's dtype (bf16 for a bare pair)."""
+        if isinstance(x, tuple):
+            return self._quantized_input(x)
         shape = x.shape
         if not shape or shape[-1] != self.in_features:  # a 0-d input has no last dim
             raise InvalidInputError(f"{_LAYER}: input has {shape[-1] if shape else 'no'} features in its last dim "
@@ -131,6 +141,36 @@ class QuantLinear(nn.Module):
                      w_scale.data_ptr(), None if bias is None else bias.data_ptr())
         return self._site(signature, (x, w, w_scale, bias), lambda: QUANT_LINEAR.options(
             out_dtype=out_dtype, block_size=self.block_size, scale_fmt=self.scale_fmt))
+
+    def _quantized_input(self, x: tuple) -> torch.Tensor:
+        """forward's path for a QuantizedActivation or a (q, scale) pair: the checks that name this layer,
+        then `scaled_mm` with the bias, through a call site of its own as `_gemm`'s."""
+        if not (isinstance(x, QuantizedActivation) or len(x) == 2):
+            raise InvalidInputError(f"{_LAYER}: a quantized input is a QuantizedActivation or a pair (q, scale); got "
+                                    f"a tuple of {len(x)}")
+        q, scale = x[0], x[1]
+        dtype = x.dtype if isinstance(x, QuantizedActivation) else torch.bfloat16
+        params = self._parameters
+        w, w_scale, bias = params["weight"], params["weight_scale_inv"], params["bias"]
+        if (not isinstance(q, torch.Tensor) or not isinstance(scale, torch.Tensor) or q.dtype != w.dtype or not q.dim()
+                or q.shape[-1] != self.in_features):
+            got = (f"{dtype_name(q.dtype)} codes of shape {tuple(q.shape)}" if isinstance(q, torch.Tensor)
+                   else type(q).__name__) + ("" if isinstance(scale, torch.Tensor) else " without a scale tensor")
+            raise InvalidInputError(f"{_LAYER}: the quantized input is {got}; this layer expects "
+                                    f"{dtype_name(w.dtype)} codes [..., {self.in_features}] with their scales, from a "
+                                    "producer built with its dtype, group size (its block_size[1]) and scale_fmt")
+        out_dtype = self.out_dtype or dtype
+        if torch.compiler.is_compiling():
+            return torch.ops.quantcore.scaled_mm(q, scale, w, w_scale, bias, out_dtype=out_dtype,
+                                                 block_size=list(self.block_size))
+        if torch.is_grad_enabled() and requires_grad(bias):  # recorded by autograd
+            return ops.scaled_mm(q, scale, w, w_scale, bias=bias, out_dtype=out_dtype, block_size=self.block_size)
+        site = self.__dict__.get("_pair_site") or self.__dict__.setdefault("_pair_site", Site("scaled_mm"))
+        signature = (q.shape, q.stride(), q.dtype, q.device, q.data_ptr() & 15, scale.shape, scale.stride(),
+                     scale.dtype, scale.device, scale.data_ptr() & 15, out_dtype, w.data_ptr(), w_scale.data_ptr(),
+                     None if bias is None else bias.data_ptr())
+        return site(signature, (q, scale, w, w_scale, bias), lambda: SCALED_MM.options(
+            out_dtype=out_dtype, block_size=self.block_size))
 
     def dequantized_weight(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The weight the layer computes with, as a float [N, K] tensor of `dtype`."""
@@ -220,9 +260,39 @@ def _skipped(name: str, patterns: Iterable[str]) -> bool:
     return any(fnmatch.fnmatchcase(name, p) or fnmatch.fnmatchcase(name, "*." + p) for p in patterns)
 
 
+def _patterns(argument: str, value: Any) -> tuple[str, ...]:
+    """Module-name patterns given as one str or an iterable of str."""
+    # A lone pattern as one (iterated, it would be split into characters).
+    patterns = (value,) if isinstance(value, str) else tuple(value) if isinstance(value, Iterable) else None
+    if patterns is None or not all(isinstance(p, str) for p in patterns):
+        raise InvalidInputError(f"quantize_model: {argument} must be module-name patterns (a str or an iterable of "
+                                f"str), got {value!r}")
+    return patterns
+
+
+def _replace_modules(model: nn.Module, argument: str, patterns: tuple[str, ...],
+                     make: Callable[[str, nn.Module], nn.Module]) -> None:
+    """Replace, in place, every module of `model` whose dotted name a pattern of `patterns` (the argument
+    `argument`) matches by `make(name, module)`, a shared module once; a pattern matching nothing is an error
+    (a misspelt name would otherwise leave the model unfused without a word)."""
+    made: dict[int, nn.Module] = {}
+    for pattern in patterns:
+        targets = [(name, m) for name, m in model.named_modules(remove_duplicate=False)
+                   if name and _skipped(name, (pattern,))]
+        if not targets:
+            raise InvalidInputError(f"quantize_model: the {argument} pattern {pattern!r} matches no module of the "
+                                    "model")
+        for name, module in targets:
+            if id(module) not in made:
+                made[id(module)] = module if isinstance(module, (QuantRMSNorm, QuantSiLUMul)) else make(name, module)
+            parent_name, _, child = name.rpartition(".")
+            setattr(model.get_submodule(parent_name), child, made[id(module)])
+
+
 def quantize_model(model: nn.Module, *, dtype: Any = "auto", skip: Iterable[str] = ("lm_head",),
                    block_size: tuple[int, int] = DEFAULT_BLOCK, out_dtype: torch.dtype | None = None,
-                   scale_fmt: str = "fp32") -> nn.Module:
+                   scale_fmt: str = "fp32", fuse_norms: Iterable[str] = (),
+                   fuse_silu_mul: Iterable[str] = ()) -> nn.Module:
     """Replace every `nn.Linear` of `model` in place by a `QuantLinear` (see `QuantLinear.from_linear`)
     and return `model`.
 
@@ -231,22 +301,31 @@ def quantize_model(model: nn.Module, *, dtype: Any = "auto", skip: Iterable[str]
     resolved per layer for the device its weight is on (move the model to its device first).
     out_dtype: each layer's output dtype; None (the default) follows each call's input.
     scale_fmt: "fp32" or "ue8m0" (power-of-two weight and activation scales).
+
+    fuse_norms: patterns naming RMSNorm modules (torch's nn.RMSNorm or Hugging Face's) to replace by
+    `QuantRMSNorm`s, which return their output quantized in this call's format (dtype, block_size[1] as the
+    group, scale_fmt). fuse_silu_mul: patterns naming modules that compute silu(gate)·up of a fused gate_up
+    [..., 2I], replaced by `QuantSiLUMul`. Name only modules whose output feeds quantized linears alone (not
+    a residual sum, an un-quantized head or anything else that reads a float tensor): the replacements
+    return `QuantizedActivation`s, which only QuantLinear takes. A pattern matching no module is an error.
     """
     if not isinstance(model, nn.Module):
         raise InvalidInputError(f"quantize_model: expected an nn.Module, got {type(model).__name__}")
-    # A lone pattern as one (iterated, it would be split into characters).
-    patterns = (skip,) if isinstance(skip, str) else tuple(skip) if isinstance(skip, Iterable) else None
-    if patterns is None or not all(isinstance(p, str) for p in patterns):
-        raise InvalidInputError(f"quantize_model: skip must be module-name patterns (a str or an iterable of "
-                                f"str), got {skip!r}")
+    patterns = _patterns("skip", skip)
+    norms, gated = _patterns("fuse_norms", fuse_norms), _patterns("fuse_silu_mul", fuse_silu_mul)
     block = checks.block_pair("quantize_model", block_size)
     # Checked here too, not only per layer: a model without linears would accept them silently.
     checks.scale_fmt("quantize_model", scale_fmt)
     if out_dtype is not None:
         checks.out_float("quantize_model", "out_dtype", out_dtype)
-    return replace_linears(model, lambda name: not _skipped(name, patterns),
-                           lambda name, linear: QuantLinear.from_linear(linear, dtype=dtype, block_size=block,
-                                                                        out_dtype=out_dtype, scale_fmt=scale_fmt))
+    replace_linears(model, lambda name: not _skipped(name, patterns),
+                    lambda name, linear: QuantLinear.from_linear(linear, dtype=dtype, block_size=block,
+                                                                 out_dtype=out_dtype, scale_fmt=scale_fmt))
+    produced = dict(dtype=dtype, group_size=block[1], scale_fmt=scale_fmt)
+    _replace_modules(model, "fuse_norms", norms, lambda name, norm: QuantRMSNorm.from_norm(norm, **produced))
+    device = next((t.device for t in (*model.parameters(), *model.buffers())), None)
+    _replace_modules(model, "fuse_silu_mul", gated, lambda name, _: QuantSiLUMul(device=device, **produced))
+    return model
 
 
 def convert_fp8_to_int8(model: nn.Module) -> dict[str, RequantError]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 
 import pytest
+import torch
 
 nvrtc = pytest.importorskip("cupy_backends.cuda.libs.nvrtc")
 try:
@@ -17,7 +18,7 @@ except Exception as exc:  # the binding imports, but libnvrtc itself is missing
 
 from quantcore import registry  # noqa: E402
 from quantcore.definitions.query import GemmQuery  # noqa: E402
-from quantcore.backends.cupy import compiler, launch  # noqa: E402
+from quantcore.backends.cupy import compiler, launch, producers  # noqa: E402
 from quantcore.capability import simulated_profile  # noqa: E402
 
 ARCHS = (75, 80, 86, 89, 90)
@@ -93,7 +94,7 @@ EXPECTED = {
 
 
 def test_sources_and_headers_found():
-    assert set(compiler.kernel_files()) == {"epilogue.cu", "gemm.cu", "quant.cu"}
+    assert set(compiler.kernel_files()) == {"epilogue.cu", "gemm.cu", "quant.cu", "producers.cu"}
     assert compiler.include_dirs(), "no folder with cuda_fp16.h / cuda_bf16.h found"
 
 
@@ -118,6 +119,40 @@ def test_memory_bound_kernels(arch, source):
     assert "ld.global.nc.v4.u32" in ptx or "ld.global.v4.u32" in ptx  # 16-byte vector loads
     assert "st.global.v4.u32" in ptx
     assert "div.rn.f32" in ptx and "div.approx" not in ptx and "div.full" not in ptx  # IEEE division only
+
+
+def _producer_names() -> tuple[str, ...]:
+    """The fused producers as their launches instantiate them: the norm for Llama's and DeepSeek's widths
+    (bf16, a bf16 weight, FP8; fp32 x with a bf16 weight, INT8, the residual) and a 200-wide fp16 row with
+    an fp32 weight (its sum over a narrower vector and one pass); SiLU-and-multiply on each input dtype."""
+    names = []
+    for x_dtype, w_dtype, qdtype, H, residual in ((torch.bfloat16, torch.bfloat16, torch.float8_e4m3fn, 7168, True),
+                                                  (torch.bfloat16, torch.bfloat16, torch.int8, 4096, False),
+                                                  (torch.float32, torch.bfloat16, torch.int8, 4096, True),
+                                                  (torch.float16, torch.float32, torch.float8_e4m3fn, 200, False)):
+        vec = 16 // torch.empty(0, dtype=x_dtype).element_size()
+        lanes = producers.group_lanes(H, 128, vec)
+        names.append(producers.rms_norm_kernel_name(x_dtype, w_dtype, qdtype, vec, producers.norm_passes(H, vec),
+                                                    residual, lanes, 1, 1, 1))
+        if H == 200:  # and the block quantizer's path, for groups the lanes do not tile
+            team, cache = launch._team(128 // vec, vec)
+            names.append(producers.rms_norm_kernel_name(x_dtype, w_dtype, qdtype, vec, producers.norm_passes(H, vec),
+                                                        residual, 0, vec, team, cache))
+    names += [f"qc::silu_mul_quant_kernel<{t}, {q}, {v}, 16, 1>" for t, v in (("__nv_bfloat16", 8), ("__half", 8),
+                                                                              ("float", 4))
+              for q in ("qc::Fp8E4M3", "qc::Int8")]
+    return tuple(names)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_producer_kernels(arch):
+    """The fused producers compile for every architecture with IEEE square root and division only (their
+    rstd is the contract's 1 / sqrt), the butterfly of the norm's sum, and 16-byte vector loads."""
+    ptx = compiler.compile_source("producers.cu", arch, _producer_names()).ptx.decode()
+    assert "sqrt.rn.f32" in ptx and "sqrt.approx" not in ptx and "rsqrt" not in ptx
+    assert "div.rn.f32" in ptx and "div.approx" not in ptx and "div.full" not in ptx
+    assert "shfl.sync.bfly.b32" in ptx
+    assert "ld.global.nc.v4.u32" in ptx or "ld.global.v4.u32" in ptx
 
 
 # Issue 11's decode targets (N, K).

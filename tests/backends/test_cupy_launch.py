@@ -28,7 +28,7 @@ from quantcore.registry import impl as impl_module
 from quantcore.runtime import launch as base, workspace
 from quantcore.backends import cupy as cupy_backend
 from quantcore.definitions.query import GemmQuery
-from quantcore.backends.cupy import compiler, launch, launcher
+from quantcore.backends.cupy import compiler, launch, launcher, producers
 
 FP8, I8, BF16 = torch.float8_e4m3fn, torch.int8, torch.bfloat16
 SM90 = capability.simulated_profile("sm90")
@@ -152,6 +152,15 @@ CASES = {
                                     w_scale=_randn(3, 2, seed=s)),
                      dict(block_n=128, block_k=128, bias=None, activation="silu", out_dtype=torch.float32,
                           ue8m0=True, eps=1e-4, mma="int8", profile=SM90)),
+    "rms_norm_quant": (producers.rms_norm_quant,
+                       lambda s: dict(x=_padded(_randn(5, 300, dtype=BF16, seed=s)), weight=_randn(300, seed=s),
+                                      residual=_randn(5, 300, dtype=BF16, seed=s)),
+                       dict(eps=1e-6, qdtype=FP8, group_size=128, ue8m0=True, quant_eps=1e-4, scale_m_major=True,
+                            profile=SM90)),
+    "silu_mul_quant": (producers.silu_mul_quant,
+                       lambda s: dict(gate_up=_randn(6, 600, dtype=BF16, seed=s),
+                                      masked_m=torch.tensor([1, s], dtype=torch.int32)),
+                       dict(qdtype=I8, group_size=128, ue8m0=False, eps=1e-4, scale_m_major=False, profile=SM90)),
 }
 
 
@@ -171,6 +180,36 @@ def test_act_quant_parameters(launches):
     assert run.params == dict(x=x.data_ptr(), ldx=316, q=q.data_ptr(), ldq=300, scale=s.data_ptr(), ss_r=1, ss_c=5,
                               R=5, C=300, BR=1, BC=128, eps=pytest.approx(1e-4, rel=1e-7), ue8m0=1)
     assert s.shape == (5, 3) and s.stride() == (1, 5)  # the M-major layout the strides above write
+
+
+def test_rms_norm_quant_parameters(launches):
+    """One thread block of 256 per row; the sum's vector (4 bf16: 300 and the row strides have no 8) and its
+    passes (a 512-wide power of two over 256 × 4: one); a 128-wide group is 32 threads' chunks, quantized
+    from the registers the sum read."""
+    fn, make, options = CASES["rms_norm_quant"]
+    tensors = make(0)
+    q, s, new_residual = fn(**tensors, **options)
+    (run,) = launches
+    assert run.expr == "qc::rms_norm_quant_kernel<__nv_bfloat16, float, float, qc::Fp8E4M3, 4, 1, true, 32, 1, 1, 1>"
+    assert run.grid == (5, 1, 1) and run.block == (256, 1, 1)
+    assert run.params == dict(x=tensors["x"].data_ptr(), ldx=316, w=tensors["weight"].data_ptr(),
+                              res=tensors["residual"].data_ptr(), ldr=300, q=q.data_ptr(), scale=s.data_ptr(), ss_r=1,
+                              ss_c=5, new_res=new_residual.data_ptr(), H=300, G=128,
+                              eps=pytest.approx(1e-6, rel=1e-7), quant_eps=pytest.approx(1e-4, rel=1e-7), ue8m0=1)
+    assert s.shape == (5, 3) and s.stride() == (1, 5) and new_residual.shape == (5, 300)
+
+
+def test_silu_mul_quant_parameters(launches):
+    fn, make, options = CASES["silu_mul_quant"]
+    tensors = make(4)
+    q, s = fn(**tensors, **options)
+    (run,) = launches
+    assert run.expr == "qc::silu_mul_quant_kernel<__nv_bfloat16, qc::Int8, 4, 32, 1>"
+    assert run.params == dict(x=tensors["gate_up"].data_ptr(), ld=600, counts=tensors["masked_m"].data_ptr(),
+                              rows_per_expert=3, q=q.data_ptr(), ldq=300, scale=s.data_ptr(), ss_r=3, ss_c=1, R=6,
+                              C=300, BR=1, BC=128, eps=pytest.approx(1e-4, rel=1e-7), ue8m0=0)
+    fn(tensors["gate_up"], None, **options)
+    assert launches[-1].params["counts"] == 0 and launches[-1].params["rows_per_expert"] == 1
 
 
 def test_gemm_parameters(launches):

@@ -44,6 +44,7 @@ class _NativeGemm(Impl):
 
 IMPLS = (
     *(Impl(op, "cupy", f"cupy.launch:{op}", Constraints(**_BASE)) for op in _MEMORY_BOUND),
+    *(Impl(op, "cupy", f"cupy.producers:{op}", Constraints(**_BASE)) for op in ("rms_norm_quant", "silu_mul_quant")),
     Impl("dequant_bias", "cupy", "cupy.launch:dequant_bias",
          Constraints(**_BASE, formats=("bfloat16", "float16", "float32", "int32"))),
     # quant_linear: act_quant then scaled_mm, the same variants.

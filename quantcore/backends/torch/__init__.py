@@ -13,6 +13,7 @@ from ...registry.impl import REDUCED_FP8_ACCUMULATION, Constraints, GemmConstrai
 from .bf16_dequant import NUMERICS as BF16_DEQUANT, vendor_gemm_reasons
 from .epilogue import dequant_bias, quantized_gelu
 from .gemm import quant_linear, scaled_mm
+from .producers import rms_norm_quant, silu_mul_quant
 from .quant import act_dequant, act_quant, weight_dequant, weight_quant
 
 if TYPE_CHECKING:
@@ -26,7 +27,8 @@ class _VendorBf16Gemm(Impl):
         return super().not_supported_reasons(query) + vendor_gemm_reasons(query.profile.kind)
 
 
-OPS = ("act_quant", "act_dequant", "weight_quant", "weight_dequant", "scaled_mm", "quant_linear", "quantized_gelu")
+OPS = ("act_quant", "act_dequant", "weight_quant", "weight_dequant", "scaled_mm", "quant_linear", "quantized_gelu",
+       "rms_norm_quant", "silu_mul_quant")
 _ANYWHERE = Constraints(devices=("cpu", "cuda"))
 
 IMPLS = (
@@ -47,4 +49,4 @@ IMPLS = (
 )
 
 __all__ = ["IMPLS", "act_quant", "act_dequant", "weight_quant", "weight_dequant", "scaled_mm", "quant_linear",
-           "dequant_bias", "quantized_gelu"]
+           "dequant_bias", "quantized_gelu", "rms_norm_quant", "silu_mul_quant"]

@@ -30,6 +30,8 @@ _GLUON = dict(min_cc=(9, 0), requires=("triton",), fp8_mma=True, int8_mma=True, 
 
 IMPLS = (
     *(Impl(op, "triton", f"triton.launch:{op}", Constraints(**_BASE)) for op in _MEMORY_BOUND),
+    *(Impl(op, "triton", f"triton.producers:{op}", Constraints(**_BASE))
+      for op in ("rms_norm_quant", "silu_mul_quant")),
     Impl("dequant_bias", "triton", "triton.launch:dequant_bias",
          Constraints(**_BASE, formats=("bfloat16", "float16", "float32", "int32"))),
     # quant_linear runs the GEMM's kernels (its activation quantized in their prologue): the same variants.

@@ -319,6 +319,12 @@ def tile_2d(M: int, N: int, profile) -> tuple[int, int, int]:
     return block_m, block_n, _warps(block_m * block_n, params)
 
 
+def row_warps(row_elems: int, profile) -> int:
+    """num_warps of a kernel holding one whole row of `row_elems` (padded) elements per program (the fused
+    RMSNorm): the block kernels' rule, at least `elems_per_thread` elements per thread."""
+    return _warps(row_elems, _table(_arch(profile))["blocks"])
+
+
 def _warps(tile_elems: int, params: dict) -> int:
     # At least `elems_per_thread` elements per thread keeps several vector loads in flight each.
     return max(1, min(params["num_warps"], tile_elems // (32 * params["elems_per_thread"])))

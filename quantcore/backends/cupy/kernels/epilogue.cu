@@ -12,7 +12,10 @@ template <class Q, bool TANH> struct GeluSource {
   long long is_r, is_c;
   float s;
 
-  __device__ __forceinline__ void begin_block(int rb, int cb) { s = in_scale[rb * is_r + cb * is_c]; }
+  __device__ __forceinline__ bool begin_block(int rb, int cb) {
+    s = in_scale[rb * is_r + cb * is_c];
+    return true;
+  }
 
   template <int VEC> __device__ __forceinline__ void load(int r, int c, float (&v)[VEC]) const {
     typename Q::storage e[VEC];

@@ -8,7 +8,7 @@ template <class T> struct FloatSource {
   const T* __restrict__ x;
   long long ld;
 
-  __device__ __forceinline__ void begin_block(int, int) {}
+  __device__ __forceinline__ bool begin_block(int, int) { return true; }
 
   template <int VEC> __device__ __forceinline__ void load(int r, int c, float (&v)[VEC]) const {
     T e[VEC];

@@ -8,6 +8,13 @@ of rounding to nearest even, and the bit route is as cheap as a cast on the GPU.
 import triton
 import triton.language as tl
 
+from ....capability import triton_interpreter
+
+# Whether kernels round fp32 to bf16 with the conversion instruction (compiled: cvt.rn.bf16.f32, nearest even)
+# rather than on the bits (`bf16_encode`, which the interpreter needs: its cast truncates). Fixed at import,
+# as `epilogue.PTX_MATH` is.
+HW_BF16 = tl.constexpr(not triton_interpreter())
+
 
 @triton.jit
 def bf16_encode(x):
@@ -42,3 +49,20 @@ def store_f32_as(ptrs, x, mask, KIND: tl.constexpr):
         tl.store(ptrs, bf16_encode(x), mask=mask)
     else:
         tl.store(ptrs, x.to(ptrs.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def round_to(x, KIND: tl.constexpr):
+    """fp32 `x` rounded to nearest even in KIND ("fp32", "fp16", "bf16") and back to fp32, exactly: where a
+    computation written in KIND would round (the norm's x·rstd, rounded to the input's dtype). Compiled, one
+    conversion instruction each way: the bit route takes about eleven, and the fused norm rounds twice an
+    element, where instruction issue, not memory, bounds it."""
+    if KIND == "bf16":
+        if HW_BF16:
+            return x.to(tl.bfloat16, fp_downcast_rounding="rtne").to(tl.float32)
+        else:
+            return to_f32(bf16_encode(x), "bf16")
+    elif KIND == "fp16":
+        return x.to(tl.float16, fp_downcast_rounding="rtne").to(tl.float32)
+    else:
+        return x

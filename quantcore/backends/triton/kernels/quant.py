@@ -241,8 +241,20 @@ def block_quant_kernel(src_ptr, src_scale_ptr, q_ptr, scale_ptr, R, C,
         x = load_f32(src_ptr + rows * stride_src + cols, mask, SRC)
     # Masked lanes must not reach the amax (a dequantized 0 * Inf scale would be NaN).
     x = tl.where(mask, activate(x, ACTIVATION), 0.0)
-    scale = block_scale(nan_absmax(nan_absmax(x, 3), 1), eps, QFMT, UE8M0)
-    q = quantize(x, scale[:, None, :, None], QFMT, HW_FP8, UE8M0)
+    store_quantized(x, rows, cols, mask, srow, scol, smask, q_ptr, stride_q, scale_ptr, stride_sr, stride_sc, eps,
+                    QFMT, UE8M0, HW_FP8)
+
+
+@triton.jit
+def store_quantized(x, rows, cols, mask, srow, scol, smask, q_ptr, stride_q, scale_ptr, stride_sr, stride_sc, eps,
+                    QFMT: tl.constexpr, UE8M0: tl.constexpr, HW_FP8: tl.constexpr, TINY_SCALES: tl.constexpr = True):
+    """Quantize a `block_tile` tile x [RB, BR_PAD, CB, BC_PAD] (fp32, 0 outside `mask`) per block, act_quant's
+    formulas, and store its codes at q_ptr + rows·stride_q + cols and its scales at
+    scale_ptr + srow·stride_sr + scol·stride_sc: what every kernel writing quantized blocks ends with (the
+    block quantizer above, the fused producers of `producers.py`). TINY_SCALES off where eps rules out
+    scales below TINY_SCALE (`scales_may_be_tiny`): the same bits, an instruction an element fewer."""
+    scale = block_scale(nan_absmax(nan_absmax(x, 3), 1), eps, QFMT, UE8M0, TINY_SCALES)
+    q = quantize(x, scale[:, None, :, None], QFMT, HW_FP8, UE8M0, TINY_SCALES)
     tl.store(q_ptr + rows * stride_q + cols, q, mask=mask)
     tl.store(scale_ptr + srow * stride_sr + scol * stride_sc, scale, mask=smask)
 
