@@ -16,7 +16,7 @@ import torch
 from pydantic import BaseModel, Field, PositiveInt, computed_field
 
 from . import decoder
-from .steps import FUSED, ROUNDS, StepResult, cell, default_device, mb, measure, progress
+from .steps import FUSED, ROUNDS, Row, StepResult, cell, default_device, mb, measure, progress
 
 STACK_M = 1  # the linear stack is timed at one row: the decode GEMM at its most memory-bound
 
