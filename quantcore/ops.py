@@ -29,6 +29,12 @@ scaled_mm = FUNCTIONS["scaled_mm"].public
 quant_linear = FUNCTIONS["quant_linear"].public
 dequant_bias = FUNCTIONS["dequant_bias"].public
 quantized_gelu = FUNCTIONS["quantized_gelu"].public
+# Mixture of experts: grouped GEMMs over stacked expert weights and the routing around them.
+grouped_mm = FUNCTIONS["grouped_mm"].public
+grouped_mm_masked = FUNCTIONS["grouped_mm_masked"].public
+moe_permute = FUNCTIONS["moe_permute"].public
+moe_permute_masked = FUNCTIONS["moe_permute_masked"].public
+moe_unpermute = FUNCTIONS["moe_unpermute"].public
 
 
 def explain(op: str, *args, backend: BackendChoice = None, **kwargs) -> Explanation:
