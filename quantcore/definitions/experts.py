@@ -389,7 +389,7 @@ def moe_unpermute(y: torch.Tensor, rows: torch.Tensor, topk_weights: torch.Tenso
     readable = _host_readable(rows)
     if readable and rows.numel():
         _check_rows(op, rows, pairs)
-    y2, rows1 = checks.rows(y), rows.reshape(-1)
+    y2, rows1 = checks.rows(y), checks.last_dim_contiguous(rows.reshape(-1))
     profile = capability.profile_for(y.device)
     return Prepared(
         Query(op, profile, dtype_name(y.dtype), m_bucket=m_bucket(weights.shape[0])),
