@@ -42,7 +42,7 @@ def _host_readable(t: torch.Tensor) -> bool:
 def _experts_weight(op: str, a: torch.Tensor, b, b_scale, bias, K: int, bn: int, bk: int):
     """The stacked weights b [E, N, K] (a's dtype), their scales and the per-expert bias: (E, N, b, b_scale,
     bias)."""
-    b = checks.tensor(op, "b", b, _QUANTIZED, min_dim=3)
+    b = checks.tensor(op, "b", b, _QUANTIZED)
     if b.dim() != 3 or min(b.shape) == 0:
         raise checks.fail(op, f"b has shape {tuple(b.shape)}; expected [E, N, K] with every size >= 1 (the experts' "
                               "weights stacked, each [N, K] as scaled_mm takes it)")
@@ -124,7 +124,7 @@ def grouped_mm(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale:
     offsets[0]:offsets[E] are then left unspecified. On the CPU it is checked (InvalidInputError).
     """
     op = "grouped_mm"
-    a, fmt = checks.quantized(op, "a", a, min_dim=2)
+    a, fmt = checks.quantized(op, "a", a)
     if a.dim() != 2:
         raise checks.fail(op, f"a has shape {tuple(a.shape)}; expected [M, K]: the routed rows, sorted by expert "
                               "(grouped_mm_masked takes [E, max_m, K])")
@@ -172,7 +172,7 @@ def grouped_mm_masked(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b
     unspecified (the GPU kernels leave it unwritten). masked_m is read on the device only, never checked.
     """
     op = "grouped_mm_masked"
-    a, fmt = checks.quantized(op, "a", a, min_dim=3)
+    a, fmt = checks.quantized(op, "a", a)
     if a.dim() != 3:
         raise checks.fail(op, f"a has shape {tuple(a.shape)}; expected [E, max_m, K] (grouped_mm takes the "
                               "contiguous [M, K] layout)")
