@@ -16,10 +16,12 @@ from torch._dynamo.utils import counters
 
 import oracle
 from helpers import randn
-from quantcore import InvalidInputError, ops
+from quantcore import InvalidInputError, capability, ops, registry
 from quantcore.backends.torch import routing as ref_routing
 from quantcore.backends.torch.activation import activate
+from quantcore.definitions.query import GroupedGemmQuery
 from quantcore.definitions.tolerances import gemm_tolerance, rel_error
+from quantcore.registry import impl as impl_module
 from quantcore.nn import QuantExperts
 
 from test_library import check
@@ -270,6 +272,26 @@ def test_cpu_routing_data_is_checked_on_every_call(gen):
     ops.moe_permute(x, IDS, E)
     with pytest.raises(InvalidInputError, match="expert id 7"):
         ops.moe_permute(x, torch.full_like(IDS, 7), E)
+
+
+@pytest.mark.filterwarnings("ignore::quantcore.NumericsWarning")
+@pytest.mark.parametrize("profile,fmt,expected", [
+    ("sm90", "fp8_e4m3", "triton"), ("sm89", "int8", "triton"), ("sm86", "fp8_e4m3", "triton[w8a16]"),
+    ("sm80", "fp8_e4m3", "triton[w8a16]"), ("sm75", "fp8_e4m3", "cupy[w8a16]"), ("sm75", "int8", "cupy"),
+    ("sm70", "fp8_e4m3", "torch")])
+def test_grouped_gemms_fall_back_where_the_dense_gemm_does(monkeypatch, profile, fmt, expected):
+    """FP8 experts on GPUs without FP8 tensor cores run FP8 decoded to fp16 (the w8a16 variants), as the dense
+    GEMM does, with the MMA option of the variant; the reference where no kernel runs."""
+    for module in (capability, impl_module):
+        monkeypatch.setattr(module, "module_available", lambda _: True)
+    for op in ("grouped_mm", "grouped_mm_masked"):
+        query = GroupedGemmQuery(op, capability.simulated_profile(profile), fmt, None, (128, 128), 16, (4096, 7168),
+                                 block_k=128, experts=256)
+        chosen = registry.select(query)
+        assert chosen.label == expected, (op, registry.explain_query(query))
+        mma = dict(chosen.options).get("mma")
+        assert mma == (None if expected == "torch" else "int8" if fmt == "int8" else
+                       "fp8" if profile in ("sm89", "sm90") else "fp16")
 
 
 # ---------------------------------------------------------------- custom ops
