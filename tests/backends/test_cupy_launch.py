@@ -155,8 +155,13 @@ CASES = {
 }
 
 
+# Launches of several kernels, or of kernels taking their tensors in another order, checked in files of their own.
+ELSEWHERE = {"grouped_mm", "grouped_mm_masked",  # test_cupy_grouped.py
+             "moe_permute", "moe_permute_masked", "moe_unpermute"}  # test_cupy_routing.py
+
+
 def test_every_cupy_launch_function_is_prepared():
-    assert {impl.op for impl in cupy_backend.IMPLS} == set(CASES)
+    assert {impl.op for impl in cupy_backend.IMPLS} == set(CASES) | ELSEWHERE
     for impl in cupy_backend.IMPLS:
         assert hasattr(impl.function(), "prepare"), impl.op
 

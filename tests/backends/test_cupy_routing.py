@@ -5,8 +5,10 @@ GPU against the reference (tests/gpu/test_experts_gpu.py)."""
 
 from __future__ import annotations
 
+import gc
 import math
 import re
+import weakref
 
 import pytest
 import torch
@@ -78,3 +80,25 @@ def test_masked_permute_and_unpermute_parameters(launches):  # noqa: F811
         y.data_ptr(), w.data_ptr(), out.data_ptr())
     assert (g["ldy"], g["swt"], g["swj"], g["ldo"], g["N"], g["K"], g["slots"]) == (96, 1, T, 96, 96, k, E * max_m)
     assert gather.expr == "qc::moe_gather_kernel<__nv_bfloat16, float, float>"
+
+
+def test_a_kept_run_binds_each_calls_tensors_and_holds_none_of_the_first(launches):  # noqa: F811
+    def tensors(seed):
+        return dict(x=_randn(6, 128, seed=seed), topk_ids=torch.randint(0, 4, (6, 2), generator=torch.Generator().manual_seed(seed)))
+    first = tensors(1)
+    alive = [weakref.ref(t) for t in first.values()]
+    run = routing.moe_permute_masked.prepare(**first, num_experts=4, max_m=6, qdtype=torch.int8, group_size=128,
+                                             ue8m0=False, eps=1e-4, profile=SM90)
+    del first
+    gc.collect()
+    assert all(ref() is None for ref in alive), "run keeps a tensor of the first call"
+    compiled = launches.compiled
+    for seed in (2, 3):
+        given = tensors(seed)
+        q, s, masked_m, rows = run(**given)
+        count, scan, scatter = launches[-3:]
+        assert launches.compiled == compiled
+        assert count.params["ids"] == scatter.params["ids"] == given["topk_ids"].data_ptr()
+        assert (scatter.params["x"], scatter.params["q"], scatter.params["scale"], scatter.params["rows"],
+                scan.params["bounds"]) == (given["x"].data_ptr(), q.data_ptr(), s.data_ptr(), rows.data_ptr(),
+                                           masked_m.data_ptr())
