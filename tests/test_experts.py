@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import pytest
 import torch
 import torch._dynamo
@@ -150,8 +149,9 @@ def test_moe_permute_masked_against_plain_loops(gen, max_m):
 def test_moe_unpermute_against_fp32_steps(gen, dtype):
     """Both layouts, in the oracle's order: each product rounded to fp32, then added, slot by slot."""
     w = torch.rand(T, TOP, generator=gen).to(dtype)
-    for y, rows in ((randn((T * TOP, N), gen=gen, dtype=dtype), ops.moe_permute(randn((T, H), gen=gen), IDS, E)[3]),
-                    (randn((E, 3, N), gen=gen, dtype=dtype), ops.moe_permute_masked(randn((T, H), gen=gen), IDS, E, 3)[3])):
+    x = randn((T, H), gen=gen)
+    for y, rows in ((randn((T * TOP, N), gen=gen, dtype=dtype), ops.moe_permute(x, IDS, E)[3]),
+                    (randn((E, 3, N), gen=gen, dtype=dtype), ops.moe_permute_masked(x, IDS, E, 3)[3])):
         out = ops.moe_unpermute(y, rows, w, out_dtype=torch.float32)
         assert torch.equal(out, torch.from_numpy(oracle.unpermute(y, rows, w)).float())
         assert _same(ops.moe_unpermute(y, rows, w), out.to(dtype))
@@ -203,8 +203,10 @@ BAD_GROUPED = [
     (lambda a, s, b, bs, o: (a, s, b, bs, o.to("meta")), r"tensors are on different devices .*expert_offsets on meta"),
     (lambda a, s, b, bs, o: (a, s, b, bs, torch.tensor([0, 2, 1, 5, 6], dtype=torch.int32)),
      "expert_offsets decreases at expert 1"),
-    (lambda a, s, b, bs, o: (a, s, b, bs, torch.tensor([1, 2, 2, 5, 6], dtype=torch.int32)), "expert_offsets runs from 1 to 6"),
-    (lambda a, s, b, bs, o: (a, s, b, bs, torch.tensor([0, 2, 2, 5, 5], dtype=torch.int32)), "expert_offsets runs from 0 to 5; expected 0 to M = 6"),
+    (lambda a, s, b, bs, o: (a, s, b, bs, torch.tensor([1, 2, 2, 5, 6], dtype=torch.int32)),
+     "expert_offsets runs from 1 to 6"),
+    (lambda a, s, b, bs, o: (a, s, b, bs, torch.tensor([0, 2, 2, 5, 5], dtype=torch.int32)),
+     "expert_offsets runs from 0 to 5; expected 0 to M = 6"),
     (lambda a, s, b, bs, o: (a, s, b, bs[:3], o), "b_scale holds 3 experts' scales but b holds 4"),
     (lambda a, s, b, bs, o: (a[:, :200], s, b, bs, o), "a has K=200"),
     (lambda a, s, b, bs, o: (a, s, b.float(), bs, o), "b has dtype float32"),
@@ -402,7 +404,8 @@ def test_quant_experts_construction_and_state(gen):
 def test_quant_experts_path_and_errors(gen):
     layer = QuantExperts(E, H, I, dtype=I8)
     assert layer.path(8, 8) == ("masked", 8, layer.path(8, 8).reason) and "max_m = 8" in layer.path(8, 8).reason
-    assert layer.path(9, 8).layout == "contiguous" and "72 routed rows > masked_max_rows (64)" in layer.path(9, 8).reason
+    above = layer.path(9, 8)
+    assert above.layout == "contiguous" and "72 routed rows > masked_max_rows (64)" in above.reason
     assert layer.path(0, 8).layout == "contiguous"
     x = randn((T, H), gen=gen)
     with pytest.raises(InvalidInputError, match="hidden_size=256"):
@@ -414,8 +417,8 @@ def test_quant_experts_path_and_errors(gen):
     with pytest.raises(InvalidInputError, match="activation must be one of"):
         QuantExperts(E, H, I, activation="relu")
     with pytest.raises(InvalidInputError, match="biased projection"):
-        QuantExperts.from_experts([torch.nn.ModuleDict(dict(gate_proj=torch.nn.Linear(4, 2), up_proj=torch.nn.Linear(4, 2),
-                                                            down_proj=torch.nn.Linear(2, 4)))])
+        linears = dict(gate_proj=torch.nn.Linear(4, 2), up_proj=torch.nn.Linear(4, 2), down_proj=torch.nn.Linear(2, 4))
+        QuantExperts.from_experts([torch.nn.ModuleDict(linears)])
 
 
 def test_quant_experts_compiles_into_custom_ops(gen):

@@ -154,7 +154,7 @@ def _check_offsets(op: str, offsets: torch.Tensor, M: int) -> None:
     if drops:
         e = drops[0]
         raise checks.fail(op, f"expert_offsets decreases at expert {e} ({values[e]} then {values[e + 1]}); the "
-                              "boundaries must be non-decreasing (a's rows sorted by expert, as moe_permute gives them)")
+                              "boundaries must be non-decreasing (a's rows sorted by expert, as moe_permute sorts)")
 
 
 def grouped_mm_masked(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor,
@@ -242,7 +242,7 @@ def _routing(op: str, x, topk_ids, num_experts, dtype, group_size, scale_fmt, ep
     topk_ids = checks.tensor(op, "topk_ids", topk_ids, _IDS, min_dim=2)
     if topk_ids.dim() != 2 or topk_ids.shape[0] != x.shape[0]:
         raise checks.fail(op, f"topk_ids has shape {tuple(topk_ids.shape)} for x of shape {tuple(x.shape)}; expected "
-                              f"[T, k] = [{x.shape[0]}, k] (each token's k expert ids, as the router's topk gives them)")
+                              f"[T, k] = [{x.shape[0]}, k] (each token's k expert ids, as a router's topk gives them)")
     E = checks.positive_int(op, "num_experts", num_experts)
     checks.same_device(op, x=x, topk_ids=topk_ids)
     fmt = checks.quant_format(op, "dtype", dtype, x.device)

@@ -145,7 +145,7 @@ class QuantExperts(nn.Module):
                                         "up_proj and down_proj nn.Linear submodules")
             if any(lin.bias is not None for lin in linears):
                 raise InvalidInputError(f"{_LAYER}.from_experts: expert {i} has a biased projection; QuantExperts "
-                                        "keeps no biases (the gated MLPs of DeepSeek-V3, Qwen3-MoE and Mixtral have none)")
+                                        "keeps no biases (DeepSeek-V3's, Qwen3-MoE's and Mixtral's experts have none)")
             gate, up, dn = (lin.weight.detach() for lin in linears)
             if gate.shape != up.shape or dn.shape != gate.shape[::-1]:
                 raise InvalidInputError(f"{_LAYER}.from_experts: expert {i} has gate {tuple(gate.shape)}, up "

@@ -19,7 +19,8 @@ from test_cupy_launch import SM90, _randn, launches  # noqa: F401  (launches: th
 from test_cupy_grouped import _nvrtc
 
 NAMES = ("qc::moe_count_kernel<int>", "qc::moe_count_kernel<long long>", "qc::moe_scan_kernel",
-         "qc::moe_scatter_kernel<__nv_bfloat16, qc::Fp8E4M3, long long>", "qc::moe_scatter_kernel<float, qc::Int8, int>",
+         "qc::moe_scatter_kernel<__nv_bfloat16, qc::Fp8E4M3, long long>",
+         "qc::moe_scatter_kernel<float, qc::Int8, int>",
          "qc::moe_scatter_kernel<__half, qc::Fp8E4M3, int>", "qc::moe_invert_kernel",
          "qc::moe_gather_kernel<__nv_bfloat16, float, __nv_bfloat16>", "qc::moe_gather_kernel<float, __half, float>")
 
@@ -44,7 +45,8 @@ def test_permute_parameters(launches):  # noqa: F811
     count, scan, scatter = launches[-3:]
     tokens = routing._CHUNK_PAIRS // k
     chunks = math.ceil(T / tokens)
-    assert [run.kernel for run in (count, scan, scatter)] == ["moe_count_kernel", "moe_scan_kernel", "moe_scatter_kernel"]
+    assert [run.kernel for run in (count, scan, scatter)] == ["moe_count_kernel", "moe_scan_kernel",
+                                                              "moe_scatter_kernel"]
     assert count.grid == (chunks, 1, 1) and scan.grid == (1, 1, 1) and scan.smem == 4 * E
     assert (count.params["ids"], count.params["st"], count.params["sj"], count.params["tokens"]) == (
         ids.data_ptr(), k + 1, 1, tokens)
@@ -84,7 +86,8 @@ def test_masked_permute_and_unpermute_parameters(launches):  # noqa: F811
 
 def test_a_kept_run_binds_each_calls_tensors_and_holds_none_of_the_first(launches):  # noqa: F811
     def tensors(seed):
-        return dict(x=_randn(6, 128, seed=seed), topk_ids=torch.randint(0, 4, (6, 2), generator=torch.Generator().manual_seed(seed)))
+        ids = torch.randint(0, 4, (6, 2), generator=torch.Generator().manual_seed(seed))
+        return dict(x=_randn(6, 128, seed=seed), topk_ids=ids)
     first = tensors(1)
     alive = [weakref.ref(t) for t in first.values()]
     run = routing.moe_permute_masked.prepare(**first, num_experts=4, max_m=6, qdtype=torch.int8, group_size=128,

@@ -59,10 +59,10 @@ def _permute(x, topk_ids, *, num_experts, max_m, qdtype, group_size, ue8m0, eps,
     cb = max(1, min(_pow2(groups), _TILE // (tokens * g_pad)))
     chunks = triton.cdiv(T, tokens)
     lead = (E, max_m) if masked else (slots,)
-    outputs = {"_q": allocator((*lead, H), qdtype, x.device), "_scale": allocator((*lead, groups), torch.float32,
-                                                                                  x.device),
-               "_bounds": allocator((E if masked else E + 1,), _I32, x.device), "_rows": allocator(lead, _I32, x.device),
-               "_firsts": allocator((chunks, E), _I32, x.device)}
+    device = x.device
+    outputs = {"_q": allocator((*lead, H), qdtype, device), "_scale": allocator((*lead, groups), torch.float32, device),
+               "_bounds": allocator((E if masked else E + 1,), _I32, device), "_rows": allocator(lead, _I32, device),
+               "_firsts": allocator((chunks, E), _I32, device)}
     pairs = dict(K_TOP=k, TOKENS=tokens, KP=kp)
     ids = (T, E, topk_ids.stride(0), topk_ids.stride(1))
     count = Launcher(moe_count_kernel, (chunks,), dict(**pairs, E_PAD=e_pad), x.device, fixed=ids)
