@@ -65,8 +65,10 @@ __global__ void moe_scan_kernel(int* __restrict__ counts, int* __restrict__ boun
 }
 
 // Blocks t < T: token t's pairs to their rows (rows[row] = t*K + j), then the token quantized per 1 x G
-// group (act_quant's numerics), its codes and scale written to each of its rows of q [slots, H] and
-// scale [slots, ceil(H/G)]. Blocks from T: rows = -1 in kRouteThreads rows each where no pair lands.
+// group (act_quant's numerics: common.cuh's block_scale and Divisor, the codes' encoders), its codes and
+// scale written to each of its rows of q [slots, H] and scale [slots, ceil(H/G)]. blockquant.cuh's
+// quantize_blocks stores each block once, where a token's codes go to its k rows: a group per step of the
+// whole thread block instead, each thread's codes stored k times. Blocks from T: rows = -1 in kRouteThreads rows each where no pair lands.
 // masked: row = e * max_m + rank, a pair ranked max_m or later dropped; else row = offsets[e] + rank.
 // Dynamic shared memory: K long longs (the token's rows).
 template <class T_, class Q, class Id>
