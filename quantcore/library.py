@@ -4,7 +4,9 @@ and `torch.export`.
 
 Importing this module registers `torch.ops.quantcore.<name>` for act_quant, act_dequant,
 weight_quant, weight_dequant, scaled_mm, scaled_mm_quant (the re-quantized-output GEMM: one op per
-return type, where `ops.scaled_mm` returns either), quant_linear, dequant_bias and quantized_gelu.
+return type, where `ops.scaled_mm` returns either), quant_linear, dequant_bias, quantized_gelu, and
+for mixture-of-experts layers grouped_mm, grouped_mm_masked (each with its `_quant` twin, as
+scaled_mm), moe_permute, moe_permute_masked and moe_unpermute.
 `import quantcore` imports it, so a program saved with `torch.export.save` loads in a process that
 imports quantcore alone; registering costs about 10 ms of the import, which torch's own second
 dominates.

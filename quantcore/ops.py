@@ -31,6 +31,12 @@ dequant_bias = FUNCTIONS["dequant_bias"].public
 quantized_gelu = FUNCTIONS["quantized_gelu"].public
 rms_norm_quant = FUNCTIONS["rms_norm_quant"].public
 silu_mul_quant = FUNCTIONS["silu_mul_quant"].public
+# Mixture of experts: grouped GEMMs over stacked expert weights and the routing around them.
+grouped_mm = FUNCTIONS["grouped_mm"].public
+grouped_mm_masked = FUNCTIONS["grouped_mm_masked"].public
+moe_permute = FUNCTIONS["moe_permute"].public
+moe_permute_masked = FUNCTIONS["moe_permute_masked"].public
+moe_unpermute = FUNCTIONS["moe_unpermute"].public
 
 
 def explain(op: str, *args, backend: BackendChoice = None, **kwargs) -> Explanation:

@@ -202,3 +202,26 @@ def silu_mul(gate_up: torch.Tensor) -> np.ndarray:
     half = g.shape[-1] // 2
     with np.errstate(invalid="ignore"):
         return activation(g[..., :half], "silu") * g[..., half:]
+def routed_rows(topk_ids: torch.Tensor, E: int, max_m: int | None = None) -> tuple[list[list[int]], list[int]]:
+    """The routing, by plain loops: per expert, its (token, slot) pairs t·k + j in increasing order (at most
+    max_m of them when given, the later ones dropped); and each expert's pair count before the drop. Ids
+    outside 0..E-1 belong to no expert."""
+    ids = topk_ids.tolist()
+    k = len(ids[0]) if ids else 0
+    per_expert = [[t * k + j for t, row in enumerate(ids) for j, e in enumerate(row) if e == x] for x in range(E)]
+    counts = [len(p) for p in per_expert]
+    return ([p[:max_m] for p in per_expert] if max_m is not None else per_expert), counts
+
+
+def unpermute(y: torch.Tensor, rows: torch.Tensor, weights: torch.Tensor) -> np.ndarray:
+    """Σ_j w[t, j] · y[row of pair t·k + j] with every product and sum rounded to fp32, j in order, a pair in
+    no row skipped: fp32 values [T, N] (float64 storage)."""
+    T, k = weights.shape
+    Y, W = y.double().numpy().reshape(-1, y.shape[-1]), weights.double().numpy()
+    where = {p: s for s, p in enumerate(rows.reshape(-1).tolist()) if p >= 0}
+    out = np.zeros((T, Y.shape[1]))
+    for t in range(T):
+        for j in range(k):
+            if t * k + j in where:
+                out[t] = f32(out[t] + f32(W[t, j] * Y[where[t * k + j]]))
+    return out

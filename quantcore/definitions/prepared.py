@@ -12,12 +12,15 @@ from .query import Query
 class Prepared:
     """A validated call. `kwargs` follow the backend contract (2-D operands, leading dims flattened);
     `finish` restores the caller's leading dims and layout; `empty` is set when there is nothing to
-    compute (M == 0), in which case the reference produces the empty outputs."""
+    compute (M == 0), in which case the reference produces the empty outputs. `read_values`: the spec
+    validated tensor values it read on the host (routing data on the CPU: expert offsets, expert ids),
+    so the plan holds for this call only; a later call with other values must be validated again."""
 
     query: Query
     kwargs: dict[str, Any]
     finish: Callable[[Any], Any]
     empty: bool = False
+    read_values: bool = False
 
 
 def keep(out: Any) -> Any:

@@ -97,3 +97,17 @@ class GemmQuery(Query):
         same GEMM (at decode sizes one launch of the same kernel), whose time dominates, so quant_linear
         follows scaled_mm's ranking (skipping what has no quant_linear, as cuBLAS)."""
         return "scaled_mm"
+
+
+@dataclass(frozen=True)
+class GroupedGemmQuery(GemmQuery):
+    """A grouped (mixture-of-experts) GEMM call: a `GemmQuery` whose (N, K) are one expert's, with
+    `experts` the stacked weight's E. The tile constraints are the dense GEMM's (the grouped kernels run
+    its tile program), but its ranking is its own: the bench times no grouped GEMM yet, and scaled_mm's
+    measured table names implementations (cuBLAS, Gluon) that have no grouped form."""
+
+    experts: int = 0
+
+    @property
+    def measured_as(self) -> str:
+        return self.op

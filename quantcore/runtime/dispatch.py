@@ -14,8 +14,9 @@ A launch function that carries a `prepare` attribute (`prepare(**kwargs) -> run(
 `runtime.launch.prepared`) is prepared once per plan: everything that depends only on the signature
 (grids, tile choice, the compiled kernel and its constant arguments) is computed then, and a repeated
 call costs the key, the binding, and `run`: its output allocations and one kernel launch. Calls that
-validate by reading data (`check_finite=True`), tensors that are not plain strided tensors, plans whose
-kernel arguments are copies rather than views, and calls whose inputs share memory are never kept.
+validate by reading data (`check_finite=True`; routing data on the CPU, `Prepared.read_values`),
+tensors that are not plain strided tensors, plans whose kernel arguments are copies rather than views,
+and calls whose inputs share memory are never kept.
 """
 
 from __future__ import annotations
@@ -116,7 +117,7 @@ def _prepare(op: str, args: tuple, options: dict[str, Any], backend: BackendChoi
         static = {}
     if finish is keep_results:
         finish = None
-    if prepared.empty or None in sources.values() or len(set(storages)) < len(storages):
+    if prepared.empty or prepared.read_values or None in sources.values() or len(set(storages)) < len(storages):
         return Plan(launch, static | tensors, None, finish)
     if getattr(launch, "by_address", False):  # a view at its input's own address is, to it, the input
         sources = {name: (i, None if view is None or not view[2] else view) for name, (i, view) in sources.items()}

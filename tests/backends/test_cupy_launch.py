@@ -82,7 +82,7 @@ def launches(monkeypatch):
 
     def launch_kernel(f, gx, gy, gz, bx, by, bz, smem, stream, kernel_params, extra):
         filename, expr = seen.functions[f]
-        kernel = re.match(r"qc::(\w+)<", expr)[1]
+        kernel = re.match(r"qc::(\w+)", expr)[1]  # a template's instantiation, or a plain kernel
         sig = _signature(filename, kernel)
         addresses = (ctypes.c_uint64 * len(sig)).from_address(kernel_params)
         params = {name: _decode(kind, ctypes.c_uint64.from_address(a).value) for (name, kind), a in zip(sig, addresses)}
@@ -164,8 +164,13 @@ CASES = {
 }
 
 
+# Launches of several kernels, or of kernels taking their tensors in another order, checked in files of their own.
+ELSEWHERE = {"grouped_mm", "grouped_mm_masked",  # test_cupy_grouped.py
+             "moe_permute", "moe_permute_masked", "moe_unpermute"}  # test_cupy_routing.py
+
+
 def test_every_cupy_launch_function_is_prepared():
-    assert {impl.op for impl in cupy_backend.IMPLS} == set(CASES)
+    assert {impl.op for impl in cupy_backend.IMPLS} == set(CASES) | ELSEWHERE
     for impl in cupy_backend.IMPLS:
         assert hasattr(impl.function(), "prepare"), impl.op
 

@@ -36,12 +36,13 @@ def _bits(out):
 
 
 def _calls(op, fmt, m, bias):
-    """(op function, tensors, options) of each call to compare: the op's example and, for the GEMMs, with
-    a bf16 bias."""
+    """(op function, tensors, options) of each call to compare: the op's example and, for the GEMMs (grouped
+    ones too), with a bf16 bias."""
     args, kwargs = op.example(fmt, device="cuda", m=m, n=576, k=1024)
     yield args, kwargs
     if "bias" in op.tensors and bias and len(args) <= op.tensors.index("bias"):
-        yield args, {**kwargs, "bias": torch.randn(576, device="cuda").to(torch.bfloat16)}
+        rows = (args[2].shape[0],) if op.name.startswith("grouped_mm") else ()  # a grouped GEMM's bias: [E, N]
+        yield args, {**kwargs, "bias": torch.randn(*rows, 576, device="cuda").to(torch.bfloat16)}
 
 
 @pytest.mark.parametrize("m", [1, 300])

@@ -57,4 +57,18 @@ IMPLS = (
              variant="w8a16", fallback="FP8 expanded exactly to fp16, fp16 tensor-core MMA with fp32 accumulation",
              options=(("mma", "fp16"),)),
     )),
+    # The grouped (mixture-of-experts) GEMMs: gemm_kernel's grouped instantiations, the same variants.
+    *(impl for op in ("grouped_mm", "grouped_mm_masked") for impl in (
+        _NativeGemm(op, "cupy", f"cupy.grouped:{op}", GemmConstraints(**_GEMM, formats=("fp8_e4m3",), fp8_mma=True),
+                    options=(("mma", "fp8"),)),
+        _NativeGemm(op, "cupy", f"cupy.grouped:{op}", GemmConstraints(**_GEMM, formats=("int8",), int8_mma=True),
+                    options=(("mma", "int8"),)),
+        Impl(op, "cupy", f"cupy.grouped:{op}", GemmConstraints(**_GEMM, max_cc=(8, 9), formats=("fp8_e4m3",)),
+             variant="w8a16", fallback="FP8 expanded exactly to fp16, fp16 tensor-core MMA with fp32 accumulation",
+             options=(("mma", "fp16"),)),
+    )),
+    # Routing (routing.cu): integer sort and the shared quantizer's numerics, on every supported GPU.
+    *(Impl(op, "cupy", f"cupy.routing:{op}", Constraints(**_BASE)) for op in ("moe_permute", "moe_permute_masked")),
+    Impl("moe_unpermute", "cupy", "cupy.routing:moe_unpermute",
+         Constraints(**_BASE, formats=("bfloat16", "float16", "float32"))),
 )

@@ -14,7 +14,9 @@ from .bf16_dequant import NUMERICS as BF16_DEQUANT, vendor_gemm_reasons
 from .epilogue import dequant_bias, quantized_gelu
 from .gemm import quant_linear, scaled_mm
 from .producers import rms_norm_quant, silu_mul_quant
+from .grouped import grouped_mm, grouped_mm_masked
 from .quant import act_dequant, act_quant, weight_dequant, weight_quant
+from .routing import moe_permute, moe_permute_masked, moe_unpermute
 
 if TYPE_CHECKING:
     from ...definitions.query import Query
@@ -29,12 +31,16 @@ class _VendorBf16Gemm(Impl):
 
 OPS = ("act_quant", "act_dequant", "weight_quant", "weight_dequant", "scaled_mm", "quant_linear", "quantized_gelu",
        "rms_norm_quant", "silu_mul_quant")
+# Mixture of experts: the grouped GEMMs loop over the experts' scaled_mm (the oracle of the grouped kernels).
+MOE_OPS = ("grouped_mm", "grouped_mm_masked", "moe_permute", "moe_permute_masked")
 _ANYWHERE = Constraints(devices=("cpu", "cuda"))
 
 IMPLS = (
-    *(Impl(op, "torch", f"torch:{op}", _ANYWHERE) for op in OPS),
+    *(Impl(op, "torch", f"torch:{op}", _ANYWHERE) for op in (*OPS, *MOE_OPS)),
     Impl("dequant_bias", "torch", "torch:dequant_bias",
          Constraints(devices=("cpu", "cuda"), formats=("bfloat16", "float16", "float32", "int32"))),
+    Impl("moe_unpermute", "torch", "torch:moe_unpermute",
+         Constraints(devices=("cpu", "cuda"), formats=("bfloat16", "float16", "float32"))),
     # cuBLAS's block-wise FP8 GEMM: torch enables it on sm_90 only, for 128x128 blocks, 16-aligned N, K in
     # groups of four K blocks (torch.cublas).
     Impl("scaled_mm", "torch", "torch.cublas:scaled_mm",
@@ -49,4 +55,5 @@ IMPLS = (
 )
 
 __all__ = ["IMPLS", "act_quant", "act_dequant", "weight_quant", "weight_dequant", "scaled_mm", "quant_linear",
-           "dequant_bias", "quantized_gelu", "rms_norm_quant", "silu_mul_quant"]
+           "dequant_bias", "quantized_gelu", "rms_norm_quant", "silu_mul_quant", "grouped_mm", "grouped_mm_masked",
+           "moe_permute", "moe_permute_masked", "moe_unpermute"]

@@ -44,6 +44,20 @@ IMPLS = (
              variant="w8a16", fallback="FP8 decoded exactly to fp16, fp16 tensor-core MMA with fp32 accumulation",
              options=(("mma", "fp16"),)),
     )),
+    # The grouped (mixture-of-experts) GEMMs run the tiled GEMM's program per expert: its variants and tiles.
+    *(impl for op in ("grouped_mm", "grouped_mm_masked") for impl in (
+        Impl(op, "triton", f"triton.grouped:{op}", GemmConstraints(**_GEMM, formats=("int8",), int8_mma=True),
+             options=(("mma", "int8"),)),
+        Impl(op, "triton", f"triton.grouped:{op}", GemmConstraints(**_GEMM, formats=("fp8_e4m3",), fp8_mma=True),
+             numerics=REDUCED_FP8_ACCUMULATION, options=(("mma", "fp8"),)),
+        Impl(op, "triton", f"triton.grouped:{op}", GemmConstraints(**_GEMM, formats=("fp8_e4m3",), max_cc=(8, 9)),
+             variant="w8a16", fallback="FP8 decoded exactly to fp16, fp16 tensor-core MMA with fp32 accumulation",
+             options=(("mma", "fp16"),)),
+    )),
+    # Routing: integer sort and the shared quantizer (FP8 encoded on its bits, so no FP8 hardware needed).
+    *(Impl(op, "triton", f"triton.routing:{op}", Constraints(**_BASE)) for op in ("moe_permute", "moe_permute_masked")),
+    Impl("moe_unpermute", "triton", "triton.routing:moe_unpermute",
+         Constraints(**_BASE, formats=("bfloat16", "float16", "float32"))),
     # The Gluon variant on sm_90 (`triton[gluon]`): registered after the tiled kernels, which take every
     # call it takes, so that "triton" in a priority never reaches it; it runs where a call names it or a
     # measured priority table lists it, and the bench times it under its own label to write such tables.

@@ -1,0 +1,272 @@
+"""`QuantExperts`: the experts of a mixture-of-experts layer with block-quantized, stacked weights.
+
+The experts are gated MLPs, `down(act(gate(x)) * up(x))`, as DeepSeek-V3, Qwen3-MoE and Mixtral have them.
+Their weights are stacked across experts, the gate and up projections side by side as one gate_up
+projection (vLLM's and DeepGEMM's layout): `gate_up_proj` [E, 2I, H] codes with `gate_up_proj_scale_inv`
+[E, ceil(2I/Bn), ceil(H/Bk)] fp32, and `down_proj` [E, H, I] with `down_proj_scale_inv` [E, ceil(H/Bn),
+ceil(I/Bk)], all frozen parameters, as `QuantLinear`'s weight and `weight_scale_inv`.
+
+A forward takes the router's choice (`topk_ids`, `topk_weights`: the router and any shared expert stay
+ordinary modules of the model) and runs six ops, each on the backend the registry picks:
+`moe_permute` (sort the routed rows by expert, quantizing each token once) -> `grouped_mm` (gate_up) ->
+the activation times up in fp32 -> `act_quant` -> `grouped_mm` (down) -> `moe_unpermute` (the weighted
+sum in slot order). Two layouts, chosen by the routed row count (`QuantExperts.path`): masked (per-expert
+slabs of max_m rows, `moe_permute_masked` / `grouped_mm_masked`) for decode, contiguous for larger
+batches. Both give each expert's rows the same bits, and both read the routing on the device only, so a
+forward can be captured in a CUDA graph and replayed with new routing; under `torch.compile` it is the
+`torch.ops.quantcore` custom ops (exact fakes: the shapes depend on T, k, E and max_m alone).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable, NamedTuple
+
+import torch
+from torch import nn
+
+from .. import ops
+from ..backends.torch.activation import activate
+from ..definitions import checks
+from ..errors import InvalidInputError
+from ..formats import DEFAULT_BLOCK, dtype_name
+from .layers import frozen, resolve_dtype
+
+_LAYER = "QuantExperts"
+EXPERT_PARAMS = ("gate_up_proj", "gate_up_proj_scale_inv", "down_proj", "down_proj_scale_inv")
+GATED_ACTIVATIONS = ("silu", "gelu", "gelu_tanh")
+
+# The masked layout up to this many routed rows (tokens × top-k), the contiguous one above. A first
+# choice, not a measurement: the masked path moves E·max_m rows (max_m = tokens) through the activation and
+# its quantization where the contiguous one moves tokens·k, so it is kept to decode batches, where those
+# rows cost little beside the weights (E = 256 experts × 8 tokens of top-8 at the bound); its grouped
+# GEMMs then start one row tile per expert instead of finding its tiles from the offsets. To be measured
+# on the GPU (tokens/s of a decode step per layout, eager and in a CUDA graph, at T = 1..64) and set here
+# with the measurement's words; `QuantExperts.masked_max_rows` overrides it per layer.
+MASKED_MAX_ROWS = 64
+# The gate_up GEMM's output, read once by the activation: bf16, as DeepSeek-V3's and vLLM's MoE layers keep it.
+INTERMEDIATE_DTYPE = torch.bfloat16
+
+
+class ExpertsPath(NamedTuple):
+    """How a forward of `tokens` tokens routed to `top_k` experts each runs: `layout` "masked" or
+    "contiguous", `max_m` the masked slabs' rows (None for contiguous), and `reason` in words."""
+
+    layout: str
+    max_m: int | None
+    reason: str
+
+
+def _op(name: str):
+    """The public op, or under torch.compile its custom op (one graph node with an exact fake)."""
+    return getattr(torch.ops.quantcore, name) if torch.compiler.is_compiling() else getattr(ops, name)
+
+
+class QuantExperts(nn.Module):
+    """E gated-MLP experts, `y_e(x) = down_e(act(gate_e(x)) * up_e(x))`, with block-quantized weights.
+
+    num_experts E, hidden_size H, intermediate_size I: any sizes >= 1. dtype: the weights' and the
+    activations' storage (torch.float8_e4m3fn, torch.int8, a format name or "auto", as `QuantLinear`'s);
+    block_size (Bn, Bk): the weights' block, activations are quantized per 1×Bk. scale_fmt: "fp32" or
+    "ue8m0" (power-of-two scales). activation: the gate's, "silu" (SwiGLU), "gelu" or "gelu_tanh".
+    device: where the parameters are made (a `with torch.device("meta"):` block builds an empty layer).
+
+    Parameters, all frozen: `gate_up_proj` [E, 2I, H] (rows :I the gate, I: the up projection) with
+    `gate_up_proj_scale_inv` [E, ceil(2I/Bn), ceil(H/Bk)] fp32, `down_proj` [E, H, I] with
+    `down_proj_scale_inv` [E, ceil(H/Bn), ceil(I/Bk)] fp32.
+
+    `forward(x [..., H], topk_ids [..., k] int32/int64, topk_weights [..., k] float) -> [..., H]` in x's
+    dtype: Σ_j topk_weights[t, j] · y_{topk_ids[t, j]}(x[t]), summed in fp32 in slot order. Expert ids
+    must lie in 0..E-1 (checked where they are on the CPU; on the GPU a pair with another id adds nothing).
+    """
+
+    masked_max_rows = MASKED_MAX_ROWS
+
+    def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int, *, dtype: Any = torch.float8_e4m3fn,
+                 block_size: tuple[int, int] = DEFAULT_BLOCK, scale_fmt: str = "fp32", activation: str = "silu",
+                 device: torch.device | str | None = None):
+        super().__init__()
+        self.num_experts = checks.positive_int(_LAYER, "num_experts", num_experts)
+        self.hidden_size = checks.positive_int(_LAYER, "hidden_size", hidden_size)
+        self.intermediate_size = checks.positive_int(_LAYER, "intermediate_size", intermediate_size)
+        self.block_size = checks.block_pair(_LAYER, block_size)
+        checks.scale_fmt(_LAYER, scale_fmt)
+        self.scale_fmt = scale_fmt
+        self.activation = checks.choice(_LAYER, "activation", activation, GATED_ACTIVATIONS)
+        qdtype = resolve_dtype(dtype, torch.get_default_device() if device is None else device)
+        E, H, I = num_experts, hidden_size, intermediate_size
+        bn, bk = self.block_size
+        self.gate_up_proj = frozen(torch.zeros(E, 2 * I, H, dtype=qdtype, device=device))
+        self.gate_up_proj_scale_inv = frozen(torch.ones(E, math.ceil(2 * I / bn), math.ceil(H / bk), device=device))
+        self.down_proj = frozen(torch.zeros(E, H, I, dtype=qdtype, device=device))
+        self.down_proj_scale_inv = frozen(torch.ones(E, math.ceil(H / bn), math.ceil(I / bk), device=device))
+
+    @classmethod
+    def from_stacked(cls, gate_up: torch.Tensor, down: torch.Tensor, *, dtype: Any = torch.float8_e4m3fn,
+                     block_size: tuple[int, int] = DEFAULT_BLOCK, scale_fmt: str = "fp32",
+                     activation: str = "silu") -> QuantExperts:
+        """Quantize float expert weights stacked as the layer keeps them, on their device: gate_up [E, 2I, H]
+        (each expert's gate rows, then its up rows) and down [E, H, I], bf16/fp16/fp32."""
+        for name, t in (("gate_up", gate_up), ("down", down)):
+            if not isinstance(t, torch.Tensor) or t.dim() != 3 or not t.is_floating_point():
+                raise InvalidInputError(f"{_LAYER}.from_stacked: {name} must be a 3-D float tensor, got "
+                                        f"{tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}")
+        E, two_i, H = gate_up.shape
+        if two_i % 2 or tuple(down.shape) != (E, H, two_i // 2):
+            raise InvalidInputError(f"{_LAYER}.from_stacked: gate_up has shape {tuple(gate_up.shape)} and down "
+                                    f"{tuple(down.shape)}; expected gate_up [E, 2I, H] (gate rows then up rows) and "
+                                    f"down [E, H, I] for the same E, H and I")
+        module = cls(E, H, two_i // 2, dtype=dtype, block_size=block_size, scale_fmt=scale_fmt, activation=activation,
+                     device=gate_up.device)
+        with torch.no_grad():
+            for name, w in (("gate_up_proj", gate_up), ("down_proj", down)):
+                parts = [torch.ops.quantcore.weight_quant(w[e].detach(), dtype=module.gate_up_proj.dtype,
+                                                          block_size=list(module.block_size), scale_fmt=scale_fmt)
+                         for e in range(E)]
+                setattr(module, name, frozen(torch.stack([q for q, _ in parts])))
+                setattr(module, name + "_scale_inv", frozen(torch.stack([s for _, s in parts])))
+        return module
+
+    @classmethod
+    def from_experts(cls, experts: Iterable[nn.Module], *, dtype: Any = torch.float8_e4m3fn,
+                     block_size: tuple[int, int] = DEFAULT_BLOCK, scale_fmt: str = "fp32",
+                     activation: str = "silu") -> QuantExperts:
+        """Quantize a list of expert MLPs (e.g. an `nn.ModuleList`), each with `gate_proj` and `up_proj`
+        nn.Linear(H, I) and `down_proj` nn.Linear(I, H) without bias, as DeepSeek-V3's and Qwen3-MoE's
+        experts have them. The activation is not read from the modules: pass theirs."""
+        experts = list(experts)
+        if not experts:
+            raise InvalidInputError(f"{_LAYER}.from_experts: no experts given")
+        gate_up, down = [], []
+        for i, m in enumerate(experts):
+            linears = [getattr(m, n, None) for n in ("gate_proj", "up_proj", "down_proj")]
+            if not all(isinstance(lin, nn.Linear) for lin in linears):
+                raise InvalidInputError(f"{_LAYER}.from_experts: expert {i} ({type(m).__name__}) needs gate_proj, "
+                                        "up_proj and down_proj nn.Linear submodules")
+            if any(lin.bias is not None for lin in linears):
+                raise InvalidInputError(f"{_LAYER}.from_experts: expert {i} has a biased projection; QuantExperts "
+                                        "keeps no biases (DeepSeek-V3's, Qwen3-MoE's and Mixtral's experts have none)")
+            gate, up, dn = (lin.weight.detach() for lin in linears)
+            if gate.shape != up.shape or dn.shape != gate.shape[::-1]:
+                raise InvalidInputError(f"{_LAYER}.from_experts: expert {i} has gate {tuple(gate.shape)}, up "
+                                        f"{tuple(up.shape)}, down {tuple(dn.shape)}; expected [I, H], [I, H], [H, I]")
+            gate_up.append(torch.cat([gate, up]))
+            down.append(dn)
+        shapes = {(t.shape, d.shape) for t, d in zip(gate_up, down)}
+        if len(shapes) > 1:
+            raise InvalidInputError(f"{_LAYER}.from_experts: the experts' shapes differ ({sorted(map(str, shapes))}); "
+                                    "stacked experts share H and I")
+        return cls.from_stacked(torch.stack(gate_up), torch.stack(down), dtype=dtype, block_size=block_size,
+                                scale_fmt=scale_fmt, activation=activation)
+
+    def path(self, tokens: int, top_k: int) -> ExpertsPath:
+        """The layout a forward of `tokens` tokens with `top_k` experts each takes, and why: masked up to
+        `masked_max_rows` routed rows (max_m = tokens: a router's top-k names an expert at most once per
+        token, so no expert gets more rows; a token naming one twice has the rows beyond max_m dropped, as
+        `moe_permute_masked` says), contiguous above."""
+        rows = tokens * top_k
+        if rows == 0:
+            return ExpertsPath("contiguous", None, "no tokens: nothing to route")
+        if rows <= self.masked_max_rows:
+            return ExpertsPath("masked", tokens, f"{tokens} tokens x top-{top_k} = {rows} routed rows <= "
+                               f"masked_max_rows ({self.masked_max_rows}): per-expert slabs of max_m = {tokens} rows "
+                               "(a token routes to an expert at most once), the decode layout")
+        return ExpertsPath("contiguous", None, f"{tokens} tokens x top-{top_k} = {rows} routed rows > masked_max_rows "
+                           f"({self.masked_max_rows}): rows sorted by expert, no per-expert padding")
+
+    def forward(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
+        """x [..., H] bf16/fp16/fp32, topk_ids [..., k] int32/int64, topk_weights [..., k] float -> [..., H] in
+        x's dtype."""
+        shape = x.shape
+        if not shape or shape[-1] != self.hidden_size:
+            raise InvalidInputError(f"{_LAYER}: input has {shape[-1] if shape else 'no'} features in its last dim "
+                                    f"(shape {tuple(shape)}); this layer expects hidden_size={self.hidden_size}")
+        lead = tuple(shape[:-1])
+        for name, t in (("topk_ids", topk_ids), ("topk_weights", topk_weights)):
+            if not isinstance(t, torch.Tensor) or t.dim() != len(lead) + 1 or tuple(t.shape[:-1]) != lead:
+                raise InvalidInputError(f"{_LAYER}: {name} has shape "
+                                        f"{tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__} for x "
+                                        f"of shape {tuple(shape)}; expected [{', '.join(map(str, lead))}, k]")
+        if topk_ids.shape[-1] != topk_weights.shape[-1]:
+            raise InvalidInputError(f"{_LAYER}: topk_ids has {topk_ids.shape[-1]} slots per token and topk_weights "
+                                    f"{topk_weights.shape[-1]}; the router gives both [tokens, k]")
+        k = topk_ids.shape[-1]
+        x2, ids, weights = x.reshape(-1, shape[-1]), topk_ids.reshape(-1, k), topk_weights.reshape(-1, k)
+        y, rows = self._experts(x2, ids, self.path(x2.shape[0], k))
+        return _op("moe_unpermute")(y, rows, weights, out_dtype=x.dtype).reshape(shape)
+
+    def _experts(self, x: torch.Tensor, topk_ids: torch.Tensor, path: ExpertsPath) -> tuple[torch.Tensor, torch.Tensor]:
+        """(each routed row's expert output in x's dtype, the rows map), in `path`'s layout."""
+        E, qdtype = self.num_experts, self.gate_up_proj.dtype
+        block, group = list(self.block_size), self.block_size[1]
+        params = self._parameters
+        if path.layout == "masked":
+            a, a_s, counts, rows = _op("moe_permute_masked")(x, topk_ids, num_experts=E, max_m=path.max_m,
+                                                             dtype=qdtype, group_size=group, scale_fmt=self.scale_fmt)
+            gemm = _op("grouped_mm_masked")
+        else:
+            a, a_s, counts, rows = _op("moe_permute")(x, topk_ids, num_experts=E, dtype=qdtype, group_size=group,
+                                                      scale_fmt=self.scale_fmt)
+            gemm = _op("grouped_mm")
+        gate_up = gemm(a, a_s, params["gate_up_proj"], params["gate_up_proj_scale_inv"], counts,
+                       out_dtype=INTERMEDIATE_DTYPE, block_size=block)
+        # Where the fused `ops.silu_mul_quant(gate_up, counts if masked else None, dtype=qdtype, group_size=group,
+        # scale_fmt=...)` exists (the fused-producers work), it replaces these two steps for "silu" (one pass, and
+        # the masked slabs' rows past their counts skipped).
+        h, h_s = _op("act_quant")(self._gated(gate_up), dtype=qdtype, group_size=group, scale_fmt=self.scale_fmt)
+        y = gemm(h, h_s, params["down_proj"], params["down_proj_scale_inv"], counts, out_dtype=x.dtype,
+                 block_size=block)
+        return y, rows
+
+    def _gated(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """act(gate) * up in fp32 ([..., 2I] -> [..., I]), the activation in the contract's form
+        (docs/numerics.md: accurate in the negative tail), each step rounded to fp32."""
+        I = self.intermediate_size
+        return activate(gate_up[..., :I].float(), self.activation) * gate_up[..., I:].float()
+
+    def dequantized(self, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+        """The weights the layer computes with, as float (gate_up [E, 2I, H], down [E, H, I]) of `dtype`."""
+        out = []
+        for name in ("gate_up_proj", "down_proj"):
+            q, s = getattr(self, name), getattr(self, name + "_scale_inv")
+            out.append(torch.stack([torch.ops.quantcore.weight_dequant(q[e], s[e], block_size=list(self.block_size),
+                                                                       out_dtype=dtype) for e in range(q.shape[0])]))
+        return out[0], out[1]
+
+    def extra_repr(self) -> str:
+        ue8m0 = "" if self.scale_fmt == "fp32" else f", scale_fmt={self.scale_fmt}"
+        return (f"num_experts={self.num_experts}, hidden_size={self.hidden_size}, "
+                f"intermediate_size={self.intermediate_size}, dtype={dtype_name(self.gate_up_proj.dtype)}, "
+                f"block_size={self.block_size}, activation={self.activation}{ue8m0}")
+
+    def _apply(self, fn, recurse=True):
+        # As QuantLinear's: a dtype cast (`.half()`, `.to(torch.bfloat16)`) would turn the e4m3 codes into plain
+        # floats and round the fp32 scales; only the device change is taken for the quantized parameters.
+        kept = [self._parameters[name] for name in EXPERT_PARAMS]
+
+        def device_only(t):
+            if any(t is k for k in kept):
+                target = fn(t.new_empty(0))
+                if target.dtype != t.dtype:
+                    return t.to(target.device)
+            return fn(t)
+
+        return super()._apply(device_only, recurse)
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        # Checked here because the default loader copies with a cast (a bf16 tensor would become codes
+        # without scales) and reports a wrong shape only among error_msgs.
+        for name in EXPERT_PARAMS:
+            key, p = prefix + name, self._parameters[name]
+            t = state_dict.get(key)
+            if t is None:
+                continue
+            what = "fp32 block scales" if name.endswith("_scale_inv") else "quantized codes"
+            if not isinstance(t, torch.Tensor) or t.dtype != p.dtype or tuple(t.shape) != tuple(p.shape):
+                got = f"{dtype_name(t.dtype)} {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
+                raise InvalidInputError(f"{_LAYER}: checkpoint tensor {key} is {got}; this layer expects "
+                                        f"{dtype_name(p.dtype)} {tuple(p.shape)} (the stacked experts' {what}); build "
+                                        "the layer with the checkpoint's dtype, sizes and block_size")
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
