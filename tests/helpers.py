@@ -221,3 +221,20 @@ def judge_silu_mul(gate_up, q, s, group, qdtype, ue8m0=False, rows=None):
                      & (s.double().numpy() <= 2 * amax_scale * (1 + REQUANT_SCALE_RTOL))).all())
     else:
         np.testing.assert_allclose(s.double().numpy(), amax_scale, rtol=REQUANT_SCALE_RTOL)
+
+
+def assert_gemm_rows_agree(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
+    """A grouped GEMM's rows against `scaled_mm`'s of the same rows on the same backend: the same bits, but
+    for FP8 on FP8 tensor cores, whose reduced-precision accumulation within a K block depends on the MMA
+    instruction the tile size picks (a few rows take mma.sync in the decode kernel, a grouped tile wgmma):
+    there the contract's tolerance for that accumulation."""
+    from quantcore.definitions.tolerances import gemm_tolerance, rel_error
+
+    assert got.dtype == want.dtype and got.shape == want.shape, what
+    view = {1: torch.uint8, 2: torch.int16, 4: torch.int32}[got.element_size()]
+    if torch.equal(got.view(view), want.view(view)):
+        return
+    fp8_mma = got.is_cuda and got.is_floating_point() and got.element_size() > 1 and \
+        torch.cuda.get_device_capability(got.device) >= (8, 9)
+    assert fp8_mma, f"{what}: {int((got.view(view) != want.view(view)).sum())} elements differ"
+    assert rel_error(got, want) <= gemm_tolerance("fp8_e4m3", got.dtype, exact_accumulation=False), what

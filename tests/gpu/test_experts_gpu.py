@@ -1,5 +1,5 @@
 """Mixture-of-experts ops and `QuantExperts` on the GPU, Triton and CuPy, on DeepSeek-V3's expert shapes
-(H = 7168, I = 2048, E = 256, top-8) and Qwen3-30B-A3B's (H = 2048, I = 768, E = 128, top-8) at T = 1, 8
+(H = 7168, I = 2048, 32 of its 256 experts, top-8) and Qwen3-30B-A3B's (H = 2048, I = 768, E = 128, top-8) at T = 1, 8
 and 64 tokens (and 512 for the contiguous routing):
 
 - the routing ops bit for bit the torch reference on the same GPU (codes, scales, offsets / masked_m, rows;
@@ -28,13 +28,16 @@ from quantcore.backends.triton import configs
 from quantcore.definitions.tolerances import rel_error
 from quantcore.nn import QuantExperts
 
+from helpers import assert_gemm_rows_agree
 from test_parity import poison, rand
 
 pytestmark = [pytest.mark.gpu, pytest.mark.filterwarnings("ignore::quantcore.NumericsWarning")]
 
 FP8, I8 = torch.float8_e4m3fn, torch.int8
 BACKENDS = ["triton", "cupy"]
-MODELS = {"deepseek-v3": (7168, 2048, 256), "qwen3-30b-a3b": (2048, 768, 128)}  # H, I, E
+# H, I, E: the models' expert shapes; DeepSeek-V3 with 32 of its 256 experts, so that the suite's parallel
+# workers fit one GPU (its stacked FP8 weights alone would take 7 GiB a worker).
+MODELS = {"deepseek-v3": (7168, 2048, 32), "qwen3-30b-a3b": (2048, 768, 128)}
 TOP = 8
 
 
@@ -135,8 +138,7 @@ def test_invalid_ids_are_dropped_on_the_device(backend, T):
 
 def _assert_scaled_mm_rows(backend, got, a, a_s, b, b_s, e, **options):
     want = ops.scaled_mm(a, a_s, b[e], b_s[e], **options, backend=backend)
-    same = _bits(got) == _bits(want)
-    assert bool(same.all()), f"expert {e} ({a.shape[0]} rows): {int((~same).sum())} elements differ"
+    assert_gemm_rows_agree(got, want, f"expert {e} ({a.shape[0]} rows)")
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

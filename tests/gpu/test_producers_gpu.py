@@ -95,13 +95,24 @@ def test_rms_norm_quant_dtypes_groups_and_strided_rows(backend, dtype, w_dtype, 
 
 def close_codes(out, ref) -> bool:
     """Within one code of the reference everywhere and the same code in all but 1e-3 of the elements; scales
-    within the re-quantization tolerance (SiLU's exp differs between platforms in its last bit)."""
+    within the re-quantization tolerance (SiLU's exp differs between platforms in its last bit). A group whose
+    amax sits at a power of two may round its ue8m0 scale the other way, halving or doubling every code of
+    it: such groups (exactly 2x apart) are allowed in at most 1e-4 of the groups, and their codes skipped."""
     (q, s), (rq, rs) = out, ref
+    if q.numel() == 0:
+        return q.shape == rq.shape and s.shape == rs.shape
+    s, rs = s.contiguous(), rs.contiguous()
+    flipped = (s == 2 * rs) | (rs == 2 * s)
+    if float(flipped.float().mean()) > 1e-4:
+        return False
     a, b = q.float(), rq.float()
     if q.dtype == FP8:  # neighbouring e4m3 codes differ by one in their bits' integer value
         a, b = q.view(torch.uint8).float(), rq.view(torch.uint8).float()
+    groups = s.shape[-1]
+    kept = (~flipped).repeat_interleave(-(-q.shape[-1] // groups), dim=-1)[..., :q.shape[-1]]
+    a, b = a[kept], b[kept]
     return (bool(((a - b).abs() <= 1).all()) and float((a != b).float().mean()) <= 1e-3
-            and torch.allclose(s.contiguous(), rs.contiguous(), rtol=REQUANT_SCALE_RTOL, atol=0))
+            and torch.allclose(s[~flipped], rs[~flipped], rtol=REQUANT_SCALE_RTOL, atol=0))
 
 
 @pytest.mark.parametrize("profile", PROFILES)
