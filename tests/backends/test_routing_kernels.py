@@ -132,3 +132,32 @@ def test_quant_experts_through_the_triton_ops(gen):
         contiguous = layer(x, IDS, w)
     assert torch.equal(masked, contiguous)
     assert rel_error(masked, layer(x, IDS, w)) <= 1e-2  # the reference's layer (CPU priority: torch first)
+
+
+@pytest.mark.filterwarnings("ignore::quantcore.NumericsWarning")
+@pytest.mark.parametrize("profile,mma", [("sm80", "fp16"), ("sm90", "fp8")])
+def test_the_grouped_kernel_runs_the_variant_the_registry_names(monkeypatch, profile, mma):
+    """FP8 experts through the dispatcher, CPU tensors given a simulated profile: the grouped kernel is compiled
+    for the MMA of the Impl that explain() names (FP8 decoded to fp16 on sm_80, the w8a16 variant), both layouts,
+    and computes the reference's values."""
+    from binding import simulate_on_cpu
+    from quantcore import definitions, ops
+    from quantcore.backends.triton import grouped
+
+    simulate_on_cpu(monkeypatch, profile)
+    seen, real = [], grouped.Launcher
+
+    def recording(kernel, grid, constants, *args, **kwargs):
+        seen.append(constants)
+        return real(kernel, grid, constants, *args, **kwargs)
+    monkeypatch.setattr(grouped, "Launcher", recording)
+    for op in ("grouped_mm", "grouped_mm_masked"):
+        args, kwargs = definitions.get(op).example("fp8_e4m3", m=3, n=32, k=256)
+        explained = quantcore.explain(op, *args, backend="triton", **kwargs)
+        assert explained.selected == ("triton[w8a16]" if mma == "fp16" else "triton")
+        seen.clear()
+        out = ops.grouped_mm(*args, backend="triton") if op == "grouped_mm" else ops.grouped_mm_masked(
+            *args, backend="triton")
+        assert [c["USE_FP8_MMA"] for c in seen] == [mma == "fp8"] and explained.options["mma"] == mma
+        expected = getattr(ops, op)(*args, backend="torch")
+        assert rel_error(out, expected) <= 1e-2
