@@ -10,7 +10,7 @@ CuPy are imported only when one of their kernels first runs.
 
 from . import ops
 from .capability import DeviceProfile, profile_for, simulate
-from .errors import InvalidInputError, NonFiniteInputError, QuantcoreError, UnsupportedError
+from .errors import ConfigError, InvalidInputError, NonFiniteInputError, QuantcoreError, UnsupportedError
 from .ops import explain
 from .registry import NumericsWarning, priority
 
@@ -18,5 +18,5 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ops", "explain", "simulate", "priority", "profile_for", "DeviceProfile",
-    "QuantcoreError", "InvalidInputError", "NonFiniteInputError", "UnsupportedError", "NumericsWarning",
+    "QuantcoreError", "InvalidInputError", "NonFiniteInputError", "UnsupportedError", "ConfigError", "NumericsWarning",
 ]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from . import __version__, capability
 from .bench.shapes import OPS
-from .errors import InvalidInputError
+from .errors import InvalidInputError, QuantcoreError
 from .report import SCHEMA, STATUS_HELP
 
 SIGPIPE_EXIT = 141  # 128 + SIGPIPE: what a command killed by a closed pipe returns
@@ -95,6 +95,9 @@ def main(argv: list[str] | None = None) -> int:
         # flush of stdout from raising again.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return SIGPIPE_EXIT
+    except QuantcoreError as err:  # a bad argument or setting (e.g. a relative QUANTCORE_CACHE_DIR): said, not traced
+        print(f"quantcore: {err}", file=sys.stderr)
+        return 2
 
 
 def _main(argv: list[str] | None) -> int:
@@ -105,11 +108,7 @@ def _main(argv: list[str] | None) -> int:
         return _native()
     from . import report
 
-    try:
-        result = report.build(simulate=args.simulate)
-    except InvalidInputError as err:
-        print(f"quantcore: {err}", file=sys.stderr)
-        return 2
+    result = report.build(simulate=args.simulate)
     print(result.model_dump_json(indent=2) if args.json else report.render(result))
     return 0
 

@@ -3,6 +3,7 @@
 `InvalidInputError` is a `ValueError`: the caller passed something the op cannot accept.
 `UnsupportedError` is a `NotImplementedError`: the input is valid but no (or not the requested)
 implementation can run it here; it carries the reasons of every backend that was considered.
+`ConfigError` is a `ValueError`: an environment variable quantcore reads has a value it cannot use.
 """
 
 from __future__ import annotations
@@ -25,6 +26,10 @@ class UnsupportedError(QuantcoreError, NotImplementedError):
         for backend, why in self.reasons.items():
             lines.append(f"  {backend}: " + "; ".join(why))
         super().__init__("\n".join(lines))
+
+
+class ConfigError(QuantcoreError, ValueError):
+    """An environment variable quantcore reads (QUANTCORE_CACHE_DIR, QUANTCORE_DATA_DIR, ...) is unusable."""
 
 
 class NonFiniteInputError(InvalidInputError):
