@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterable
 import torch
 from torch import nn
 
-from .. import ops
+from .. import capability, ops
 from ..convert import RequantError, fp8_to_int8_blocks
 from ..definitions import checks
 from ..definitions.gemm import QUANT_LINEAR
@@ -74,16 +74,50 @@ class QuantLinear(nn.Module):
         super().__init__()
         self.in_features = checks.positive_int(_LAYER, "in_features", in_features)
         self.out_features = checks.positive_int(_LAYER, "out_features", out_features)
-        self.block_size = checks.block_pair(_LAYER, block_size)
-        self.out_dtype = None if out_dtype is None else checks.out_float(_LAYER, "out_dtype", out_dtype)
-        checks.scale_fmt(_LAYER, scale_fmt)
-        self.scale_fmt = scale_fmt
+        self._block_size = checks.block_pair(_LAYER, block_size)
+        self.out_dtype, self.scale_fmt = out_dtype, scale_fmt  # checked by their setters
+        with_bias = checks.flag(_LAYER, "bias", bias)
+        if device is not None:
+            device = capability.existing_device(device, _LAYER)
         qdtype = resolve_dtype(dtype, torch.get_default_device() if device is None else device)
-        grid = (math.ceil(out_features / self.block_size[0]), math.ceil(in_features / self.block_size[1]))
+        grid = (math.ceil(out_features / self._block_size[0]), math.ceil(in_features / self._block_size[1]))
         self.weight = frozen(torch.zeros(out_features, in_features, dtype=qdtype, device=device))
         self.weight_scale_inv = frozen(torch.ones(grid, dtype=torch.float32, device=device))
-        self.register_parameter("bias", frozen(torch.zeros(out_features, device=device)) if bias else None)
-        self._site = Site("quant_linear")
+        self.register_parameter("bias", frozen(torch.zeros(out_features, device=device)) if with_bias else None)
+
+    # What the forward computes with besides the parameters: the block is the scale grid's, fixed; the
+    # others may change, checked, and a change of scale_fmt drops the call site's kept plan (out_dtype
+    # is part of its signature).
+    @property
+    def block_size(self) -> tuple[int, int]:
+        """(Bn, Bk): the weight's block, fixed when the layer is made (`weight_scale_inv` has one scale per block)."""
+        return self._block_size
+
+    @block_size.setter
+    def block_size(self, value: Any) -> None:
+        raise InvalidInputError(f"{_LAYER}: block_size is fixed when the layer is made (weight_scale_inv holds one "
+                                f"scale per {self._block_size[0]}x{self._block_size[1]} block of the weight); to "
+                                f"change it to {value!r}, make a new layer (QuantLinear.from_linear or "
+                                "quantize_model with block_size=...)")
+
+    @property
+    def out_dtype(self) -> torch.dtype | None:
+        """The output dtype: bf16, fp16, fp32, or None (the input's dtype, as nn.Linear's)."""
+        return self._out_dtype
+
+    @out_dtype.setter
+    def out_dtype(self, value: torch.dtype | None) -> None:
+        self._out_dtype = None if value is None else checks.out_float(_LAYER, "out_dtype", value)
+
+    @property
+    def scale_fmt(self) -> str:
+        """The activations' scale format, "fp32" or "ue8m0" (power-of-two scales)."""
+        return self._scale_fmt
+
+    @scale_fmt.setter
+    def scale_fmt(self, value: str) -> None:
+        checks.scale_fmt(_LAYER, value)
+        self._scale_fmt, self._site = value, Site("quant_linear")
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, *, dtype: Any = "auto", block_size: tuple[int, int] = DEFAULT_BLOCK,
@@ -105,13 +139,16 @@ class QuantLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [..., K] bf16/fp16/fp32 -> [..., N] in out_dtype, or in x's dtype when out_dtype is None."""
+        if not isinstance(x, torch.Tensor):
+            raise InvalidInputError(f"{_LAYER}: input must be a torch.Tensor [..., in_features={self.in_features}], "
+                                    f"got {type(x).__name__}")
         shape = x.shape
         if not shape or shape[-1] != self.in_features:  # a 0-d input has no last dim
             raise InvalidInputError(f"{_LAYER}: input has {shape[-1] if shape else 'no'} features in its last dim "
                                     f"(shape {tuple(shape)}); this layer expects in_features={self.in_features}")
         # Parameters straight from `_parameters`: `self.bias` goes through nn.Module.__getattr__, a
         # Python-level fallback far slower than a dict lookup, on every decode step.
-        return self._gemm(x, self._parameters["bias"], self.out_dtype or x.dtype)  # None alone falls through
+        return self._gemm(x, self._parameters["bias"], self._out_dtype or x.dtype)  # None alone falls through
 
     def _gemm(self, x: torch.Tensor, bias: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor:
         """The layer's quant_linear call with `bias` into `out_dtype` (the tensor-parallel layers pass
@@ -120,18 +157,20 @@ class QuantLinear(nn.Module):
         w, w_scale = params["weight"], params["weight_scale_inv"]
         if torch.compiler.is_compiling():
             return torch.ops.quantcore.quant_linear(x, w, w_scale, bias, out_dtype=out_dtype,
-                                                    block_size=list(self.block_size), scale_fmt=self.scale_fmt)
+                                                    block_size=list(self._block_size), scale_fmt=self._scale_fmt)
         if torch.is_grad_enabled() and requires_grad(x, w, w_scale, bias):  # recorded by autograd
-            return ops.quant_linear(x, w, w_scale, bias, out_dtype=out_dtype, block_size=self.block_size,
-                                    scale_fmt=self.scale_fmt)
-        # Eagerly the layer's own call site keeps its plan (`runtime.dispatch.Site`): only x changes between
-        # calls, and the parameters' metadata changes only with their memory (replaced, moved, loaded
-        # with assign=True), so their addresses stand for it. A decode step then pays a few attribute
-        # reads here instead of the dispatcher's key over all four tensors.
-        signature = (x.shape, x.stride(), x.dtype, x.device, x.data_ptr() & 15, out_dtype, w.data_ptr(),
-                     w_scale.data_ptr(), None if bias is None else bias.data_ptr())
+            return ops.quant_linear(x, w, w_scale, bias, out_dtype=out_dtype, block_size=self._block_size,
+                                    scale_fmt=self._scale_fmt)
+        # Eagerly the layer's own call site keeps its plan (`runtime.dispatch.Site`): x changes between
+        # calls; the parameters change when replaced, moved or loaded with assign=True (their addresses)
+        # and, at the same address, when given another view of their memory (`.data = p.data[:n]`,
+        # `t_()`; their shapes and strides). A decode step then pays a few attribute reads here instead of
+        # the dispatcher's key over all four tensors.
+        signature = (x.shape, x.stride(), x.dtype, x.device, x.data_ptr() & 15, out_dtype,
+                     w.data_ptr(), w.shape, w.stride(), w_scale.data_ptr(), w_scale.shape, w_scale.stride(),
+                     None if bias is None else (bias.data_ptr(), bias.shape, bias.stride()))
         return self._site(signature, (x, w, w_scale, bias), lambda: QUANT_LINEAR.options(
-            out_dtype=out_dtype, block_size=self.block_size, scale_fmt=self.scale_fmt))
+            out_dtype=out_dtype, block_size=self._block_size, scale_fmt=self._scale_fmt))
 
     def dequantized_weight(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The weight the layer computes with, as a float [N, K] tensor of `dtype`."""
