@@ -136,9 +136,8 @@ def _bench(args: argparse.Namespace, argv: list[str] | None) -> int:
 
     command = "quantcore " + " ".join(argv if argv is not None else sys.argv[1:])
 
-    def load(path: str) -> BenchResult:
-        with open(path) as f:
-            return BenchResult.model_validate_json(f.read())
+    def load(path: str, option: str) -> BenchResult:
+        return _saved(path, BenchResult, option, "quantcore bench --json")
 
     def save(partial) -> None:
         with open(args.json, "w") as f:
@@ -151,11 +150,12 @@ def _bench(args: argparse.Namespace, argv: list[str] | None) -> int:
             print("quantcore: --plot needs matplotlib: pip install 'quantcore[bench]' (or matplotlib)", file=sys.stderr)
             return 2
         if args.from_json:
-            result = load(args.from_json)
+            result = load(args.from_json, "--from-json")
         else:
+            resume = load(args.resume, "--resume") if args.resume else None
             result = run(quick=args.quick, only=tuple(args.ops), progress=not args.no_progress, command=command,
-                         checkpoint=save if args.json else None, resume=load(args.resume) if args.resume else None,
-                         with_baselines=not args.ours_only, simulate=args.simulate)
+                         checkpoint=save if args.json else None, resume=resume, with_baselines=not args.ours_only,
+                         simulate=args.simulate)
     except (UnsupportedError, InvalidInputError, OSError) as err:
         print(f"quantcore: {err}", file=sys.stderr)
         return 2
@@ -175,12 +175,33 @@ def _bench(args: argparse.Namespace, argv: list[str] | None) -> int:
 
 
 def _is_e2e_file(path: str) -> bool:
-    """Whether a saved run is an end-to-end one (its "kind" says so; op bench files have none)."""
+    """Whether a saved run is an end-to-end one (its "kind" says so; op bench files have none). A file that
+    is no JSON at all is not: reading it as an op bench run says what is wrong with it."""
     import json
 
     with open(path) as f:
-        data = json.load(f)
+        try:
+            data = json.load(f)
+        except ValueError:
+            return False
     return isinstance(data, dict) and data.get("kind") == "e2e"
+
+
+def _saved(path: str, model, option: str, writer: str):
+    """The run saved at `path`, read as the pydantic `model`; `InvalidInputError` naming the option, the file
+    and its first problem where it is not one (not JSON, another kind of file, a field missing or wrong)."""
+    from pydantic import ValidationError
+
+    with open(path) as f:
+        text = f.read()
+    try:
+        return model.model_validate_json(text)
+    except ValidationError as err:
+        first = err.errors()[0]
+        where = ".".join(map(str, first["loc"]))
+        raise InvalidInputError(f"bench {option} {path}: not a run saved by `{writer}` ({err.error_count()} "
+                                f"problem(s); the first: {where + ': ' if where else ''}{first['msg']}); pass a "
+                                "file that command wrote") from None
 
 
 def _e2e(args: argparse.Namespace, command: str, save) -> int:
@@ -194,8 +215,7 @@ def _e2e(args: argparse.Namespace, command: str, save) -> int:
         print(f"quantcore: {', '.join(unused)}: options of the op bench, not of an end-to-end run", file=sys.stderr)
         return 2
     if args.from_json:
-        with open(args.from_json) as f:
-            result = e2e.E2EResult.model_validate_json(f.read())
+        result = _saved(args.from_json, e2e.E2EResult, "--from-json", "quantcore bench --e2e --json")
     else:
         sizes = {"dim": args.e2e_dim, "layers": args.e2e_layers, "batches": args.e2e_batch, "tokens": args.e2e_tokens}
         result = e2e.run_e2e(e2e.Config(**{k: v for k, v in sizes.items() if v is not None}), command=command,
