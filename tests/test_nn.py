@@ -203,9 +203,13 @@ def test_forward_error_names_the_layer(gen):
         QuantLinear(64, 32)(randn((2, 65), gen=gen))
     with pytest.raises(InvalidInputError, match=r"QuantLinear: input has no features.*shape \(\)"):
         QuantLinear(64, 32)(torch.tensor(1.0))
-    with pytest.raises(InvalidInputError, match=r"QuantLinear: input must be a torch.Tensor \[..., in_features=64\], "
+    with pytest.raises(InvalidInputError, match=r"QuantLinear: input must be a dense torch.Tensor \[..., in_features\], "
                                                 "got list"):
         QuantLinear(64, 32)([1.0] * 64)
+    with pytest.raises(InvalidInputError, match="QuantLinear: input must be a dense torch.Tensor .* got a nested"):
+        QuantLinear(64, 32)(torch.nested.nested_tensor([randn((2, 64), gen=gen)] * 2))
+    with pytest.raises(InvalidInputError, match="quant_linear: x has layout torch.sparse_csr"):
+        QuantLinear(64, 32)(randn((2, 64), gen=gen).to_sparse_csr())
 
 
 @pytest.mark.parametrize("kwargs,match", [

@@ -84,7 +84,7 @@ def shape(op: str, name: str, t: torch.Tensor, expected: tuple[int, ...], why: s
         raise fail(op, f"{name} has shape {tuple(t.shape)}; expected {tuple(expected)} ({why})")
 
 
-_INT64_MAX = 2**63 - 1
+INT64_MAX = 2**63 - 1  # the custom ops' schemas carry ints as int64; torch's sizes are int64 too
 
 
 def shown(value: Any) -> str:
@@ -96,7 +96,7 @@ def shown(value: Any) -> str:
 def positive_int(op: str, name: str, value: Any) -> int:
     """A block or group size: an int from 1 to 2**63 - 1 (bools refused; the custom ops' schemas carry
     it as a 64-bit int)."""
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= _INT64_MAX:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= INT64_MAX:
         raise fail(op, f"{name} must be an int from 1 to 2**63 - 1, got {shown(value)} ({type(value).__name__})")
     return value
 
@@ -168,7 +168,7 @@ def quant_format(op: str, name: str, dtype: Any, device: torch.device) -> QuantF
     if isinstance(dtype, str):
         fmt = format_named(capability.preferred_format_name(capability.profile_for(device))) if dtype == "auto" else None
     else:
-        fmt = format_of_dtype(dtype)
+        fmt = format_of_dtype(dtype) if isinstance(dtype, torch.dtype) else None  # a list would be unhashable
     if fmt is None:
         raise fail(op, f"{name} must be torch.float8_e4m3fn, torch.int8 or \"auto\", got {dtype!r}")
     return fmt

@@ -74,6 +74,9 @@ class QuantLinear(nn.Module):
         super().__init__()
         self.in_features = checks.positive_int(_LAYER, "in_features", in_features)
         self.out_features = checks.positive_int(_LAYER, "out_features", out_features)
+        if out_features * max(in_features, 4) > checks.INT64_MAX:  # the weight's bytes, the fp32 bias's
+            raise InvalidInputError(f"{_LAYER}: a {out_features} x {in_features} layer has more bytes than torch can "
+                                    "address (2**63 - 1); pass sizes whose product is smaller")
         self._block_size = checks.block_pair(_LAYER, block_size)
         self.out_dtype, self.scale_fmt = out_dtype, scale_fmt  # checked by their setters
         with_bias = checks.flag(_LAYER, "bias", bias)
@@ -139,10 +142,7 @@ class QuantLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [..., K] bf16/fp16/fp32 -> [..., N] in out_dtype, or in x's dtype when out_dtype is None."""
-        if not isinstance(x, torch.Tensor):
-            raise InvalidInputError(f"{_LAYER}: input must be a torch.Tensor [..., in_features={self.in_features}], "
-                                    f"got {type(x).__name__}")
-        shape = x.shape
+        shape = dense_shape(_LAYER, x)
         if not shape or shape[-1] != self.in_features:  # a 0-d input has no last dim
             raise InvalidInputError(f"{_LAYER}: input has {shape[-1] if shape else 'no'} features in its last dim "
                                     f"(shape {tuple(shape)}); this layer expects in_features={self.in_features}")
@@ -166,9 +166,13 @@ class QuantLinear(nn.Module):
         # and, at the same address, when given another view of their memory (`.data = p.data[:n]`,
         # `t_()`; their shapes and strides). A decode step then pays a few attribute reads here instead of
         # the dispatcher's key over all four tensors.
-        signature = (x.shape, x.stride(), x.dtype, x.device, x.data_ptr() & 15, out_dtype,
-                     w.data_ptr(), w.shape, w.stride(), w_scale.data_ptr(), w_scale.shape, w_scale.stride(),
-                     None if bias is None else (bias.data_ptr(), bias.shape, bias.stride()))
+        try:
+            signature = (x.shape, x.stride(), x.dtype, x.device, x.data_ptr() & 15, out_dtype,
+                         w.data_ptr(), w.shape, w.stride(), w_scale.data_ptr(), w_scale.shape, w_scale.stride(),
+                         None if bias is None else (bias.data_ptr(), bias.shape, bias.stride()))
+        except RuntimeError:  # a sparse or mkldnn tensor has no strides or address: the op's checks name it
+            return ops.quant_linear(x, w, w_scale, bias, out_dtype=out_dtype, block_size=self._block_size,
+                                    scale_fmt=self._scale_fmt)
         return self._site(signature, (x, w, w_scale, bias), lambda: QUANT_LINEAR.options(
             out_dtype=out_dtype, block_size=self._block_size, scale_fmt=self._scale_fmt))
 
@@ -203,6 +207,12 @@ class QuantLinear(nn.Module):
         # Checked here because the default loader copies with a cast (and assign=True keeps any dtype):
         # a bf16 `weight` would become e4m3 codes without scales, and a wrong shape would only be a
         # message among error_msgs.
+        for key in (prefix + name for name in self._parameters):
+            t = state_dict.get(key)
+            if isinstance(t, torch.Tensor) and (t.is_nested or t.layout != torch.strided):  # no shape to compare
+                raise InvalidInputError(f"{_LAYER}: checkpoint tensor {key} is a "
+                                        f"{'nested' if t.is_nested else t.layout} tensor; expected a dense one "
+                                        "(.to_dense())")
         present = [name for name in QUANT_PARAMS if prefix + name in state_dict]
         if len(present) == 1:
             missing = prefix + next(n for n in QUANT_PARAMS if n not in present)
@@ -217,6 +227,14 @@ class QuantLinear(nn.Module):
                           "build the layer with the checkpoint's block_size")
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                                       error_msgs)
+
+
+def dense_shape(layer: str, x: Any) -> torch.Size:
+    """The shape of a layer's input `x`, refusing what has none: a non-tensor, or a nested tensor."""
+    if not isinstance(x, torch.Tensor) or x.is_nested:
+        got = "a nested tensor" if isinstance(x, torch.Tensor) else type(x).__name__
+        raise InvalidInputError(f"{layer}: input must be a dense torch.Tensor [..., in_features], got {got}")
+    return x.shape
 
 
 def _check_loaded(key: str, t: Any, dtype: torch.dtype, shape: tuple[int, ...], what: str) -> None:
@@ -260,6 +278,14 @@ def _skipped(name: str, patterns: Iterable[str]) -> bool:
     return any(fnmatch.fnmatchcase(name, p) or fnmatch.fnmatchcase(name, "*." + p) for p in patterns)
 
 
+def _listed(items: Any) -> tuple | None:
+    """The items of an iterable, or None for what cannot be iterated (a 0-d tensor is an Iterable that raises)."""
+    try:
+        return tuple(items)
+    except TypeError:
+        return None
+
+
 def quantize_model(model: nn.Module, *, dtype: Any = "auto", skip: Iterable[str] = ("lm_head",),
                    block_size: tuple[int, int] = DEFAULT_BLOCK, out_dtype: torch.dtype | None = None,
                    scale_fmt: str = "fp32") -> nn.Module:
@@ -275,7 +301,7 @@ def quantize_model(model: nn.Module, *, dtype: Any = "auto", skip: Iterable[str]
     if not isinstance(model, nn.Module):
         raise InvalidInputError(f"quantize_model: expected an nn.Module, got {type(model).__name__}")
     # A lone pattern as one (iterated, it would be split into characters).
-    patterns = (skip,) if isinstance(skip, str) else tuple(skip) if isinstance(skip, Iterable) else None
+    patterns = (skip,) if isinstance(skip, str) else _listed(skip)
     if patterns is None or not all(isinstance(p, str) for p in patterns):
         raise InvalidInputError(f"quantize_model: skip must be module-name patterns (a str or an iterable of "
                                 f"str), got {skip!r}")
