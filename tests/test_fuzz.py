@@ -121,7 +121,8 @@ BAD_TENSORS = {
     "sparse csc": lambda t, draw: _dense_ok(t).to_sparse_csc() if t.dim() == 2 else _dense_ok(t).to_sparse(),
     "nested": lambda t, draw: torch.nested.nested_tensor([_dense_ok(t)] * 2),
     "mkldnn": lambda t, draw: t.float().to_mkldnn() if torch.backends.mkldnn.is_available() else t.to("meta"),
-    "values": lambda t, draw: _values(t, draw(st.sampled_from([float("nan"), float("inf"), -float("inf"), 3e38, 1e-45]))),
+    "values": lambda t, draw: _values(t, draw(st.sampled_from([float("nan"), float("inf"), -float("inf"), 3e38,
+                                                               1e-45]))),
     "requires grad": lambda t, draw: t.detach().requires_grad_() if t.is_floating_point() else t,
 }
 

@@ -166,7 +166,8 @@ def test_what_the_forward_computes_with_is_checked_and_followed(gen):
     layer = QuantLinear.from_linear(linear(256, 40, gen), dtype=INT8)
     x = randn((3, 256), gen=gen, dtype=torch.bfloat16)
     layer(x)
-    with pytest.raises(InvalidInputError, match=r"QuantLinear: block_size is fixed when the layer is made.*128x128.*to \(64, 64\)"):
+    with pytest.raises(InvalidInputError, match=r"QuantLinear: block_size is fixed when the layer is made.*128x128"
+                                                r".*to \(64, 64\)"):
         layer.block_size = (64, 64)
     for name, bad in (("scale_fmt", "e8m0"), ("out_dtype", torch.int8)):
         with pytest.raises(InvalidInputError, match=f"QuantLinear: {name} must be one of"):
@@ -203,8 +204,8 @@ def test_forward_error_names_the_layer(gen):
         QuantLinear(64, 32)(randn((2, 65), gen=gen))
     with pytest.raises(InvalidInputError, match=r"QuantLinear: input has no features.*shape \(\)"):
         QuantLinear(64, 32)(torch.tensor(1.0))
-    with pytest.raises(InvalidInputError, match=r"QuantLinear: input must be a dense torch.Tensor \[..., in_features\], "
-                                                "got list"):
+    with pytest.raises(InvalidInputError, match=r"QuantLinear: input must be a dense torch.Tensor "
+                                                r"\[..., in_features\], got list"):
         QuantLinear(64, 32)([1.0] * 64)
     with pytest.raises(InvalidInputError, match="QuantLinear: input must be a dense torch.Tensor .* got a nested"):
         QuantLinear(64, 32)(torch.nested.nested_tensor([randn((2, 64), gen=gen)] * 2))

@@ -7,7 +7,8 @@ import pytest
 from quantcore import ConfigError, QuantcoreError, userdirs
 
 
-@pytest.mark.parametrize("env, folder", [(userdirs.CACHE_ENV, userdirs.cache_dir), (userdirs.DATA_ENV, userdirs.data_dir)])
+@pytest.mark.parametrize("env, folder", [(userdirs.CACHE_ENV, userdirs.cache_dir),
+                                         (userdirs.DATA_ENV, userdirs.data_dir)])
 def test_a_folder_variable_must_be_absolute(env, folder, monkeypatch, tmp_path):
     monkeypatch.setenv(env, str(tmp_path))
     assert folder() == tmp_path

@@ -30,7 +30,8 @@ BAD = [
     ("act_quant-empty-K", lambda: ops.act_quant(torch.ones(3, 0)), "empty last dimension"),
     ("act_quant-bad-dtype", lambda: ops.act_quant(x, dtype=torch.float16), "dtype must be torch.float8_e4m3fn"),
     ("act_quant-bad-dtype-name", lambda: ops.act_quant(x, dtype="fp4"), "dtype must be"),
-    ("act_quant-group-zero", lambda: ops.act_quant(x, group_size=0), "group_size must be an int from 1 to 2**63 - 1, got 0 (int)"),
+    ("act_quant-group-zero", lambda: ops.act_quant(x, group_size=0),
+     "group_size must be an int from 1 to 2**63 - 1, got 0 (int)"),
     ("act_quant-group-float", lambda: ops.act_quant(x, group_size=128.0), "group_size must be an int"),
     ("act_quant-group-bool", lambda: ops.act_quant(x, group_size=True), "group_size must be an int"),
     ("act_quant-scale-fmt", lambda: ops.act_quant(x, scale_fmt="e8m0"), "scale_fmt must be one of"),
@@ -86,9 +87,10 @@ BAD = [
     ("backend-list-of-int", lambda: ops.act_quant(x, backend=["torch", 5]), "backend: backend names must be str"),
     ("priority-int", lambda: enter(priority(5)), "priority: backend names must be str, got [5]"),
     ("simulate-none", lambda: enter(simulate(None)), "simulate: the profile name must be a str"),
-    ("act_quant-group-int64", lambda: ops.act_quant(x, group_size=2**63), "group_size must be an int from 1 to 2**63 - 1"),
-    ("act_quant-eps-huge-int", lambda: ops.act_quant(x, eps=10**400), "act_quant: eps=1000000000000000000000000000000000000000"
-                                                                   "...(401 characters) is inf in fp32"),
+    ("act_quant-group-int64", lambda: ops.act_quant(x, group_size=2**63),
+     "group_size must be an int from 1 to 2**63 - 1"),
+    ("act_quant-eps-huge-int", lambda: ops.act_quant(x, eps=10**400),
+     "act_quant: eps=1000000000000000000000000000000000000000...(401 characters) is inf in fp32"),
     ("act_quant-eps-negative-huge-int", lambda: ops.act_quant(x, eps=-10**400), "eps must be a finite number > 0"),
     ("act_quant-csr", lambda: ops.act_quant(x.to_sparse_csr()), "act_quant: x has layout torch.sparse_csr; expected a "
                                                                "dense tensor (torch.strided): pass x.to_dense()"),

@@ -87,7 +87,7 @@ def shape(op: str, name: str, t: torch.Tensor, expected: tuple[int, ...], why: s
 INT64_MAX = 2**63 - 1  # the custom ops' schemas carry ints as int64; torch's sizes are int64 too
 
 
-def shown(value: Any) -> str:
+def _shown(value: Any) -> str:
     """`repr(value)` for a message, cut short (an int such as 10**400 has hundreds of digits)."""
     text = repr(value)
     return text if len(text) <= 60 else f"{text[:40]}...({len(text)} characters)"
@@ -97,7 +97,7 @@ def positive_int(op: str, name: str, value: Any) -> int:
     """A block or group size: an int from 1 to 2**63 - 1 (bools refused; the custom ops' schemas carry
     it as a 64-bit int)."""
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= INT64_MAX:
-        raise fail(op, f"{name} must be an int from 1 to 2**63 - 1, got {shown(value)} ({type(value).__name__})")
+        raise fail(op, f"{name} must be an int from 1 to 2**63 - 1, got {_shown(value)} ({type(value).__name__})")
     return value
 
 
@@ -122,16 +122,16 @@ def eps(op: str, value: Any, qmax: float) -> float:
     """The amax floor: a finite number > 0 whose fp32 value over `qmax` is a positive, finite fp32 scale
     (kernels use eps in fp32, so a Python-float check alone lets 1e-50 give scale 0 and 1e300 scale Inf)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
-        raise fail(op, f"eps must be a finite number > 0, got {shown(value)}")
+        raise fail(op, f"eps must be a finite number > 0, got {_shown(value)}")
     with np.errstate(over="ignore", under="ignore"):
         # Compared first: an int such as 10**400 has no float (OverflowError); in fp32 it is Inf like 1e300.
         floor = np.float32(value) if value <= _FP32_MAX else np.float32(np.inf)
         scale = floor / np.float32(qmax)
     if not (np.isfinite(scale) and scale > 0):
         # The quotient rounds to 0 at or below qmax * 2^-150 (half the smallest fp32 subnormal).
-        raise fail(op, f"eps={shown(value)} is {float(floor)!r} in fp32 and gives a scale eps/qmax of {float(scale)!r} "
-                       f"(qmax {qmax:g}); use an eps above {qmax * 2.0 ** -150:.3g} and at most {_FP32_MAX:.7g} so "
-                       "that the fp32 scale is positive and finite")
+        raise fail(op, f"eps={_shown(value)} is {float(floor)!r} in fp32 and gives a scale eps/qmax of "
+                       f"{float(scale)!r} (qmax {qmax:g}); use an eps above {qmax * 2.0 ** -150:.3g} and at most "
+                       f"{_FP32_MAX:.7g} so that the fp32 scale is positive and finite")
     return float(value)
 
 
