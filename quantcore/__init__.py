@@ -17,13 +17,13 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ops", "explain", "simulate", "priority", "warmup", "profile_for", "DeviceProfile",
-    "QuantcoreError", "InvalidInputError", "NonFiniteInputError", "UnsupportedError", "NumericsWarning",
+    "QuantcoreError", "InvalidInputError", "NonFiniteInputError", "UnsupportedError", "ConfigError", "NumericsWarning",
 ]
 
 _FROM = {"ops": ".ops", "explain": ".ops", "simulate": ".capability", "priority": ".registry",
          "profile_for": ".capability", "DeviceProfile": ".capability", "NumericsWarning": ".registry",
          "QuantcoreError": ".errors", "InvalidInputError": ".errors", "NonFiniteInputError": ".errors",
-         "UnsupportedError": ".errors", "warmup": ".nn.warmup"}  # warmup: quantcore.nn loads on first use
+         "UnsupportedError": ".errors", "ConfigError": ".errors", "warmup": ".nn.warmup"}  # warmup: quantcore.nn loads on first use
 
 
 def __getattr__(name: str):

@@ -15,7 +15,7 @@ import functools
 import importlib.metadata
 import importlib.util
 import os
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 from pydantic import BaseModel, ConfigDict, computed_field
 
@@ -167,20 +167,29 @@ def _with_simulation(real: DeviceProfile) -> DeviceProfile:
     return sim.model_copy(update={"index": real.index, "simulated_from": real.name, "sm_count": real.sm_count})
 
 
-def profile_for(device: torch.device | str | int) -> DeviceProfile:
-    """The effective profile of `device` (simulation applied to CUDA devices)."""
+def existing_device(device: Any, who: str = "profile_for", hint: str = "") -> torch.device:
+    """`device` (a torch.device, "cuda:0", an index) as a torch.device, checked to name a device torch can
+    make tensors on here; else `InvalidInputError` from `who` (`hint` ends the one for a missing GPU)."""
     import torch
     try:
         device = torch.device(device)
     except (RuntimeError, TypeError) as err:
-        raise InvalidInputError(f"profile_for: {device!r} is not a device ({err})") from None
+        raise InvalidInputError(f"{who}: {device!r} is not a device ({err}); expected a torch.device, a string such "
+                                f"as 'cpu', 'cuda' or 'cuda:0', or a CUDA device index") from None
+    if device.type == "cuda" and (not cuda_available() or (device.index or 0) >= torch.cuda.device_count()):
+        raise InvalidInputError(f"{who}: no CUDA device {device} here ({torch.cuda.device_count()} visible); pass one "
+                                f"that exists{hint}")
+    return device
+
+
+def profile_for(device: torch.device | str | int) -> DeviceProfile:
+    """The effective profile of `device` (simulation applied to CUDA devices)."""
+    import torch
+    device = existing_device(device, hint=", or use quantcore.simulate(...) to describe another GPU")
     if device.type == "cpu":
         return cpu_profile()
     if device.type != "cuda":
         return DeviceProfile(kind=device.type, name=device.type)
-    if not cuda_available() or (device.index or 0) >= torch.cuda.device_count():
-        raise InvalidInputError(f"profile_for: no CUDA device {device} here ({torch.cuda.device_count()} visible); "
-                                "pass one that exists, or use quantcore.simulate(...) to describe another GPU")
     index = device.index if device.index is not None else torch.cuda.current_device()
     return _with_simulation(_real_cuda_profile(index))
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from . import __version__, capability
 from .bench.shapes import OPS
 from .bench.stacks import STACKS
-from .errors import InvalidInputError
+from .errors import InvalidInputError, QuantcoreError
 from .report_schema import SCHEMA, STATUS_HELP
 
 SIGPIPE_EXIT = 141  # 128 + SIGPIPE: what a command killed by a closed pipe returns
@@ -131,6 +131,9 @@ def main(argv: list[str] | None = None) -> int:
         # flush of stdout from raising again.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return SIGPIPE_EXIT
+    except QuantcoreError as err:  # a bad argument or setting (e.g. a relative QUANTCORE_CACHE_DIR): said, not traced
+        print(f"quantcore: {err}", file=sys.stderr)
+        return 2
 
 
 def _main(argv: list[str] | None) -> int:
@@ -141,11 +144,7 @@ def _main(argv: list[str] | None) -> int:
         return _native()
     from . import report
 
-    try:
-        result = report.build(simulate=args.simulate)
-    except InvalidInputError as err:
-        print(f"quantcore: {err}", file=sys.stderr)
-        return 2
+    result = report.build(simulate=args.simulate)
     print(result.model_dump_json(indent=2) if args.json else report.render(result))
     return 0
 
@@ -173,9 +172,8 @@ def _bench(args: argparse.Namespace, argv: list[str] | None) -> int:
 
     command = "quantcore " + " ".join(argv if argv is not None else sys.argv[1:])
 
-    def load(path: str) -> BenchResult:
-        with open(path) as f:
-            return BenchResult.model_validate_json(f.read())
+    def load(path: str, option: str) -> BenchResult:
+        return _saved(path, BenchResult, option, "quantcore bench --json")
 
     def save(partial) -> None:
         with open(args.json, "w") as f:
@@ -199,10 +197,10 @@ def _bench(args: argparse.Namespace, argv: list[str] | None) -> int:
             print("quantcore: --plot needs matplotlib: pip install 'quantcore[bench]' (or matplotlib)", file=sys.stderr)
             return 2
         if args.from_json:
-            result = load(args.from_json)
+            result = load(args.from_json, "--from-json")
         else:
             result = run(quick=args.quick, only=tuple(args.ops), progress=not args.no_progress, command=command,
-                         checkpoint=save if args.json else None, resume=load(args.resume) if args.resume else None,
+                         checkpoint=save if args.json else None, resume=load(args.resume, "--resume") if args.resume else None,
                          with_baselines=not args.ours_only, simulate=args.simulate)
     except (UnsupportedError, InvalidInputError, OSError) as err:
         print(f"quantcore: {err}", file=sys.stderr)
@@ -227,8 +225,28 @@ def _saved_kind(path: str) -> str | None:
     import json
 
     with open(path) as f:
-        data = json.load(f)
+        try:
+            data = json.load(f)
+        except ValueError:  # no JSON at all: reading it as an op bench run says what is wrong with it
+            return None
     return data.get("kind") if isinstance(data, dict) else None
+
+
+def _saved(path: str, model, option: str, writer: str):
+    """The run saved at `path`, read as the pydantic `model`; `InvalidInputError` naming the option, the file
+    and its first problem where it is not one (not JSON, another kind of file, a field missing or wrong)."""
+    from pydantic import ValidationError
+
+    with open(path) as f:
+        text = f.read()
+    try:
+        return model.model_validate_json(text)
+    except ValidationError as err:
+        first = err.errors()[0]
+        where = ".".join(map(str, first["loc"]))
+        raise InvalidInputError(f"bench {option} {path}: not a run saved by `{writer}` ({err.error_count()} "
+                                f"problem(s); the first: {where + ': ' if where else ''}{first['msg']}); pass a "
+                                "file that command wrote") from None
 
 
 def _step_run(args: argparse.Namespace, command: str, save, kind: str) -> int:
@@ -249,8 +267,7 @@ def _step_run(args: argparse.Namespace, command: str, save, kind: str) -> int:
     if _refused(args, name, {"the op bench": _OP_FLAGS, **others}):
         return 2
     if args.from_json:
-        with open(args.from_json) as f:
-            result = result_type.model_validate_json(f.read())
+        result = _saved(args.from_json, result_type, "--from-json", f"quantcore bench --{kind} --json")
     else:
         result = run(config_type(**{k: v for k, v in sizes.items() if v is not None}), command=command,
                      log=lambda line: print(line, file=sys.stderr, flush=True),

@@ -5,6 +5,7 @@
 implementation can run it here; it carries the reasons of every backend that was considered.
 `MissingDependencyError` is an `ImportError`: an optional package the call needs is not installed.
 `CheckpointWriteError` is an `OSError` (its `errno` kept): the system refused to write a checkpoint.
+`ConfigError` is a `ValueError`: an environment variable quantcore reads has a value it cannot use.
 """
 
 from __future__ import annotations
@@ -47,6 +48,10 @@ def caller_stacklevel() -> int:
         level += 1
         frame = frame.f_back
     return level
+
+
+class ConfigError(QuantcoreError, ValueError):
+    """An environment variable quantcore reads (QUANTCORE_CACHE_DIR, QUANTCORE_DATA_DIR, ...) is unusable."""
 
 
 class NonFiniteInputError(InvalidInputError):

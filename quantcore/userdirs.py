@@ -10,6 +10,8 @@ overridden by an environment variable naming the folder itself:
 | macOS | `~/Library/Caches/quantcore` | `~/Library/Application Support/quantcore` |
 | Windows | `%LOCALAPPDATA%\\quantcore\\Cache` | `%LOCALAPPDATA%\\quantcore` |
 
+The variables must name absolute folders: a relative one would move with the working directory, so
+one process would fill several caches and miss its own entries (`ConfigError` names the variable).
 The folders are not created here; writers create them.
 """
 
@@ -20,6 +22,8 @@ import os
 import sys
 import tempfile
 from pathlib import Path
+
+from .errors import ConfigError
 
 CACHE_ENV = "QUANTCORE_CACHE_DIR"
 DATA_ENV = "QUANTCORE_DATA_DIR"
@@ -36,18 +40,31 @@ def _base(xdg: str, xdg_default: str, mac: str) -> Path:
     return Path(value) if os.path.isabs(value) else Path.home() / xdg_default  # XDG: relative values are ignored
 
 
+def _override(env: str, what: str) -> Path | None:
+    """The folder environment variable `env` names, if it is set and not empty."""
+    value = os.environ.get(env)
+    if not value:
+        return None
+    if not os.path.isabs(value):
+        raise ConfigError(f"{env}={value!r} is a relative path; set it to an absolute folder for quantcore's {what} "
+                          f"(e.g. {os.path.abspath(value)!r}), or unset it to use the platform's default")
+    return Path(value)
+
+
 def cache_dir() -> Path:
     """quantcore's cache folder (`QUANTCORE_CACHE_DIR`, else the platform's user cache folder)."""
-    if os.environ.get(CACHE_ENV):
-        return Path(os.environ[CACHE_ENV])
+    override = _override(CACHE_ENV, "cache (compiled kernels)")
+    if override is not None:
+        return override
     base = _base("XDG_CACHE_HOME", ".cache", "Caches") / APP
     return base / "Cache" if sys.platform == "win32" else base
 
 
 def data_dir() -> Path:
     """quantcore's data folder (`QUANTCORE_DATA_DIR`, else the platform's user data folder)."""
-    if os.environ.get(DATA_ENV):
-        return Path(os.environ[DATA_ENV])
+    override = _override(DATA_ENV, "data (measured priority tables)")
+    if override is not None:
+        return override
     return _base("XDG_DATA_HOME", ".local/share", "Application Support") / APP
 
 

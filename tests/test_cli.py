@@ -238,3 +238,22 @@ def test_numerics_warning_points_at_the_callers_line():
     with pytest.warns(quantcore.NumericsWarning) as caught:
         quantcore.ops.scaled_mm(q, s, wq, ws, backend="torch[bf16_dequant]")
     assert caught[0].filename == __file__
+
+
+@pytest.mark.parametrize("text, problem", [("not json", "Invalid JSON"), ("", "Invalid JSON"),
+                                           ("[1, 2]", "Input should be an object"), ("{}", "device: Field required"),
+                                           ('{"kind": "e2e"}', "device: Field required")])
+@pytest.mark.parametrize("option", ["--from-json", "--resume"])
+def test_a_file_that_is_no_saved_run_is_named_without_a_traceback(tmp_path, capsys, option, text, problem):
+    path = tmp_path / "run.json"
+    path.write_text(text)
+    assert main(["bench", option, str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"quantcore: bench {option} {path}: not a run saved by `quantcore bench") and problem in err
+    assert "Traceback" not in err
+
+
+def test_an_end_to_end_model_larger_than_the_device_is_refused_before_it_is_made(capsys):
+    assert main(["bench", "--e2e", "--e2e-dim", str(10**8), "--e2e-layers", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("quantcore: bench --e2e: dim 100000000 and 1 layers") and "pass a smaller --e2e-dim" in err

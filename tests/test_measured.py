@@ -155,3 +155,24 @@ def test_the_shipped_h100_table_sends_long_k_fp8_gemms_to_cublas_and_short_k_to_
     assert [first(4096, k) for k in (512, 2048, 7168, 16384)] == ["triton[gluon]"] * 2 + ["torch[cublas]"] * 2
     assert [first(16384, k) for k in (512, 1536, 7168)] == ["triton[gluon]"] * 2 + ["torch[cublas]"]
     assert first(1, 16384) == "triton"
+
+
+@pytest.mark.parametrize("text", ["", '{"priority": {"scaled_mm/fp8_e4m3": {"1": ["cupy"]}', "not json", "[]",
+                                  '{"device": "x"}', '{"priority": {"scaled_mm/fp8_e4m3": {"one": ["cupy"]}}}',
+                                  '{"priority": {"scaled_mm/fp8_e4m3": {"1": "cupy"}}}',
+                                  '{"priority": {}, "by_k": {"scaled_mm/fp8_e4m3": {"512": {}}}}'])
+def test_a_malformed_user_table_is_ignored_with_one_warning_naming_it(text, monkeypatch, tmp_path):
+    """Truncated, empty, non-JSON or schema-less: the shipped table applies, the op calls and the report go on."""
+    from quantcore import report
+
+    monkeypatch.setenv("QUANTCORE_DATA_DIR", str(tmp_path))
+    path = tmp_path / "priority" / "nvidia-h100-80gb-hbm3.json"
+    path.parent.mkdir()
+    path.write_text(text)
+    measured.forget()
+    with pytest.warns(UserWarning, match=f"ignoring the measured priority table {path}") as caught:
+        for _ in range(3):
+            assert measured.lookup(H100.name, "scaled_mm", "fp8_e4m3", 4096)[0] == "triton[gluon]"
+        assert measured.load(H100.name).shipped
+        assert report.build(simulate="sm90").by_m  # the shipped tables of sm_90 GPUs, listed
+    assert len([w for w in caught if str(path) in str(w.message)]) == 1

@@ -5,7 +5,13 @@
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
+import os
+import shutil
 import struct
+import subprocess
+import sys
 import warnings
 
 import pytest
@@ -211,3 +217,83 @@ def test_a_failed_build_warns_once_and_leaves_calls_in_python(monkeypatch, tmp_p
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # not again
         assert native.replay(run, torch.device("cuda", 0)) is run
+
+
+# A process that builds and loads the extension as `quantcore native` does, its build stood in for by a copy
+# of the one `ext` built (argv[1]; "fail": a build that raises): the real one takes 30-80 s a time here.
+_REBUILD = """
+import shutil, sys
+from pathlib import Path
+from torch.utils import cpp_extension
+
+def load(name, sources, build_directory, **_):
+    print("rebuilt")
+    if sys.argv[1] == "fail":
+        raise RuntimeError("no C++ compiler")
+    so = Path(build_directory) / (name + ".so")
+    shutil.copyfile(sys.argv[1], so)
+    from quantcore.runtime import native
+    return native._import(name, so)
+
+cpp_extension.load = load
+from quantcore import cli
+from quantcore.runtime import native
+if sys.argv[2] == "cli":
+    sys.exit(cli.main(["native"]))
+print("module", native.module() is not None, native.reason())
+"""
+
+
+def _damaged_copy(cache, tmp_path, damage):
+    """A copy of `cache` whose extension is damaged by `damage` (its path -> None); (the copy, the extension's
+    path in it, the intact extension's path)."""
+    copy = tmp_path / "cache"
+    shutil.copytree(cache, copy)
+    so = next((copy / "native").glob("*/quantcore_native_*.so"))
+    damage(so)
+    return copy, so, next((cache / "native").glob("*/quantcore_native_*.so"))
+
+
+def _flipped(data, at):
+    return data[:at] + bytes([data[at] ^ 0xFF]) + data[at + 1:]
+
+
+DAMAGES = {
+    "truncated": lambda so: so.write_bytes(so.read_bytes()[:so.stat().st_size // 3]),  # SIGBUS once mapped
+    "garbage": lambda so: so.write_bytes(bytes(range(256)) * 100),
+    "empty": lambda so: so.write_bytes(b""),
+    "one byte changed": lambda so: so.write_bytes(_flipped(so.read_bytes(), so.stat().st_size // 2)),
+    "no record": lambda so: so.with_suffix(".json").unlink(),
+}
+
+
+def test_a_build_records_the_extensions_size_and_hash(ext, cache):
+    so = next((cache / "native").glob("*/quantcore_native_*.so"))
+    record = json.loads(so.with_suffix(".json").read_text())
+    assert record == {"size": so.stat().st_size, "sha256": hashlib.sha256(so.read_bytes()).hexdigest()}
+
+
+@pytest.mark.parametrize("damage", list(DAMAGES))
+def test_a_damaged_extension_is_rebuilt_not_loaded(ext, cache, tmp_path, damage):
+    """Checked against its build's record before it is mapped: rebuilt, with one warning naming it, never a
+    crash (the process's return code would show a SIGBUS) nor a failing import."""
+    copy, so, intact = _damaged_copy(cache, tmp_path, DAMAGES[damage])
+    env = {**os.environ, "QUANTCORE_CACHE_DIR": str(copy)}
+    out = subprocess.run([sys.executable, "-W", "always", "-c", _REBUILD, str(intact), "cli"], env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.count("rebuilt") == 1 and f"built {so}" in out.stdout
+    assert out.stderr.count("not loading its native extension") == 1 and str(so) in out.stderr
+    assert so.read_bytes() == intact.read_bytes()
+    assert json.loads(so.with_suffix(".json").read_text()) == json.loads(intact.with_suffix(".json").read_text())
+
+
+def test_a_damaged_extension_that_cannot_be_rebuilt_leaves_calls_in_python(ext, cache, tmp_path):
+    copy, so, _ = _damaged_copy(cache, tmp_path, DAMAGES["truncated"])
+    env = {**os.environ, "QUANTCORE_CACHE_DIR": str(copy)}
+    out = subprocess.run([sys.executable, "-W", "always", "-c", _REBUILD, "fail", "module"], env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "module False RuntimeError: no C++ compiler" in out.stdout
+    assert out.stderr.count("not loading its native extension") == 1 and str(so) in out.stderr
+    assert out.stderr.count("could not be built") == 1

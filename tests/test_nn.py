@@ -142,10 +142,61 @@ def test_extra_repr():
     (dict(block_size=(128,)), "block_size"),
     (dict(out_dtype=torch.int8), "out_dtype"),
     (dict(scale_fmt="e8m0"), "scale_fmt"),
+    (dict(bias="no"), "bias must be True or False, got 'no'"),
+    (dict(bias=1), "bias must be True or False, got 1"),
+    (dict(device="gpu0"), "'gpu0' is not a device"),
+    (dict(device="cuda:abc"), "'cuda:abc' is not a device"),
+    (dict(device=1.5), "1.5 is not a device"),
+    (dict(device="cuda:64", dtype=INT8), "no CUDA device cuda:64 here"),
 ])
 def test_constructor_errors(kwargs, match):
     with pytest.raises(InvalidInputError, match=f"QuantLinear: {match}"):
         QuantLinear(64, 32, **kwargs)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CPU-only torch")
+def test_a_cuda_layer_without_a_gpu_says_so():
+    with pytest.raises(InvalidInputError, match=r"QuantLinear: no CUDA device cuda here \(0 visible\)"):
+        QuantLinear(64, 32, dtype=INT8, device="cuda")
+
+
+def test_what_the_forward_computes_with_is_checked_and_followed(gen):
+    """block_size is the scale grid's, fixed; scale_fmt and out_dtype may change, checked, and the next call
+    follows them (the layer's call site keeps a plan per signature)."""
+    layer = QuantLinear.from_linear(linear(256, 40, gen), dtype=INT8)
+    x = randn((3, 256), gen=gen, dtype=torch.bfloat16)
+    layer(x)
+    with pytest.raises(InvalidInputError, match=r"QuantLinear: block_size is fixed when the layer is made.*128x128"
+                                                r".*to \(64, 64\)"):
+        layer.block_size = (64, 64)
+    for name, bad in (("scale_fmt", "e8m0"), ("out_dtype", torch.int8)):
+        with pytest.raises(InvalidInputError, match=f"QuantLinear: {name} must be one of"):
+            setattr(layer, name, bad)
+    assert layer.block_size == (128, 128) and layer.scale_fmt == "fp32" and layer.out_dtype is None
+    layer.scale_fmt, layer.out_dtype = "ue8m0", torch.float32
+    expected = ops.quant_linear(x, layer.weight, layer.weight_scale_inv, layer.bias, scale_fmt="ue8m0",
+                                out_dtype=torch.float32)
+    assert torch.equal(layer(x), expected)
+    assert not torch.equal(expected, ops.quant_linear(x, layer.weight, layer.weight_scale_inv, layer.bias,
+                                                      out_dtype=torch.float32))  # ue8m0 scales changed numerics
+
+
+@pytest.mark.parametrize("change", ["rows", "transposed", "reshaped"])
+def test_a_parameter_given_another_view_of_its_memory_is_planned_again(gen, change):
+    """`.data = view` at the same address keeps the parameters' addresses: the call site's signature
+    has their shapes and strides too, so the next call is validated (here refused, the scale grid no longer
+    matching the weight) instead of replaying the kept plan on the old metadata."""
+    layer = QuantLinear.from_linear(linear(256, 256, gen), dtype=INT8)
+    x = randn((3, 256), gen=gen, dtype=torch.bfloat16)
+    layer(x)
+    scale = layer.weight_scale_inv
+    scale.data = {"rows": scale.data[:1], "transposed": scale.data.t(), "reshaped": scale.data.reshape(4, 1)}[change]
+    assert scale.data_ptr() == scale.data.data_ptr()
+    if change == "transposed":  # a square grid: valid, and computed with the new view
+        assert torch.equal(layer(x), ops.quant_linear(x, layer.weight, scale.contiguous(), layer.bias))
+    else:
+        with pytest.raises(InvalidInputError, match="quant_linear: w_scale has shape"):
+            layer(x)
 
 
 def test_forward_error_names_the_layer(gen):
@@ -153,6 +204,13 @@ def test_forward_error_names_the_layer(gen):
         QuantLinear(64, 32)(randn((2, 65), gen=gen))
     with pytest.raises(InvalidInputError, match=r"QuantLinear: input has no features.*shape \(\)"):
         QuantLinear(64, 32)(torch.tensor(1.0))
+    with pytest.raises(InvalidInputError, match=r"QuantLinear: input must be a dense torch.Tensor "
+                                                r"\[..., in_features\], got list"):
+        QuantLinear(64, 32)([1.0] * 64)
+    with pytest.raises(InvalidInputError, match="QuantLinear: input must be a dense torch.Tensor .* got a nested"):
+        QuantLinear(64, 32)(torch.nested.nested_tensor([randn((2, 64), gen=gen)] * 2))
+    with pytest.raises(InvalidInputError, match="quant_linear: x has layout torch.sparse_csr"):
+        QuantLinear(64, 32)(randn((2, 64), gen=gen).to_sparse_csr())
 
 
 @pytest.mark.parametrize("kwargs,match", [

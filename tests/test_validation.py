@@ -30,7 +30,8 @@ BAD = [
     ("act_quant-empty-K", lambda: ops.act_quant(torch.ones(3, 0)), "empty last dimension"),
     ("act_quant-bad-dtype", lambda: ops.act_quant(x, dtype=torch.float16), "dtype must be torch.float8_e4m3fn"),
     ("act_quant-bad-dtype-name", lambda: ops.act_quant(x, dtype="fp4"), "dtype must be"),
-    ("act_quant-group-zero", lambda: ops.act_quant(x, group_size=0), "group_size must be an int >= 1"),
+    ("act_quant-group-zero", lambda: ops.act_quant(x, group_size=0),
+     "group_size must be an int from 1 to 2**63 - 1, got 0 (int)"),
     ("act_quant-group-float", lambda: ops.act_quant(x, group_size=128.0), "group_size must be an int"),
     ("act_quant-group-bool", lambda: ops.act_quant(x, group_size=True), "group_size must be an int"),
     ("act_quant-scale-fmt", lambda: ops.act_quant(x, scale_fmt="e8m0"), "scale_fmt must be one of"),
@@ -52,7 +53,7 @@ BAD = [
     ("weight_quant-1d", lambda: ops.weight_quant(torch.randn(16)), "must have at least 2 dimension"),
     ("weight_quant-3d", lambda: ops.weight_quant(torch.randn(2, 16, 16)), "w must be 2-D"),
     ("weight_quant-block", lambda: ops.weight_quant(w, block_size=128), "block_size must be a pair"),
-    ("weight_quant-block-zero", lambda: ops.weight_quant(w, block_size=(128, 0)), "block_size[1] must be an int >= 1"),
+    ("weight_quant-block-zero", lambda: ops.weight_quant(w, block_size=(128, 0)), "block_size[1] must be an int from 1"),
     ("weight_dequant-scale-shape", lambda: ops.weight_dequant(wq, torch.ones(2, 3)), "expected (2, 2)"),
     ("weight_dequant-block-mismatch", lambda: ops.weight_dequant(wq, ws, block_size=(64, 128)), "block_size used"),
     ("scaled_mm-float-a", lambda: ops.scaled_mm(x, s2, wq, ws), "a has dtype float32"),
@@ -86,6 +87,23 @@ BAD = [
     ("backend-list-of-int", lambda: ops.act_quant(x, backend=["torch", 5]), "backend: backend names must be str"),
     ("priority-int", lambda: enter(priority(5)), "priority: backend names must be str, got [5]"),
     ("simulate-none", lambda: enter(simulate(None)), "simulate: the profile name must be a str"),
+    ("act_quant-group-int64", lambda: ops.act_quant(x, group_size=2**63),
+     "group_size must be an int from 1 to 2**63 - 1"),
+    ("act_quant-eps-huge-int", lambda: ops.act_quant(x, eps=10**400),
+     "act_quant: eps=1000000000000000000000000000000000000000...(401 characters) is inf in fp32"),
+    ("act_quant-eps-negative-huge-int", lambda: ops.act_quant(x, eps=-10**400), "eps must be a finite number > 0"),
+    ("act_quant-csr", lambda: ops.act_quant(x.to_sparse_csr()), "act_quant: x has layout torch.sparse_csr; expected a "
+                                                               "dense tensor (torch.strided): pass x.to_dense()"),
+    ("act_quant-csc", lambda: ops.act_quant(x.to_sparse_csc()), "x has layout torch.sparse_csc"),
+    ("act_quant-bsr", lambda: ops.act_quant(x.to_sparse_bsr((2, 2))), "x has layout torch.sparse_bsr"),
+    ("act_quant-coo", lambda: ops.act_quant(x.to_sparse()), "x has layout torch.sparse_coo"),
+    ("act_dequant-csr-scale", lambda: ops.act_dequant(q8, s2.to_sparse_csr()), "act_dequant: scale has layout"),
+    ("scaled_mm-csc-b-scale", lambda: ops.scaled_mm(q8, s2, wq, ws.to_sparse_csc()), "scaled_mm: b_scale has layout"),
+    ("act_quant-nested", lambda: ops.act_quant(torch.nested.nested_tensor([torch.randn(2, 8), torch.randn(3, 8)])),
+     "act_quant: x is a nested tensor; expected a dense one"),
+    ("act_quant-complex", lambda: ops.act_quant(torch.randn(2, 8, dtype=torch.complex64)), "x has dtype complex64"),
+    ("act_dequant-negative-fp8-view", lambda: ops.act_dequant(torch._neg_view(q8), s2),
+     "act_dequant: q is a negative view (float8_e4m3fn), which torch cannot materialize on cpu"),
     ("act_quant-check-finite-str", lambda: ops.act_quant(x, check_finite="no"),
      "act_quant: check_finite must be True or False, got 'no'"),
     ("weight_quant-check-finite-int", lambda: ops.weight_quant(w, check_finite=1),
@@ -103,6 +121,12 @@ def test_bad_input_raises_typed_error_naming_the_problem(call, fragment):
 
 def test_there_are_at_least_thirty_distinct_bad_inputs():
     assert len({b[0] for b in BAD}) >= 30
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without mkldnn")
+def test_an_mkldnn_tensor_is_refused():
+    with pytest.raises(InvalidInputError, match="act_quant: x has layout torch._mkldnn; expected a dense tensor"):
+        ops.act_quant(x.to_mkldnn())
 
 
 def test_messages_name_the_op():

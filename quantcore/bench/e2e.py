@@ -10,11 +10,13 @@ eager and replaying one captured step; a failing configuration keeps its error a
 
 from __future__ import annotations
 
+import os
 from typing import Callable, Literal
 
 import torch
 from pydantic import BaseModel, Field, PositiveInt, computed_field
 
+from ..errors import InvalidInputError
 from . import decoder
 from .steps import FUSED, ROUNDS, Row, StepResult, cell, default_device, mb, measure, progress
 
@@ -56,6 +58,36 @@ class E2EResult(StepResult):
     stack: list[Row] = []
 
 
+def weights_needed(cfg: Config) -> int:
+    """Bytes of the weights held at once while the model is timed: the bf16 model and its quantized copies
+    (FP8 and INT8, each also fused: `steps.variants`), whose linears hold a byte per weight and whose
+    embedding and output head stay bf16 (biases, norms, scales and the KV caches, a few percent at the sizes
+    that come near a device's memory, left out)."""
+    linears = cfg.layers * 12 * cfg.dim ** 2  # per layer q, k, v, o: 4·dim², up and down: 2·4·dim²
+    tables = 2 * cfg.vocab * cfg.dim  # the embedding and the output head
+    return 2 * (linears + tables) + 4 * (linears + 2 * tables)
+
+
+def _memory(device: torch.device) -> int | None:
+    """The device's memory in bytes (the host's for the CPU), None where it cannot be told."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):  # no sysconf (Windows), or the names are unknown
+        return None
+
+
+def _check_fits(cfg: Config, device: torch.device) -> None:
+    """Refuse, before allocating anything, a model whose weights alone exceed the device's memory."""
+    needed, memory = weights_needed(cfg), _memory(device)
+    if memory is not None and needed > memory:
+        raise InvalidInputError(f"bench --e2e: dim {cfg.dim} and {cfg.layers} layers (vocab {cfg.vocab}) need about "
+                                f"{needed / 1e9:.3g} GB of weights for the bf16 model and its quantized copies, "
+                                f"more than the {memory / 1e9:.3g} GB of {device}; pass a smaller --e2e-dim or "
+                                "--e2e-layers")
+
+
 def run_e2e(cfg: Config | None = None, *, device: str | torch.device | None = None, copy_gbps: float | None = None,
             command: str = "quantcore bench --e2e", log: Callable[[str], None] = lambda line: None,
             checkpoint: Callable[[E2EResult], None] | None = None) -> E2EResult:
@@ -66,6 +98,7 @@ def run_e2e(cfg: Config | None = None, *, device: str | torch.device | None = No
     CPU. `log` receives a line per configuration; `checkpoint` the partial result after each."""
     cfg = cfg if cfg is not None else Config()
     dev = default_device(device)
+    _check_fits(cfg, dev)
     result = E2EResult.begin(dev, copy_gbps, command, config=cfg)
     done = progress(log, checkpoint and (lambda: checkpoint(result)))
     timed = dict(tokens=cfg.tokens, warmup=cfg.warmup, copy_gbps=result.copy_gbps)

@@ -30,15 +30,34 @@ def tensor(op: str, name: str, t: Any, dtypes: Iterable[torch.dtype], min_dim: i
     dtypes = tuple(dtypes)
     if not isinstance(t, torch.Tensor):
         raise fail(op, f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.is_nested:
+        raise fail(op, f"{name} is a nested tensor; expected a dense one: pad it (torch.nested.to_padded_tensor) "
+                       "or call the op per component")
+    if t.layout != torch.strided:  # sparse (COO, CSR, CSC, BSR, BSC) and mkldnn tensors have no strides to launch on
+        raise fail(op, f"{name} has layout {t.layout}; expected a dense tensor (torch.strided): pass {name}.to_dense()")
     if t.dtype not in dtypes:
         raise fail(op, f"{name} has dtype {dtype_name(t.dtype)}; expected one of {_names(dtypes)}")
     if t.dim() < min_dim:
         raise fail(op, f"{name} must have at least {min_dim} dimension(s), got shape {tuple(t.shape)}")
     if t.dim() and t.shape[-1] == 0 and not empty_last:
         raise fail(op, f"{name} has an empty last dimension (shape {tuple(t.shape)}); blocks need at least one element")
-    if t.is_complex() or t.is_sparse:
-        raise fail(op, f"{name} must be a dense real tensor")
-    return t
+    if t.is_complex():
+        raise fail(op, f"{name} must be a real tensor, got {dtype_name(t.dtype)}")
+    return _resolved(op, name, t)
+
+
+def _resolved(op: str, name: str, t: torch.Tensor) -> torch.Tensor:
+    """`t` with its negative bit resolved: a lazily negated view (`torch._neg_view`, the imaginary part of a
+    conjugated complex tensor) whose memory holds the values' negation, which a kernel reading the memory
+    would take with the opposite sign. A copy, so its call's plan is not kept (such views are rare). Real
+    tensors carry no conjugate bit (complex ones are refused above)."""
+    if not t.is_neg():
+        return t
+    try:
+        return t.resolve_neg()
+    except (NotImplementedError, RuntimeError):  # no negation kernel for the dtype here (fp8 on the CPU)
+        raise fail(op, f"{name} is a negative view ({dtype_name(t.dtype)}), which torch cannot materialize on "
+                       f"{t.device}; pass a tensor that holds its values (negate the tensor it views)") from None
 
 
 def matrix(op: str, name: str, t: Any, dtypes: Iterable[torch.dtype]) -> torch.Tensor:
@@ -65,10 +84,20 @@ def shape(op: str, name: str, t: torch.Tensor, expected: tuple[int, ...], why: s
         raise fail(op, f"{name} has shape {tuple(t.shape)}; expected {tuple(expected)} ({why})")
 
 
+INT64_MAX = 2**63 - 1  # the custom ops' schemas carry ints as int64; torch's sizes are int64 too
+
+
+def _shown(value: Any) -> str:
+    """`repr(value)` for a message, cut short (an int such as 10**400 has hundreds of digits)."""
+    text = repr(value)
+    return text if len(text) <= 60 else f"{text[:40]}...({len(text)} characters)"
+
+
 def positive_int(op: str, name: str, value: Any) -> int:
-    """A block or group size: an int >= 1 (bools refused)."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise fail(op, f"{name} must be an int >= 1, got {value!r}")
+    """A block or group size: an int from 1 to 2**63 - 1 (bools refused; the custom ops' schemas carry
+    it as a 64-bit int)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= INT64_MAX:
+        raise fail(op, f"{name} must be an int from 1 to 2**63 - 1, got {_shown(value)} ({type(value).__name__})")
     return value
 
 
@@ -93,16 +122,17 @@ def eps(op: str, value: Any, qmax: float, name: str = "eps") -> float:
     """The amax floor (the argument `name`): a finite number > 0 whose fp32 value over `qmax` is a positive,
     finite fp32 scale (kernels use eps in fp32, so a Python-float check alone lets 1e-50 give scale 0 and
     1e300 scale Inf)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise fail(op, f"{name} must be a finite number > 0, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+        raise fail(op, f"{name} must be a finite number > 0, got {_shown(value)}")
     with np.errstate(over="ignore", under="ignore"):
-        floor = np.float32(value)
+        # Compared first: an int such as 10**400 has no float (OverflowError); in fp32 it is Inf like 1e300.
+        floor = np.float32(value) if value <= _FP32_MAX else np.float32(np.inf)
         scale = floor / np.float32(qmax)
     if not (np.isfinite(scale) and scale > 0):
         # The quotient rounds to 0 at or below qmax * 2^-150 (half the smallest fp32 subnormal).
-        raise fail(op, f"{name}={value!r} is {float(floor)!r} in fp32 and gives a scale {name}/qmax of {float(scale)!r} "
-                       f"(qmax {qmax:g}); use an {name} above {qmax * 2.0 ** -150:.3g} and at most {_FP32_MAX:.7g} so "
-                       "that the fp32 scale is positive and finite")
+        raise fail(op, f"{name}={_shown(value)} is {float(floor)!r} in fp32 and gives a scale {name}/qmax of "
+                       f"{float(scale)!r} (qmax {qmax:g}); use an {name} above {qmax * 2.0 ** -150:.3g} and at most "
+                       f"{_FP32_MAX:.7g} so that the fp32 scale is positive and finite")
     return float(value)
 
 
@@ -139,7 +169,7 @@ def quant_format(op: str, name: str, dtype: Any, device: torch.device) -> QuantF
     if isinstance(dtype, str):
         fmt = format_named(capability.preferred_format_name(capability.profile_for(device))) if dtype == "auto" else None
     else:
-        fmt = format_of_dtype(dtype)
+        fmt = format_of_dtype(dtype) if isinstance(dtype, torch.dtype) else None  # a list would be unhashable
     if fmt is None:
         raise fail(op, f"{name} must be torch.float8_e4m3fn, torch.int8 or \"auto\", got {dtype!r}")
     return fmt

@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterable
 import torch
 from torch import nn
 
-from .. import ops
+from .. import capability, ops
 from ..convert import RequantError, fp8_to_int8_blocks
 from ..definitions import checks
 from ..definitions.gemm import QUANT_LINEAR, SCALED_MM
@@ -75,17 +75,53 @@ class QuantLinear(nn.Module):
         super().__init__()
         self.in_features = checks.positive_int(_LAYER, "in_features", in_features)
         self.out_features = checks.positive_int(_LAYER, "out_features", out_features)
-        self.block_size = checks.block_pair(_LAYER, block_size)
-        self.out_dtype = None if out_dtype is None else checks.out_float(_LAYER, "out_dtype", out_dtype)
-        checks.scale_fmt(_LAYER, scale_fmt)
-        self.scale_fmt = scale_fmt
+        if out_features * max(in_features, 4) > checks.INT64_MAX:  # the weight's bytes, the fp32 bias's
+            raise InvalidInputError(f"{_LAYER}: a {out_features} x {in_features} layer has more bytes than torch can "
+                                    "address (2**63 - 1); pass sizes whose product is smaller")
+        self._block_size = checks.block_pair(_LAYER, block_size)
+        self.out_dtype, self.scale_fmt = out_dtype, scale_fmt  # checked by their setters
+        with_bias = checks.flag(_LAYER, "bias", bias)
+        if device is not None:
+            device = capability.existing_device(device, _LAYER)
         qdtype = resolve_dtype(dtype, torch.get_default_device() if device is None else device)
-        grid = (math.ceil(out_features / self.block_size[0]), math.ceil(in_features / self.block_size[1]))
+        grid = (math.ceil(out_features / self._block_size[0]), math.ceil(in_features / self._block_size[1]))
         self.weight = frozen(torch.zeros(out_features, in_features, dtype=qdtype, device=device))
         self.weight_scale_inv = frozen(torch.ones(grid, dtype=torch.float32, device=device))
-        self.register_parameter("bias", frozen(torch.zeros(out_features, device=device)) if bias else None)
-        self._site = Site("quant_linear")
-        self._pair_site = Site("scaled_mm")
+        self.register_parameter("bias", frozen(torch.zeros(out_features, device=device)) if with_bias else None)
+
+    # What the forward computes with besides the parameters: the block is the scale grid's, fixed; the
+    # others may change, checked, and a change of scale_fmt drops the call sites' kept plans (out_dtype
+    # is part of their signatures).
+    @property
+    def block_size(self) -> tuple[int, int]:
+        """(Bn, Bk): the weight's block, fixed when the layer is made (`weight_scale_inv` has one scale per block)."""
+        return self._block_size
+
+    @block_size.setter
+    def block_size(self, value: Any) -> None:
+        raise InvalidInputError(f"{_LAYER}: block_size is fixed when the layer is made (weight_scale_inv holds one "
+                                f"scale per {self._block_size[0]}x{self._block_size[1]} block of the weight); to "
+                                f"change it to {value!r}, make a new layer (QuantLinear.from_linear or "
+                                "quantize_model with block_size=...)")
+
+    @property
+    def out_dtype(self) -> torch.dtype | None:
+        """The output dtype: bf16, fp16, fp32, or None (the input's dtype, as nn.Linear's)."""
+        return self._out_dtype
+
+    @out_dtype.setter
+    def out_dtype(self, value: torch.dtype | None) -> None:
+        self._out_dtype = None if value is None else checks.out_float(_LAYER, "out_dtype", value)
+
+    @property
+    def scale_fmt(self) -> str:
+        """The activations' scale format, "fp32" or "ue8m0" (power-of-two scales)."""
+        return self._scale_fmt
+
+    @scale_fmt.setter
+    def scale_fmt(self, value: str) -> None:
+        checks.scale_fmt(_LAYER, value)
+        self._scale_fmt, self._site, self._pair_site = value, Site("quant_linear"), Site("scaled_mm")
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, *, dtype: Any = "auto", block_size: tuple[int, int] = DEFAULT_BLOCK,
@@ -115,13 +151,13 @@ class QuantLinear(nn.Module):
         the QuantizedActivation's dtype (bf16 for a bare pair)."""
         if isinstance(x, tuple):
             return self._quantized_input(x)
-        shape = x.shape
+        shape = dense_shape(_LAYER, x)
         if not shape or shape[-1] != self.in_features:  # a 0-d input has no last dim
             raise InvalidInputError(f"{_LAYER}: input has {shape[-1] if shape else 'no'} features in its last dim "
                                     f"(shape {tuple(shape)}); this layer expects in_features={self.in_features}")
         # Parameters straight from `_parameters`: `self.bias` goes through nn.Module.__getattr__, a
         # Python-level fallback far slower than a dict lookup, on every decode step.
-        return self._gemm(x, self._parameters["bias"], self.out_dtype or x.dtype)  # None alone falls through
+        return self._gemm(x, self._parameters["bias"], self._out_dtype or x.dtype)  # None alone falls through
 
     def _gemm(self, x: torch.Tensor, bias: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor:
         """The layer's quant_linear call with `bias` into `out_dtype` (the tensor-parallel layers pass
@@ -133,14 +169,20 @@ class QuantLinear(nn.Module):
         if torch.compiler.is_compiling() or (torch.is_grad_enabled() and requires_grad(x, w, w_scale, bias)):
             return ops.quant_linear(x, w, w_scale, bias, out_dtype=out_dtype, block_size=self.block_size,
                                     scale_fmt=self.scale_fmt)
-        # Eagerly the layer's own call site keeps its plan (`runtime.dispatch.Site`): only x changes between
-        # calls, and the parameters' metadata changes only with their memory (replaced, moved, loaded
-        # with assign=True), so their addresses stand for it. A decode step then pays a few attribute
-        # reads here instead of the dispatcher's key over all four tensors.
-        signature = (x.shape, x.stride(), x.dtype, x.device, x.data_ptr() & 15, out_dtype, w.data_ptr(),
-                     w_scale.data_ptr(), None if bias is None else bias.data_ptr())
+        # Eagerly the layer's own call site keeps its plan (`runtime.dispatch.Site`): x changes between
+        # calls; the parameters change when replaced, moved or loaded with assign=True (their addresses)
+        # and, at the same address, when given another view of their memory (`.data = p.data[:n]`,
+        # `t_()`; their shapes and strides). A decode step then pays a few attribute reads here instead of
+        # the dispatcher's key over all four tensors.
+        try:
+            signature = (x.shape, x.stride(), x.dtype, x.device, x.data_ptr() & 15, out_dtype,
+                         w.data_ptr(), w.shape, w.stride(), w_scale.data_ptr(), w_scale.shape, w_scale.stride(),
+                         None if bias is None else (bias.data_ptr(), bias.shape, bias.stride()))
+        except RuntimeError:  # a sparse or mkldnn tensor has no strides or address: the op's checks name it
+            return ops.quant_linear(x, w, w_scale, bias, out_dtype=out_dtype, block_size=self._block_size,
+                                    scale_fmt=self._scale_fmt)
         return self._site(signature, (x, w, w_scale, bias), lambda: QUANT_LINEAR.options(
-            out_dtype=out_dtype, block_size=self.block_size, scale_fmt=self.scale_fmt))
+            out_dtype=out_dtype, block_size=self._block_size, scale_fmt=self._scale_fmt))
 
     def _quantized_input(self, x: tuple) -> torch.Tensor:
         """forward's path for a QuantizedActivation or a (q, scale) pair: the checks that name this layer,
@@ -159,17 +201,17 @@ class QuantLinear(nn.Module):
             raise InvalidInputError(f"{_LAYER}: the quantized input is {got}; this layer expects "
                                     f"{dtype_name(w.dtype)} codes [..., {self.in_features}] with their scales, from a "
                                     "producer built with its dtype, group size (its block_size[1]) and scale_fmt")
-        out_dtype = self.out_dtype or dtype
+        out_dtype = self._out_dtype or dtype
         if torch.compiler.is_compiling():
             return torch.ops.quantcore.scaled_mm(q, scale, w, w_scale, bias, out_dtype=out_dtype,
                                                  block_size=list(self.block_size))
         if torch.is_grad_enabled() and requires_grad(bias):  # recorded by autograd
             return ops.scaled_mm(q, scale, w, w_scale, bias=bias, out_dtype=out_dtype, block_size=self.block_size)
-        site = self.__dict__.get("_pair_site") or self.__dict__.setdefault("_pair_site", Site("scaled_mm"))
         signature = (q.shape, q.stride(), q.dtype, q.device, q.data_ptr() & 15, scale.shape, scale.stride(),
-                     scale.dtype, scale.device, scale.data_ptr() & 15, out_dtype, w.data_ptr(), w_scale.data_ptr(),
-                     None if bias is None else bias.data_ptr())
-        return site(signature, (q, scale, w, w_scale, bias), lambda: SCALED_MM.options(
+                     scale.dtype, scale.device, scale.data_ptr() & 15, out_dtype, w.data_ptr(), w.shape, w.stride(),
+                     w_scale.data_ptr(), w_scale.shape, w_scale.stride(),
+                     None if bias is None else (bias.data_ptr(), bias.shape, bias.stride()))
+        return self._pair_site(signature, (q, scale, w, w_scale, bias), lambda: SCALED_MM.options(
             out_dtype=out_dtype, block_size=self.block_size))
 
     def dequantized_weight(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -203,6 +245,12 @@ class QuantLinear(nn.Module):
         # Checked here because the default loader copies with a cast (and assign=True keeps any dtype):
         # a bf16 `weight` would become e4m3 codes without scales, and a wrong shape would only be a
         # message among error_msgs.
+        for key in (prefix + name for name in self._parameters):
+            t = state_dict.get(key)
+            if isinstance(t, torch.Tensor) and (t.is_nested or t.layout != torch.strided):  # no shape to compare
+                raise InvalidInputError(f"{_LAYER}: checkpoint tensor {key} is a "
+                                        f"{'nested' if t.is_nested else t.layout} tensor; expected a dense one "
+                                        "(.to_dense())")
         present = [name for name in QUANT_PARAMS if prefix + name in state_dict]
         if len(present) == 1:
             missing = prefix + next(n for n in QUANT_PARAMS if n not in present)
@@ -217,6 +265,14 @@ class QuantLinear(nn.Module):
                           "build the layer with the checkpoint's block_size")
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                                       error_msgs)
+
+
+def dense_shape(layer: str, x: Any) -> torch.Size:
+    """The shape of a layer's input `x`, refusing what has none: a non-tensor, or a nested tensor."""
+    if not isinstance(x, torch.Tensor) or x.is_nested:
+        got = "a nested tensor" if isinstance(x, torch.Tensor) else type(x).__name__
+        raise InvalidInputError(f"{layer}: input must be a dense torch.Tensor [..., in_features], got {got}")
+    return x.shape
 
 
 def _check_loaded(key: str, t: Any, dtype: torch.dtype, shape: tuple[int, ...], what: str) -> None:
@@ -263,7 +319,7 @@ def _skipped(name: str, patterns: Iterable[str]) -> bool:
 def _patterns(argument: str, value: Any) -> tuple[str, ...]:
     """Module-name patterns given as one str or an iterable of str."""
     # A lone pattern as one (iterated, it would be split into characters).
-    patterns = (value,) if isinstance(value, str) else tuple(value) if isinstance(value, Iterable) else None
+    patterns = (value,) if isinstance(value, str) else _listed(value)
     if patterns is None or not all(isinstance(p, str) for p in patterns):
         raise InvalidInputError(f"quantize_model: {argument} must be module-name patterns (a str or an iterable of "
                                 f"str), got {value!r}")
@@ -287,6 +343,14 @@ def _replace_modules(model: nn.Module, argument: str, patterns: tuple[str, ...],
                 made[id(module)] = module if isinstance(module, (QuantRMSNorm, QuantSiLUMul)) else make(name, module)
             parent_name, _, child = name.rpartition(".")
             setattr(model.get_submodule(parent_name), child, made[id(module)])
+
+
+def _listed(items: Any) -> tuple | None:
+    """The items of an iterable, or None for what cannot be iterated (a 0-d tensor is an Iterable that raises)."""
+    try:
+        return tuple(items)
+    except TypeError:
+        return None
 
 
 def quantize_model(model: nn.Module, *, dtype: Any = "auto", skip: Iterable[str] = ("lm_head",),

@@ -32,6 +32,7 @@ from torch import nn
 from ..errors import InvalidInputError
 from ..formats import DEFAULT_BLOCK, dtype_name
 from ..nn import QuantLinear
+from ..nn.layers import dense_shape
 from ..definitions import checks
 
 _DIM_NAMES = ("out_features N", "in_features K")
@@ -147,7 +148,7 @@ class _Parallel(nn.Module):
         return parallel
 
     def _check_input(self, x: torch.Tensor, features: int, what: str) -> None:
-        shape = x.shape
+        shape = dense_shape(self.layer_name, x)
         if not shape or shape[-1] != features:  # a 0-d input has no last dim
             raise InvalidInputError(f"{self.layer_name}: input has {shape[-1] if shape else 'no'} features in its "
                                     f"last dim (shape {tuple(shape)}); this rank expects {features} ({what})")

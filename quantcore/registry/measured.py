@@ -15,10 +15,12 @@ import functools
 import json
 import math
 import re
+import warnings
 from collections import defaultdict
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
+from typing import Any, Callable
 
 from .. import userdirs
 
@@ -67,17 +69,62 @@ def _load(slug: str, folder: str) -> Table | None:
     user = Path(folder) / f"{slug}.json"
     shipped = resources.files("quantcore").joinpath(f"{DATA}/{slug}.json")
     for path, is_shipped in ((user, False), (shipped, True)):
-        if path.is_file():
-            data = json.loads(path.read_text())
-            priority = {key: _by_m(by_m) for key, by_m in data["priority"].items()}
-            by_k = {key: {int(k): _by_m(by_m) for k, by_m in per_k.items()}
-                    for key, per_k in data.get("by_k", {}).items()}
-            return Table(data.get("device", slug), data.get("arch"), str(path), is_shipped, priority, by_k)
+        if not path.is_file():
+            continue
+        try:
+            device, arch, priority, by_k = _read(path, slug)
+        except (OSError, ValueError) as err:
+            # Read on every op call on a GPU (through the selection cache): one bad file written by hand or
+            # cut short by a full disk must not fail them all. The shipped table still applies. Warned once
+            # per reading (this function's cache), so once a process unless the tables are forgotten.
+            warnings.warn(f"quantcore: ignoring the measured priority table {path}: {err}; the shipped table and "
+                          "the default priority apply instead. Delete the file or write it again with "
+                          "`quantcore bench --write-priority`")
+            continue
+        return Table(device, arch, str(path), is_shipped, priority, by_k)
     return None
 
 
-def _by_m(by_m: dict[str, list[str]]) -> dict[int, tuple[str, ...]]:
-    return {int(m): tuple(order) for m, order in by_m.items()}
+def _read(path: Any, slug: str) -> tuple[str, str | None, dict, dict]:
+    """(device, arch, priority, by_k) of a table file, or ValueError saying what is malformed."""
+    try:
+        data = json.loads(path.read_text())
+    except ValueError as err:  # undecodable text too
+        raise ValueError(f"not valid JSON ({err})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("priority"), dict):
+        raise ValueError('expected a JSON object with a "priority" object ({"op/format": {M bucket: [labels]}})')
+    device, arch = data.get("device", slug), data.get("arch")
+    if not isinstance(device, str) or not (arch is None or isinstance(arch, str)):
+        raise ValueError('"device" must be a string and "arch" a string or null')
+    by_k = data.get("by_k", {})
+    if not isinstance(by_k, dict):
+        raise ValueError('"by_k" must be an object ({"op/format": {K bucket: {M bucket: [labels]}}})')
+    priority = {key: _by_m(by_m, f"priority[{key!r}]") for key, by_m in data["priority"].items()}
+    return device, arch, priority, {key: _buckets(per_k, f"by_k[{key!r}]", _by_m) for key, per_k in by_k.items()}
+
+
+def _buckets(value: Any, where: str, entry: Callable[[Any, str], Any]) -> dict[int, Any]:
+    """A non-empty {bucket: entry} object with integer bucket keys ("128"), each entry read by `entry`."""
+    if not isinstance(value, dict) or not value:
+        raise ValueError(f"{where} must be a non-empty object keyed by bucket")
+    out = {}
+    for bucket, item in value.items():
+        try:
+            number = int(bucket)
+        except ValueError:
+            raise ValueError(f"{where} has bucket {bucket!r}, not an integer") from None
+        out[number] = entry(item, f"{where}[{bucket!r}]")
+    return out
+
+
+def _labels(value: Any, where: str) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ValueError(f"{where} must be a list of implementation labels, got {value!r}")
+    return tuple(value)
+
+
+def _by_m(by_m: Any, where: str) -> dict[int, tuple[str, ...]]:
+    return _buckets(by_m, where, _labels)
 
 
 def forget() -> None:

@@ -64,10 +64,12 @@ class Site:
     and, for tensors whose metadata changes only with their memory (a module's parameters, replaced
     or moved as a whole), their address."""
 
-    __slots__ = ("op", "_signature", "_plan")
+    __slots__ = ("op", "_kept")
 
     def __init__(self, op: str):
-        self.op, self._signature, self._plan = op, None, None
+        # (signature, plan) in one attribute: threads sharing a site (one layer called from several) read
+        # and replace the pair at once, never one call's plan with another call's signature.
+        self.op, self._kept = op, None
 
     def __reduce__(self):  # copied or pickled with its owner (a module), as a new site: plans hold kernels
         return Site, (self.op,)
@@ -76,10 +78,12 @@ class Site:
                  backend: BackendChoice = None) -> Any:
         """`call(op, args, options(), backend)`; `options` is called only when the plan is not reused."""
         signature = (signature, backend, state())
-        plan = self._plan
-        if plan is None or signature != self._signature:
+        kept = self._kept
+        if kept is not None and signature == kept[0]:
+            plan = kept[1]
+        else:
             plan = _plan(self.op, args, options(), backend)
-            self._signature, self._plan = (signature, plan) if plan.bindings is not None else (None, None)
+            self._kept = (signature, plan) if plan.bindings is not None else None
         if plan.direct is not None:  # `_run`'s first lines, inline: a layer's call pays one Python frame less
             out = plan.launch(*args[:plan.direct])
             return out if plan.finish is None else plan.finish(out)

@@ -18,13 +18,23 @@ A split-K launch writes one fp32 partial tile per (split, output tile) and count
 one int32 counter per output tile; the last split sums the partials and sets the counter back to 0.
 So the counters are zeroed once, when allocated, and one pair of buffers per device serves every
 such launch of both backends: launches on one stream run one after another, and graphs captured on a
-side stream replay the buffers they saw. (Concurrent launches on two streams of one device would
-share them: unsupported.) The buffers only grow, at least doubling, and a replaced pair is kept
-alive, since a captured graph may still point at it.
+side stream replay the buffers they saw. The buffers only grow, at least doubling, and a replaced pair
+is kept alive, since a captured graph may still point at it. Zeroing needs a launch that runs now,
+which a stream being captured cannot give: there a launch that would need bigger buffers gets none and
+must run unsplit.
+
+Concurrent launches on two streams of one device would share the pair and corrupt each other's sums.
+A kept plan holds the buffers' addresses and is replayed on whatever stream is current, so keeping a
+pair per stream would need the stream in every call's plan key (host time on every call, the hot
+path): instead, a program that launches GEMMs from several streams at once sets
+QUANTCORE_SHARED_WORKSPACE=0 before its first GEMM (or calls `registry.reset()` after setting it), and
+no launch gets the buffers: every GEMM runs unsplit, and decode-sized ones (where K is split, and the
+activation quantized once) are slower (docs/runtime.md, "Threads and streams").
 """
 
 from __future__ import annotations
 
+import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, TypeVar
@@ -32,6 +42,7 @@ from typing import Callable, TypeVar
 import torch
 
 T = TypeVar("T")
+SHARED_ENV = "QUANTCORE_SHARED_WORKSPACE"
 
 _current: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 _retired: list[tuple[torch.Tensor, torch.Tensor]] = []
@@ -74,7 +85,10 @@ def anchor(device: torch.device) -> torch.Tensor | None:
 
 def buffers(device: torch.device, floats: int, tiles: int) -> tuple[torch.Tensor, torch.Tensor] | None:
     """(>= `floats` fp32 partials, >= `tiles` int32 counters, zero between launches) on `device`, or
-    None when they would have to grow while the current stream is being captured into a graph."""
+    None when they would have to grow while the current stream is being captured into a graph, or when
+    QUANTCORE_SHARED_WORKSPACE=0 (read when a plan is prepared, never on a kept plan's call)."""
+    if os.environ.get(SHARED_ENV) == "0":
+        return None
     kept = _current.get(device)
     if kept is not None and kept[0].numel() >= floats and kept[1].numel() >= tiles:
         return kept

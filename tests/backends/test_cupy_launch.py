@@ -295,7 +295,8 @@ def test_the_gemm_runs_the_mma_kind_it_is_given(launches, mma, dtype):
         launch.scaled_mm(a, _randn(16, 2), b, _randn(1, 2), **_gemm_options(mma=other))
 
 
-def test_split_k_takes_the_shared_workspace_or_runs_unsplit(launches, monkeypatch):
+@pytest.mark.parametrize("without", ["capture", "switch"])
+def test_split_k_takes_the_shared_workspace_or_runs_unsplit(launches, monkeypatch, without):
     M, N, K = 1, 256, 7168
     tensors = dict(a=_q(M, K), a_scale=_randn(M, K // 128), b=_q(N, K), b_scale=_randn(2, K // 128))
     per_split, splits = launch.gemm_splits(M, N, K, 128, launch.gemm_tile(M), SM90.sm_count)
@@ -305,7 +306,10 @@ def test_split_k_takes_the_shared_workspace_or_runs_unsplit(launches, monkeypatc
     p = launches[-1].params
     assert launches[-1].grid[2] == splits and p["k_split"] == per_split * 128
     assert (p["ws"], p["counters"]) == (ws.data_ptr(), counters.data_ptr())
-    monkeypatch.setattr(workspace, "buffers", lambda *args: None)  # as while a stream is being captured
+    if without == "capture":
+        monkeypatch.setattr(workspace, "buffers", lambda *args: None)  # as while a stream is being captured
+    else:
+        monkeypatch.setenv(workspace.SHARED_ENV, "0")  # for GEMMs launched from several streams at once
     run = launch.scaled_mm.prepare(**tensors, **_gemm_options())
     run(**tensors)
     p = launches[-1].params

@@ -120,3 +120,78 @@ def test_an_unwritable_cache_folder_costs_only_the_cache(cache, monkeypatch):
     monkeypatch.setenv(userdirs.CACHE_ENV, str(blocker))  # its "nvrtc" folder cannot be made
     ptx = compiler.compile_source(*KERNEL).ptx
     assert hashlib.sha256(ptx).hexdigest() and len(calls) == 1
+
+
+def _entry(path):
+    import gzip
+    import json
+
+    return json.loads(gzip.decompress(path.read_bytes()))
+
+
+def _rewrite(path, data):
+    import gzip
+    import json
+
+    path.write_bytes(gzip.compress(json.dumps(data).encode()))
+
+
+@pytest.mark.parametrize("tamper", ["ptx", "lowered", "check", "unchecked"])
+def test_a_well_formed_entry_that_is_not_what_its_check_says_is_compiled_again(cache, tamper):
+    """Whole, readable files whose PTX or mangled names were changed, whose check was changed, or that carry
+    none (written before checks): each is compiled again and rewritten, never launched as it is."""
+    import base64
+
+    folder, calls = cache
+    first = compiler.compile_source(*KERNEL)
+    (path,) = (folder / "nvrtc").glob("*.json.gz")
+    data = _entry(path)
+    if tamper == "ptx":
+        data["ptx"] = base64.b64encode(first.ptx.replace(b".entry", b".entry ", 1)).decode()
+    elif tamper == "lowered":
+        data["lowered"] = {name: "_Z3bogusv" for name in data["lowered"]}
+    elif tamper == "check":
+        data["check"] = "0" * 64
+    else:
+        del data["check"]
+    _rewrite(path, data)
+    compiler._compiled.clear()
+    again = compiler.compile_source(*KERNEL)
+    assert len(calls) == 2 and again.lowered == first.lowered and b"_Z3bogusv" not in again.ptx
+    assert _entry(path)["check"] == compiler._check(path.name.removesuffix(".json.gz"), again)  # rewritten
+    compiler._compiled.clear()
+    assert compiler.compile_source(*KERNEL) == again and len(calls) == 2
+
+
+def test_an_entry_copied_under_another_compilations_name_is_compiled_again(cache):
+    folder, calls = cache
+    compiler.compile_source(*KERNEL)
+    (source,) = (folder / "nvrtc").glob("*.json.gz")
+    other = ("quant.cu", 80, KERNEL[2])  # another target: another name, the same instantiations
+    compiler.compile_source(*other)
+    (target,) = set((folder / "nvrtc").glob("*.json.gz")) - {source}
+    target.write_bytes(source.read_bytes())  # compute_90 PTX where compute_80's is looked for
+    compiler._compiled.clear()
+    assert b".target sm_80" in compiler.compile_source(*other).ptx and len(calls) == 3
+
+
+_PLANTED = f"""
+import sys
+from quantcore.backends.cupy import compiler
+print(compiler.include_dirs()[0])
+compiler.compile_source(*{KERNEL!r})
+"""
+
+
+def test_headers_never_come_from_the_running_scripts_folder(tmp_path):
+    """sys.path[0] is the script's folder: an `nvidia/*/include` there is no installed CUDA wheel."""
+    planted = tmp_path / "nvidia" / "cuda_runtime" / "include"
+    planted.mkdir(parents=True)
+    for header in ("cuda_fp16.h", "cuda_bf16.h", "cuda_runtime_api.h"):
+        (planted / header).write_text('#error "a planted header was compiled"\n#define CUDART_VERSION 12090\n')
+    script = tmp_path / "script.py"
+    script.write_text(_PLANTED)
+    env = {**os.environ, userdirs.CACHE_ENV: str(tmp_path / "cache")}
+    out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert str(tmp_path) not in out.stdout and out.stdout.strip().endswith("include")

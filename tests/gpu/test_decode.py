@@ -172,7 +172,7 @@ def test_layer_eagerly_and_in_a_cuda_graph_is_the_op(qdtype, k, n, batches):
             torch.cuda.synchronize()
             assert torch.equal(out, op())
             # The replay takes x [B, 1, K] itself (no flattening view) and returns [B, 1, N] (no reshape).
-            plan = layer._site._plan
+            plan = layer._site._kept[1]
             assert plan.direct == 4 and plan.finish is None  # the results as the launch returns them
 
 

@@ -21,8 +21,12 @@ that determines NVRTC's output: the kernel sources and headers, the file, the op
 and include folder among them), the instantiations, cubin or not, NVRTC's version and the CUDA
 headers' version. A GEMM instantiation costs NVRTC 1.5-2 s; a later process reads it back instead.
 Files are written whole through a rename, so processes compiling at the same time never read a
-partial one; an unreadable file counts as a miss, and a cache folder that cannot be written only
-costs the next process the compile.
+partial one. Each carries a hash of that name's inputs and of its own PTX, cubin and mangled names,
+checked on reading: an unreadable file, or one whose contents are not what its check says (edited,
+damaged, copied under another name), counts as a miss and is compiled and written again; a cache
+folder that cannot be written only costs the next process the compile. The CUDA headers come from the
+installed NVIDIA wheels (their file records), a toolkit (CUDA_PATH, CUDA_HOME, CuPy's, /usr/local/cuda),
+never from a folder on sys.path as such.
 """
 
 from __future__ import annotations
@@ -31,12 +35,11 @@ import base64
 import functools
 import gzip
 import hashlib
+import importlib.metadata
 import importlib.resources
 import json
 import os
 import re
-import site
-import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -92,25 +95,28 @@ def kernel_files() -> tuple[str, ...]:
 _VERSION_RE = re.compile(r"#define\s+CUDART_VERSION\s+(\d+)")
 
 
-def _site_dirs() -> list[Path]:
-    dirs = [Path(p) for p in sys.path if p]
-    try:
-        dirs += [Path(p) for p in site.getsitepackages()]
-    except AttributeError:  # virtualenvs with an old site module
-        pass
-    dirs.append(Path(site.getusersitepackages()))
-    return dirs
+def _wheel_includes() -> list[Path]:
+    """The include folders the installed NVIDIA CUDA wheels ship (nvidia-cuda-runtime-cu12's
+    nvidia/cuda_runtime/include, nvidia-cuda-nvrtc-cu12's, CUDA 13's nvidia/cu13/include), found through
+    the wheels' own file records. Not by globbing `nvidia/*/include` over sys.path: its first entry is the
+    running script's folder (or the working directory), where any `nvidia/x/include/cuda_fp16.h` would
+    then be compiled into every kernel."""
+    found: list[Path] = []
+    for dist in importlib.metadata.distributions():
+        name = (dist.metadata["Name"] or "").lower()
+        if not name.startswith("nvidia-"):
+            continue
+        for file in dist.files or ():
+            parts = file.parts
+            if len(parts) == 4 and parts[0] == "nvidia" and parts[2] == "include" and parts[3] == "cuda_fp16.h":
+                found.append(Path(dist.locate_file(file)).parent)
+    return sorted(dict.fromkeys(found))
 
 
 def _header_candidates() -> list[Path]:
-    """Folders that may hold cuda_fp16.h / cuda_bf16.h: the pip wheels' layouts for CUDA 12
-    (nvidia/cuda_runtime/include, nvidia/cuda_nvrtc/include) and 13 (nvidia/cu13/include), then a
+    """Folders that may hold cuda_fp16.h / cuda_bf16.h: the installed pip wheels' (`_wheel_includes`), then a
     toolkit named by CUDA_PATH / CUDA_HOME, CuPy's own idea of the CUDA path, /usr/local/cuda."""
-    out: list[Path] = []
-    for root in _site_dirs():
-        nvidia = root / "nvidia"
-        if nvidia.is_dir():
-            out += sorted(nvidia.glob("*/include"))
+    out = _wheel_includes()
     for var in ("CUDA_PATH", "CUDA_HOME"):
         if os.environ.get(var):
             out.append(Path(os.environ[var]) / "include")
@@ -199,41 +205,62 @@ def compile_source(filename: str, arch: Any, name_expressions: Iterable[str] = (
     nvrtc = _nvrtc()
     if number not in supported_archs():
         raise UnsupportedError(f"NVRTC {'.'.join(map(str, nvrtc_version()))} cannot compile for sm_{number}")
-    path = cache_path(digest, filename, opts, exprs)
-    result = _read(path, exprs)
+    identity = _identity(digest, filename, opts, exprs)
+    path = cache_path(identity)
+    result = _read(path, identity, exprs)
     if result is None:
         result = _compile(nvrtc, sources, filename, target, opts, exprs, cubin)
-        _write(path, result)
+        _write(path, identity, result)
     with _lock:
         _compiled[key] = result
     return result
 
 
-def cache_path(digest: str, filename: str, opts: tuple[str, ...], exprs: tuple[str, ...]) -> Path:
-    """The disk cache's file for one compilation: named by a hash of the sources' `digest`, the file,
-    the options (the target `compute_XY`/`sm_XY` and the include folder among them), the
-    instantiations, NVRTC's version and the version of the CUDA headers NVRTC sees."""
+def _identity(digest: str, filename: str, opts: tuple[str, ...], exprs: tuple[str, ...]) -> str:
+    """A hash of everything that determines one compilation's output: the sources' `digest`, the file, the
+    options (the target `compute_XY`/`sm_XY` and the include folder among them), the instantiations,
+    NVRTC's version and the version of the CUDA headers NVRTC sees. It names the disk cache's file."""
     headers = [_header_version(Path(d)) for d in include_dirs()]
     parts = [digest, filename, *opts, "\1", *exprs, "\1", f"nvrtc {nvrtc_version()}", f"headers {headers}"]
-    name = hashlib.sha256("\0".join(parts).encode()).hexdigest()
-    return userdirs.cache_dir() / "nvrtc" / f"{name}.json.gz"
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()
 
 
-def _read(path: Path, exprs: tuple[str, ...]) -> Compiled | None:
-    """A cached compilation, or None where there is none, it cannot be read, or it lacks an instantiation."""
+def cache_path(identity: str) -> Path:
+    """The disk cache's file for the compilation `identity` names."""
+    return userdirs.cache_dir() / "nvrtc" / f"{identity}.json.gz"
+
+
+def _check(identity: str, result: Compiled) -> str:
+    """What an entry must carry to be taken as the compilation `identity` names: a hash of the identity and
+    the output (PTX, cubin, each instantiation's mangled name), so that a file copied under another name,
+    or whose PTX or names were changed, is compiled again rather than launched."""
+    h = hashlib.sha256(identity.encode())
+    for part in (result.ptx, result.cubin or b"", json.dumps(sorted(result.lowered.items())).encode()):
+        h.update(len(part).to_bytes(8, "little"))
+        h.update(part)
+    return h.hexdigest()
+
+
+def _read(path: Path, identity: str, exprs: tuple[str, ...]) -> Compiled | None:
+    """A cached compilation, or None where there is none, it cannot be read, it lacks an instantiation, or
+    its check (`_check`) is not that of `identity` and its contents."""
     try:
         data = json.loads(gzip.decompress(path.read_bytes()))
         result = Compiled(ptx=base64.b64decode(data["ptx"]),
                           cubin=None if data["cubin"] is None else base64.b64decode(data["cubin"]),
                           lowered=dict(data["lowered"]), log=str(data["log"]))
+        check = data["check"]
     except (OSError, EOFError, ValueError, KeyError, TypeError):  # gzip raises OSError/EOFError when cut short
         return None
-    return result if set(exprs) <= set(result.lowered) else None
+    if check != _check(identity, result) or not set(exprs) <= set(result.lowered):
+        return None
+    return result
 
 
-def _write(path: Path, result: Compiled) -> None:
+def _write(path: Path, identity: str, result: Compiled) -> None:
     data = {"ptx": base64.b64encode(result.ptx).decode(), "lowered": result.lowered, "log": result.log,
-            "cubin": None if result.cubin is None else base64.b64encode(result.cubin).decode()}
+            "cubin": None if result.cubin is None else base64.b64encode(result.cubin).decode(),
+            "check": _check(identity, result)}
     try:
         # PTX compresses about tenfold: a GEMM file's instantiations are megabytes of text.
         userdirs.write_atomically(path, gzip.compress(json.dumps(data).encode(), mtime=0))

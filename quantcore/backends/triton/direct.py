@@ -235,44 +235,44 @@ class Launcher:
         self._function, self._packed, self._run = compiled.function, compiled.packed_metadata, compiled.run
         raw = getattr(self._run, "launch", None)
         described = [i for i, a in enumerate(args) if i in self.descriptors and a is not None]
+        encoded = None
         if described and callable(raw):
-            raw = self._unwrapped(raw, described)
+            raw, encoded = self._unwrapped(raw, described)
         if (_installed_supported(RAW_SUPPORTED) and callable(raw) and not isinstance(raw, types.FunctionType)
                 and getattr(self._run, "global_scratch_size", None) == 0
                 and getattr(self._run, "profile_scratch_size", None) == 0
                 and hasattr(self._run, "launch_cooperative_grid") and hasattr(self._run, "launch_pdl")):
             # A C function (Python ones wrap tensor descriptors) and nothing to allocate per launch.
-            self._raw = raw
+            # The leading tensor arguments (described ones included), passed as addresses or encoded
+            # descriptors (a plan fixes which arguments are tensors).
+            tensors = next((i for i, a in enumerate(args) if not isinstance(a, torch.Tensor)), nargs)
+            if encoded is not None:
+                if described[-1] >= tensors:  # a described tensor after a scalar: not this path
+                    return
+                encoded += [None] * (tensors - len(encoded))
             self._head = (self._function, self._run.launch_cooperative_grid, self._run.launch_pdl, None, None,
                           self._packed, None, None, None)
             self._rest = tuple(_data_ptr(a) if isinstance(a, torch.Tensor) else a for a in self.fixed) + self._tail
-            # The leading tensor arguments (described ones included), passed as addresses or encoded
-            # descriptors (a plan fixes which arguments are tensors).
-            self._tensors = next((i for i, a in enumerate(args) if not isinstance(a, torch.Tensor)), nargs)
-            if self._encoded is not None:
-                if described[-1] >= self._tensors:  # a described tensor after a scalar: not this path
-                    self._raw = self._encoded = None
-                else:
-                    self._encoded += [None] * (self._tensors - len(self._encoded))
-        else:
-            self._encoded = None
+            self._tensors, self._encoded = tensors, encoded
+            # Last: a launch in another thread takes the C launcher as soon as it sees `_raw`, reading the above
+            # (two threads' first launches may both bind: each publishes a whole binding).
+            self._raw = raw
 
-    def _unwrapped(self, wrapper: Any, described: list[int]) -> Any:
-        """The C launcher inside Triton 3.6's descriptor wrapper (None if it is not that wrapper), with
-        `_encoded` set up: per leading argument None, or (encode, kept) for a described one."""
+    def _unwrapped(self, wrapper: Any, described: list[int]) -> tuple[Any, list | None]:
+        """(the C launcher inside Triton 3.6's descriptor wrapper, the leading arguments' encodings: per
+        argument None, or (encode, kept) for a described one), or (None, None) if it is not that wrapper."""
         if not (_installed_supported(RAW_SUPPORTED) and isinstance(wrapper, types.FunctionType)):
-            return None
+            return None, None
         names = inspect.getclosurevars(wrapper)
         launcher, metas = names.nonlocals.get("launcher"), names.nonlocals.get("tensordesc_meta")
         make = names.globals.get("make_tensordesc_arg")
         # Without its metadata a descriptor is passed as its tensor and sizes: not encoded once.
         if (launcher is None or make is None or not isinstance(metas, list) or len(metas) != len(described)
                 or not all(isinstance(m, dict) for m in metas)):
-            return None
+            return None, None
         meta = dict(zip(described, metas))
-        self._encoded = [(functools.partial(_encode, make, self.descriptors[i], meta[i]), {}) if i in meta else None
-                         for i in range(described[-1] + 1)]
-        return launcher
+        return launcher, [(functools.partial(_encode, make, self.descriptors[i], meta[i]), {}) if i in meta else None
+                          for i in range(described[-1] + 1)]
 
     @property
     def direct(self) -> bool:

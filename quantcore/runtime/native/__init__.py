@@ -26,19 +26,29 @@ never waits for it before its first forward; one that ends sooner waits for it a
 next finds it built): its end invalidates the kept plans (`registry.table.invalidate`), so that the
 next call of each makes its plan again, as a native replay, and loads the extension. QUANTCORE_NATIVE=0
 turns the path off (and the build with it). Where it cannot be built or loaded (no compiler, no CUDA
-driver), one warning says so, `reason()` says why, and every call takes the Python path.
+driver), one warning says so, `reason()` says why, and every call takes the Python path. A build records
+the extension's size and SHA-256 beside it, and a process loads only a file that matches its record: a
+damaged one (cut short, overwritten, emptied) is rebuilt, with a warning naming it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import importlib.util
+import json
 import os
+import shutil
 import threading
 import warnings
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
+
+try:
+    import fcntl
+except ImportError:  # Windows: builds in one cache folder are not serialized there
+    fcntl = None
 
 import torch
 
@@ -70,28 +80,90 @@ def _folder() -> Path:
 
 
 def _built() -> Path | None:
-    """The compiled extension in the cache, if it is there."""
+    """The compiled extension in the cache, if it is there and is the file its build recorded (`_damage`)."""
     folder = _folder()
-    return next(iter(sorted(folder.glob(f"{folder.name}*.so"))), None) if folder.is_dir() else None
+    if not folder.is_dir():
+        return None
+    return next((so for so in sorted(folder.glob(f"{folder.name}*.so")) if _damage(so) is None), None)
+
+
+def _record(so: Path) -> Path:
+    """The record of a build: `so`'s size and SHA-256, beside it."""
+    return so.with_suffix(".json")
+
+
+def _fingerprint(so: Path) -> dict[str, Any]:
+    data = so.read_bytes()
+    return {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+
+
+def _damage(so: Path) -> str | None:
+    """Why `so` must not be loaded (None: it is the file its build wrote). Checked before the loader maps
+    it: a file cut short kills the process with SIGBUS on its first call, and garbage fails every import."""
+    try:
+        recorded = json.loads(_record(so).read_text())
+        found = _fingerprint(so)
+    except (OSError, ValueError):
+        recorded = None
+    if not isinstance(recorded, dict):
+        return "no readable record of its build"
+    if recorded.get("size") != found["size"]:
+        return f"{found['size']} bytes where its build wrote {recorded.get('size')}"
+    if recorded.get("sha256") != found["sha256"]:
+        return "its contents are not those its build wrote (SHA-256)"
+    return None
+
+
+_BUILD_LOCK = ".quantcore-build.lock"
+
+
+@contextlib.contextmanager
+def _locked(folder: Path) -> Iterator[None]:
+    """Hold the build folder against other processes (released by the system if this one dies, unlike
+    torch's own lock file, which a killed build leaves behind for every later build to wait on)."""
+    with open(folder / _BUILD_LOCK, "a") as handle:
+        if fcntl is not None:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
+
+
+def _import(name: str, so: Path) -> Any:
+    spec = importlib.util.spec_from_file_location(name, so)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 @functools.lru_cache(maxsize=None)
 def _build() -> Any:
-    """The compiled extension module (built first where it is not in the cache)."""
-    name, folder, built = _name(), _folder(), _built()
+    """The compiled extension module (built first where the cache holds no intact one)."""
+    name, folder = _name(), _folder()
+    built = _built()
     if built is not None:  # load it without asking ninja whether it is up to date (the name says it is)
-        try:
-            spec = importlib.util.spec_from_file_location(name, built)
-            module = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(module)
-            return module
-        except ImportError:  # still being written by another process: build under its lock below
-            pass
-    from torch.utils import cpp_extension
-
+        return _import(name, built)
     folder.mkdir(parents=True, exist_ok=True)
-    return cpp_extension.load(name=name, sources=[str(_SOURCE)], build_directory=str(folder),
-                              extra_cflags=["-O2"], verbose=False)
+    with _locked(folder):
+        built = _built()  # built by another process while this one waited
+        if built is not None:
+            return _import(name, built)
+        damaged = [f"{so} ({why})" for so in sorted(folder.glob(f"{name}*.so")) if (why := _damage(so))]
+        if damaged:  # a fresh build announces itself where it starts (`_start`)
+            warnings.warn(f"quantcore: not loading its native extension {', '.join(damaged)}; rebuilding it (about "
+                          f"30 s)", stacklevel=caller_stacklevel())
+        # From nothing: ninja would take a damaged object file or extension for up to date, and a lock file
+        # of torch's left by a killed build would hold this one forever (no other build runs: the lock).
+        for entry in folder.iterdir():
+            if entry.is_dir():
+                shutil.rmtree(entry)
+            elif entry.name != _BUILD_LOCK:
+                entry.unlink()
+        from torch.utils import cpp_extension
+
+        module = cpp_extension.load(name=name, sources=[str(_SOURCE)], build_directory=str(folder),
+                                    extra_cflags=["-O2"], verbose=False)
+        so = Path(module.__file__)
+        userdirs.write_atomically(_record(so), json.dumps(_fingerprint(so)).encode())
+        return module
 
 
 def build() -> Path:
