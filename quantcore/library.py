@@ -272,10 +272,11 @@ def _schema_backend(backend: Any) -> Any:
     return backend
 
 
-def _serving(name: str, options: dict[str, Any]) -> Route:
-    """The route of the custom op of `name` that serves a call with `options`."""
+def _serving(name: str, tensors: tuple, options: dict[str, Any]) -> Route:
+    """The route of the custom op of `name` that serves a call with `tensors` and `options`."""
+    arguments = {**dict(zip(definitions.get(name).tensors, tensors)), **options}
     for route in ROUTES[name]:
-        if route.custom.serves(options):
+        if route.custom.serves(arguments):
             return route
     raise InvalidInputError(f"{name}: none of its custom ops {[r.custom.name for r in ROUTES[name]]} serves "
                             f"a call with options {options}")
@@ -286,9 +287,16 @@ def _given(value: Any, default: Any) -> bool:
     return value is not default and (type(value) is not type(default) or value != default)
 
 
+def _constant_result(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """`torch.compiler.assume_constant_result(fn)` without importing TorchDynamo, which that function does and
+    which would make `import quantcore` import Triton and Inductor: the mark it sets, read when Dynamo traces."""
+    fn._dynamo_marked_constant = True  # type: ignore[attr-defined]
+    return fn
+
+
 # Run by TorchDynamo at trace time on the call's constant options, not traced: they read the device's
 # profile and validate with numpy, and what they return is a constant of the graph.
-@torch.compiler.assume_constant_result
+@_constant_result
 def _check_unused(name: str, unused: tuple[tuple[str, Any], ...], dtype: torch.dtype) -> bool:
     """Raise what `quantcore.ops.<name>` raises for an invalid option among `unused` ((name, value) pairs
     the custom op does not take), by running the op's spec on its example call in the format of `dtype`
@@ -301,7 +309,7 @@ def _check_unused(name: str, unused: tuple[tuple[str, Any], ...], dtype: torch.d
     return True
 
 
-@torch.compiler.assume_constant_result
+@_constant_result
 def _auto_dtype(name: str, option: str, value: str, device: torch.device) -> torch.dtype:
     """The quantized dtype that `value` ("auto") means for option `option` of `name` on `device`."""
     return checks.quant_format(name, option, value, device).dtype
@@ -314,7 +322,7 @@ def as_custom_op(name: str, tensors: tuple, options: dict[str, Any], backend: An
     kernel when it runs. The public function calls it when TorchDynamo or a non-strict `torch.export`
     traces it, so that the graph holds the custom op: the trace reads no shape (M stays dynamic) and
     nothing but constants decides the route."""
-    route = _serving(name, options)
+    route = _serving(name, tensors, options)
     defaults = definitions.get(name).defaults
     unused = tuple((n, options[n]) for n in route.unused if _given(options[n], defaults[n]))
     if unused:
@@ -333,7 +341,7 @@ def call_with_gradient(name: str, tensors: tuple, options: dict[str, Any], backe
     with `out_quant`) runs plainly: its outputs never require grad."""
     op = definitions.get(name)
     op.prepare(tensors, options)
-    custom = _serving(name, options).custom
+    custom = _serving(name, tensors, options).custom
     if custom.gradient is None or not (backend is None or isinstance(_schema_backend(backend), str)):
         return call(name, tensors, options, backend)  # a bad backend: the plain path names what is wrong
     _refuse_undefined(op, custom, tensors)

@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
-import pytest
+import os
+
 import torch
 
-import quantcore.registry as registry
+# On a machine without a GPU the Triton kernels run on Triton's interpreter, which reads TRITON_INTERPRET
+# when Triton is first imported: set here, before any test module imports Triton (torch._dynamo does,
+# for one), or a kernel decorated afterwards calls its helpers as compiled functions.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+
+import quantcore.registry as registry  # noqa: E402
 
 
 def pytest_collection_modifyitems(config, items):

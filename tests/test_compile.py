@@ -64,13 +64,31 @@ def every_op(x, w, bias):
     yq, ys = ops.scaled_mm(q, s, wq8, ws8, out_quant=FP8, out_group_size=64, eps=1e-3)
     g, gs = ops.quantized_gelu(yq, ys, group_size=64, approximate="tanh")
     z = ops.quant_linear(x, wq, ws, bias, block_size=(64, 32), out_dtype=torch.float32, scale_fmt="ue8m0")
+    # The fused producers, the norm with and without the residual add.
+    n, ns = ops.rms_norm_quant(x, bias.new_ones(x.shape[-1]))
+    n2, ns2, r = ops.rms_norm_quant(x, bias.new_ones(x.shape[-1]), x, eps=1e-5)
+    a, a_s = ops.silu_mul_quant(x)
+    # Mixture of experts: 4 experts stacking the FP8 weight, each token routed to 2 of them (ids from the
+    # data, so that the routing is traced, not a constant), both layouts and both output kinds.
+    b, b_s = wq8.expand(4, -1, -1), ws8.expand(4, -1, -1)
+    ids = torch.stack([(x[:, 0] > 0).to(torch.int32), (x[:, 1] > 0).to(torch.int32) + 2], dim=1)
+    weights = torch.softmax(x[:, :2], dim=1)
+    pq, ps, offsets, rows = ops.moe_permute(x, ids, 4)
+    moe = ops.moe_unpermute(ops.grouped_mm(pq, ps, b, b_s, offsets), rows, weights)
+    gq, gs2 = ops.grouped_mm(pq, ps, b, b_s, offsets, out_quant=FP8)
+    mq, ms, counts, mrows = ops.moe_permute_masked(x, ids, 4, 64)
+    masked = ops.grouped_mm_masked(mq, ms, b, b_s, counts)
+    mgq, mgs = ops.grouped_mm_masked(mq, ms, b, b_s, counts, out_quant=FP8)
     return (ops.act_dequant(q, s, out_dtype=torch.float32), ops.weight_dequant(wq, ws, block_size=(64, 32)),
-            y, g, gs, ops.dequant_bias(z, s[..., 0], bias, out_dtype=torch.float16))
+            y, g, gs, ops.dequant_bias(z, s[..., 0], bias, out_dtype=torch.float16), n, ns, n2, ns2, r, a, a_s,
+            moe, gq, gs2, mq, ms, counts, masked.flatten(0, 1)[mrows.flatten() >= 0], mgq.flatten(0, 1)[:0], mgs)
 
 
 # The custom ops `every_op` calls, in order: all of them.
 EVERY_CALL = ["act_quant", "weight_quant", "weight_quant", "scaled_mm", "scaled_mm_quant", "quantized_gelu",
-              "quant_linear", "act_dequant", "weight_dequant", "dequant_bias"]
+              "quant_linear", "rms_norm_quant", "rms_norm_quant_residual", "silu_mul_quant", "moe_permute",
+              "grouped_mm", "moe_unpermute", "grouped_mm_quant", "moe_permute_masked", "grouped_mm_masked",
+              "grouped_mm_masked_quant", "act_dequant", "weight_dequant", "dequant_bias"]
 
 
 def operands(gen, m: int) -> tuple:
@@ -103,7 +121,7 @@ def test_every_op_is_its_custom_op_and_m_stays_dynamic(gen, fullgraph):
     (dict(eps=-1.0), "eps must be a finite number > 0"),
     (dict(eps=1e-50), r"eps=1e-50 .* gives a scale"),
     (dict(out_scale_fmt="e5m2"), "scale_fmt must be one of"),
-    (dict(out_group_size=0), "out_group_size must be an int >= 1"),
+    (dict(out_group_size=0), "out_group_size must be an int from 1"),
     (dict(out_quant=FP8, out_dtype=torch.int32), "out_dtype must be one of"),
 ])
 def test_options_the_schema_omits_are_validated(gen, fullgraph, options, match):

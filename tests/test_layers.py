@@ -116,3 +116,14 @@ def test_no_import_cycles():
         if v not in index:
             visit(v)
     assert not cycles, "\n".join(" <-> ".join(c) for c in cycles)
+
+
+def test_import_quantcore_loads_neither_triton_nor_dynamo():
+    """Triton and CuPy are imported when a kernel of theirs first runs, TorchDynamo when something is
+    compiled: `import quantcore` (and its ~0.3 s) needs none of them."""
+    import subprocess
+    import sys
+
+    code = "import sys, quantcore; print(sorted(m for m in ('triton', 'cupy', 'torch._dynamo') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr

@@ -191,7 +191,7 @@ BAD = [
     ("residual-dtype", lambda: ops.rms_norm_quant(_x, _w, _r.float()), "expected x's dtype and shape, bfloat16"),
     ("residual-not-tensor", lambda: ops.rms_norm_quant(_x, _w, 1.0), "residual must be a torch.Tensor"),
     ("norm-x-int", lambda: ops.rms_norm_quant(_x.to(I8), _w), "rms_norm_quant: x has dtype int8"),
-    ("norm-group", lambda: ops.rms_norm_quant(_x, _w, group_size=0), "group_size must be an int >= 1"),
+    ("norm-group", lambda: ops.rms_norm_quant(_x, _w, group_size=0), "group_size must be an int from 1"),
     ("norm-dtype", lambda: ops.rms_norm_quant(_x, _w, dtype=torch.float16), "dtype must be torch.float8_e4m3fn"),
     ("norm-layout", lambda: ops.rms_norm_quant(_x, _w, scale_layout="col"), "scale_layout must be one of"),
     ("norm-devices", lambda: ops.rms_norm_quant(_x, _w.to("meta")), "different devices"),

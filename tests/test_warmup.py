@@ -42,5 +42,5 @@ def test_warmup_runs_the_model_on_given_inputs(gen):
 def test_warmup_refuses_what_is_no_model_or_batch_size(gen):
     with pytest.raises(InvalidInputError, match="expected an nn.Module"):
         quantcore.warmup("model")
-    with pytest.raises(InvalidInputError, match=r"batch_sizes\[i\] must be an int >= 1"):
+    with pytest.raises(InvalidInputError, match=r"batch_sizes\[i\] must be an int from 1"):
         quantcore.warmup(model(gen), (0,))

@@ -95,11 +95,10 @@ def _gemm_prepared(op: str, rows_name: str, a, a_scale, b, b_scale, rows, bias, 
 
 def _counts(op: str, name: str, t, length: int, what: str) -> torch.Tensor:
     """An int32 vector of `length` row counts or boundaries (expert_offsets, masked_m)."""
-    if not isinstance(t, torch.Tensor):
-        raise checks.fail(op, f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dtype != _I32:
+    if isinstance(t, torch.Tensor) and t.dtype != _I32:
         raise checks.fail(op, f"{name} has dtype {dtype_name(t.dtype)}; expected int32 ({what}); convert it with "
                               ".to(torch.int32) where it is made (the kernels read 32-bit counts)")
+    t = checks.tensor(op, name, t, (_I32,), empty_last=True)
     checks.shape(op, name, t, (length,), what)
     return checks.last_dim_contiguous(t)
 
@@ -225,8 +224,10 @@ def _grouped_def(spec, rows: str, masked: bool) -> OpDef:
     return OpDef(
         spec, ("a", "a_scale", "b", "b_scale", rows, "bias"), tuple(a.format(rows=rows) for a in _GEMM_LAUNCH),
         QUANT_FORMATS, DEFAULT_BLOCK,
-        (CustomOp(name, _grouped_fake, returns=1, omit=("out_quant", "out_group_size", "out_scale_fmt", "eps")),
-         CustomOp(f"{name}_quant", _grouped_quant_fake, returns=2, omit=("out_dtype",), required=("out_quant",))),
+        (CustomOp(name, _grouped_fake, returns=1, omit=("out_quant", "out_group_size", "out_scale_fmt", "eps"),
+                  serves=lambda arguments: arguments["out_quant"] is None),
+         CustomOp(f"{name}_quant", _grouped_quant_fake, returns=2, omit=("out_dtype",), required=("out_quant",),
+                  serves=lambda arguments: arguments["out_quant"] is not None)),
         _experts_example(masked=masked))
 
 

@@ -57,8 +57,9 @@ class CustomOp:
     `gradient`; without one the op is not differentiable and its outputs never require grad. Its schema
     is the op's signature (`schema.derive`): `returns` tensors (None: from the return annotation),
     without the options in `omit`, and with those in `required` first and without defaults.
-    `serves(options)` says whether a `quantcore.ops` call with these options is this custom op's (the
-    public `scaled_mm` is either of two, one per return type); an op's custom ops serve disjoint calls."""
+    `serves(arguments)` says whether a `quantcore.ops` call with these arguments (tensors and options, by
+    name) is this custom op's (the public `scaled_mm` is either of two, one per return type, and
+    `rms_norm_quant` one per whether a residual is given); an op's custom ops serve disjoint calls."""
 
     name: str
     fake: Callable[..., Any]

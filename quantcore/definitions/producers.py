@@ -127,8 +127,10 @@ RMS_NORM_QUANT = OpDef(
     rms_norm_quant, ("x", "weight", "residual"),
     ("x", "weight", "residual", "eps", "qdtype", "group_size", "ue8m0", "quant_eps", "scale_m_major", "profile"),
     QUANT_FORMATS, (DEFAULT_GROUP,),
-    (CustomOp("rms_norm_quant", _rms_norm_quant_fake, _outputs(2), returns=2),
-     CustomOp("rms_norm_quant_residual", _rms_norm_quant_residual_fake, _outputs(3), returns=3)),
+    (CustomOp("rms_norm_quant", _rms_norm_quant_fake, _outputs(2), returns=2,
+              serves=lambda arguments: arguments["residual"] is None),
+     CustomOp("rms_norm_quant_residual", _rms_norm_quant_residual_fake, _outputs(3), returns=3,
+              serves=lambda arguments: arguments["residual"] is not None)),
     _rms_norm_quant_example)
 
 
