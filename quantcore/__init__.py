@@ -23,7 +23,8 @@ __all__ = [
 _FROM = {"ops": ".ops", "explain": ".ops", "simulate": ".capability", "priority": ".registry",
          "profile_for": ".capability", "DeviceProfile": ".capability", "NumericsWarning": ".registry",
          "QuantcoreError": ".errors", "InvalidInputError": ".errors", "NonFiniteInputError": ".errors",
-         "UnsupportedError": ".errors", "ConfigError": ".errors", "warmup": ".nn.warmup"}  # warmup: quantcore.nn loads on first use
+         "UnsupportedError": ".errors", "ConfigError": ".errors",
+         "warmup": ".nn.warmup"}  # quantcore.nn loads on warmup's first use
 
 
 def __getattr__(name: str):

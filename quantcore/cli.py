@@ -64,7 +64,8 @@ def _parser() -> argparse.ArgumentParser:
     e2e.add_argument("--e2e-dim", type=_positive, metavar="N", help="model width, MLP 4×N (default 4096)")
     e2e.add_argument("--e2e-layers", type=_positive, metavar="N", help="transformer layers (default 4)")
     e2e.add_argument("--e2e-batch", type=_positive, nargs="+", metavar="B", help="batch sizes (default 1 8)")
-    e2e.add_argument("--e2e-tokens", type=_positive, metavar="N", help="timed decode steps per configuration (default 128)")
+    e2e.add_argument("--e2e-tokens", type=_positive, metavar="N",
+                     help="timed decode steps per configuration (default 128)")
     e2e.add_argument("--e2e-mlp", choices=("gelu", "swiglu"),
                      help="the model's MLP: GELU with biases (default) or Llama's SwiGLU, whose SiLU·up the fused "
                           "rows also fuse")
@@ -200,8 +201,8 @@ def _bench(args: argparse.Namespace, argv: list[str] | None) -> int:
             result = load(args.from_json, "--from-json")
         else:
             result = run(quick=args.quick, only=tuple(args.ops), progress=not args.no_progress, command=command,
-                         checkpoint=save if args.json else None, resume=load(args.resume, "--resume") if args.resume else None,
-                         with_baselines=not args.ours_only, simulate=args.simulate)
+                         checkpoint=save if args.json else None, with_baselines=not args.ours_only,
+                         resume=load(args.resume, "--resume") if args.resume else None, simulate=args.simulate)
     except (UnsupportedError, InvalidInputError, OSError) as err:
         print(f"quantcore: {err}", file=sys.stderr)
         return 2

@@ -27,8 +27,8 @@ whose Python wrappers run on every call: an inference call pays one redispatch b
 
 Autograd (a `torch.autograd.Function` recorded by the Autograd kernel, formulas in
 `quantcore.definitions.gradients`): `quant_linear` gives x and bias gradients, `scaled_mm` bias; their other
-tensor arguments (quantized codes and scales) are refused in the forward when they require grad. The other ops are not differentiable:
-their outputs never require grad, as a cast to an integer dtype's do not. `quantcore.ops` runs
+tensor arguments (quantized codes and scales) are refused in the forward when they require grad. The other ops are
+not differentiable: their outputs never require grad, as a cast to an integer dtype's do not. `quantcore.ops` runs
 through these custom ops when grad mode is on and an input requires grad, so eager calls get the
 same gradients (`call_with_gradient`).
 """
@@ -63,9 +63,10 @@ def _backend(name: str | None):
 
 def _real(op: OpDef, custom: CustomOp, schema_tensors: list[str]) -> Callable[..., Any]:
     """The real kernel: the op's public function without its question about gradients (its
-    `entry.Functions.kernel`: it runs below autograd), its outputs in the fake's layout. Tensors arrive as the schema orders them (`schema_tensors`,
-    its positional arguments), which must be the function's order: those the function takes positionally
-    go on so, the others (scaled_mm's keyword-only bias, positional in the schema) by name."""
+    `entry.Functions.kernel`: it runs below autograd), its outputs in the fake's layout. Tensors arrive as the
+    schema orders them (`schema_tensors`, its positional arguments), which must be the function's order: those the
+    function takes positionally go on so, the others (scaled_mm's keyword-only bias, positional in the schema) by
+    name."""
     function, layout = FUNCTIONS[op.name].kernel, custom.layout
     params = list(inspect.signature(function).parameters.values())[:len(op.tensors)]
     kinds = [p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for p in params]

@@ -167,7 +167,8 @@ def out_float(op: str, name: str, dtype: Any) -> torch.dtype:
 def quant_format(op: str, name: str, dtype: Any, device: torch.device) -> QuantFormat:
     """A quantized dtype (torch.float8_e4m3fn, torch.int8, or "auto": FP8 where the GPU has FP8 MMA)."""
     if isinstance(dtype, str):
-        fmt = format_named(capability.preferred_format_name(capability.profile_for(device))) if dtype == "auto" else None
+        auto = dtype == "auto"
+        fmt = format_named(capability.preferred_format_name(capability.profile_for(device))) if auto else None
     else:
         fmt = format_of_dtype(dtype) if isinstance(dtype, torch.dtype) else None  # a list would be unhashable
     if fmt is None:

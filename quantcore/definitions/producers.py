@@ -82,7 +82,8 @@ def rms_norm_quant(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor
     return Prepared(
         Query(op, profile, fmt.name, blocks=(group,), m_bucket=m_bucket(x2.shape[0])),
         dict(x=x2, weight=checks.last_dim_contiguous(weight),
-             residual=None if residual is None else checks.rows(residual), eps=norm_eps, qdtype=fmt.dtype, group_size=checks.within(group, H), ue8m0=ue8m0, quant_eps=floor,
+             residual=None if residual is None else checks.rows(residual), eps=norm_eps, qdtype=fmt.dtype,
+             group_size=checks.within(group, H), ue8m0=ue8m0, quant_eps=floor,
              scale_m_major=layout == "m_major", profile=profile),
         leading(lead), empty=x2.shape[0] == 0,
     )

@@ -175,7 +175,7 @@ class QuantLinear(nn.Module):
         # `t_()`; their shapes and strides). A decode step then pays a few attribute reads here instead of
         # the dispatcher's key over all four tensors.
         try:
-            signature = (x.shape, x.stride(), x.dtype, x.device, x.data_ptr() & 15, out_dtype,
+            signature = (x.shape, x.stride(), x.dtype, x.device, x.data_ptr() & 15, x.is_neg(), out_dtype,
                          w.data_ptr(), w.shape, w.stride(), w_scale.data_ptr(), w_scale.shape, w_scale.stride(),
                          None if bias is None else (bias.data_ptr(), bias.shape, bias.stride()))
         except RuntimeError:  # a sparse or mkldnn tensor has no strides or address: the op's checks name it
@@ -207,9 +207,9 @@ class QuantLinear(nn.Module):
                                                  block_size=list(self.block_size))
         if torch.is_grad_enabled() and requires_grad(bias):  # recorded by autograd
             return ops.scaled_mm(q, scale, w, w_scale, bias=bias, out_dtype=out_dtype, block_size=self.block_size)
-        signature = (q.shape, q.stride(), q.dtype, q.device, q.data_ptr() & 15, scale.shape, scale.stride(),
-                     scale.dtype, scale.device, scale.data_ptr() & 15, out_dtype, w.data_ptr(), w.shape, w.stride(),
-                     w_scale.data_ptr(), w_scale.shape, w_scale.stride(),
+        signature = (q.shape, q.stride(), q.dtype, q.device, q.data_ptr() & 15, q.is_neg(), scale.shape,
+                     scale.stride(), scale.dtype, scale.device, scale.data_ptr() & 15, scale.is_neg(), out_dtype,
+                     w.data_ptr(), w.shape, w.stride(), w_scale.data_ptr(), w_scale.shape, w_scale.stride(),
                      None if bias is None else (bias.data_ptr(), bias.shape, bias.stride()))
         return self._pair_site(signature, (q, scale, w, w_scale, bias), lambda: SCALED_MM.options(
             out_dtype=out_dtype, block_size=self.block_size))

@@ -28,7 +28,8 @@ from .table import (REFERENCE, broken_plugins, compared, epoch, impls, plugin_st
 
 __all__ = [
     "BACKEND_PACKAGES", "REDUCED_FP8_ACCUMULATION", "TENSOR_CORE_NUMERICS", "Constraints", "GemmConstraints", "Impl",
-    "on_reset", "Candidate", "Explanation", "explain_query", "Plugin", "DEFAULT_PRIORITY", "PRIORITY_ENV", "current_priority",
+    "on_reset", "Candidate", "Explanation", "explain_query", "Plugin", "DEFAULT_PRIORITY", "PRIORITY_ENV",
+    "current_priority",
     "explicit_priority", "priority", "priority_context", "priority_state", "with_reference", "Query", "m_bucket",
     "k_bucket", "BackendChoice", "NumericsWarning", "clear_caches", "reset", "select", "REFERENCE", "broken_plugins",
     "compared", "epoch", "impls", "plugin_status", "reference", "register", "unregister",

@@ -65,7 +65,8 @@ class Constraints:
             if self.min_cc and cc < self.min_cc:
                 out.append(f"needs compute capability >= {_cc(self.min_cc)}, device is {_cc(cc)}")
             if self.max_cc and cc >= self.max_cc:
-                out.append(f"only for compute capability < {_cc(self.max_cc)} (native path preferred), device is {_cc(cc)}")
+                out.append(f"only for compute capability < {_cc(self.max_cc)} (native path preferred), "
+                           f"device is {_cc(cc)}")
             if self.fp8_mma and "fp8_e4m3" in (q.fmt, q.out_fmt) and not p.fp8_mma:
                 out.append(f"needs FP8 tensor cores (sm_89+), {p.arch} has none")
             if self.int8_mma and q.fmt == "int8" and not p.int8_mma:

@@ -49,7 +49,8 @@ def entry(op: str, tensors: tuple[str, ...], optional: tuple[str, ...], defaults
     key must too; a sequence as (type, its elements' types, a tuple of them): `(128.0, 128)` equals
     `(128, 128)`, and the custom ops' schema passes lists). It is generated per op as one tuple display,
     in the op's own function: built in a loop over the arguments and options, four Python calls deep, it
-    cost a kept call a fifth of its host time. Calls of tensor subclasses (fake, functional, ...) and with `check_finite` set are never kept."""
+    cost a kept call a fifth of its host time. Calls of tensor subclasses (fake, functional, ...) and with
+    `check_finite` set are never kept."""
     signature = "{0}.dtype, {0}.shape, {0}.stride(), {0}.device, {0}.data_ptr() & 15"
     parts = [repr(op), "backend if backend is None or type(backend) is str else _choice_key(backend)", STATE]
     parts += [f"*((None,) if {t} is None else ({signature.format(t)},))" if t in optional else signature.format(t)
@@ -62,7 +63,10 @@ def entry(op: str, tensors: tuple[str, ...], optional: tuple[str, ...], defaults
             piece = f"_AT_DEFAULT if {o} is _default_{o} else {piece}"
         parts.append(piece)
     key = f"({', '.join(parts)})"
-    kept = [f"({t} is None or type({t}) in _PLAIN)" if t in optional else f"type({t}) in _PLAIN" for t in tensors]
+    # A negative view (`torch._neg_view`) has a plain tensor's metadata but its memory holds the values'
+    # negation: the spec resolves it into a copy, so its calls are never kept, nor replay a kept plan.
+    kept = [f"({t} is None or type({t}) in _PLAIN and not {t}.is_neg())" if t in optional
+            else f"type({t}) in _PLAIN and not {t}.is_neg()" for t in tensors]
     kept += ["not check_finite"] if "check_finite" in defaults else []
     condition = " and ".join(kept)
     args = f"({''.join(f'{t}, ' for t in tensors)})"
@@ -131,8 +135,8 @@ def generate(op: OpDef, with_gradient: Callable[..., Any] | None = None,
     # The public function, then the kernel, which asks nothing about tracing or gradients (one function where
     # the public one asks nothing either).
     for prelude, tail in dict.fromkeys((public, ("", ""))):
-        exec(compile(f"def {op.name}({', '.join(source)}):\n{prelude}{replay.body}{tail}    return _call({arguments})\n",
-                     GENERATED, "exec"), namespace)
+        text = f"def {op.name}({', '.join(source)}):\n{prelude}{replay.body}{tail}    return _call({arguments})\n"
+        exec(compile(text, GENERATED, "exec"), namespace)
         fn = namespace[op.name]
         fn.__doc__, fn.__annotations__ = op.spec.__doc__, dict(op.spec.__annotations__)
         fn.__module__, fn.__qualname__ = "quantcore.ops", op.name

@@ -1031,8 +1031,6 @@ def test_a_negative_view_is_read_as_the_values_it_holds(op, backend):
             assert _same(fresh(*args[:i], viewed, *args[i + 1:]), fresh(*args[:i], -t, *args[i + 1:]))
 
 
-@pytest.mark.xfail(strict=True, reason="the plan key, computed inline in each op's function (runtime/entry.py, the "
-                                       "kept-plan hot path), does not read the negative bit")
 def test_a_negative_view_of_a_kept_plans_metadata_is_read_as_its_values():
     x = randn((3, 160))
     ops.act_quant(x, dtype=I8, backend="triton")  # keeps the plan of x's metadata

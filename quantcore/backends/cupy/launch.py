@@ -440,8 +440,8 @@ def _gemm(a, a_scale, b, b_scale, bias, *, block_n, block_k, activation, out_kin
     # The plan keeps the workspace's addresses: a replaced pair stays allocated (backends/workspace.py).
     split = splits > 1
     if once:
-        work = workspace.once_buffers(a.device, tiles * splits * tile.bm * tile.bn if split else 0, tiles if split else 0,
-                                   M, K, block_k)
+        work = workspace.once_buffers(a.device, tiles * splits * tile.bm * tile.bn if split else 0,
+                                      tiles if split else 0, M, K, block_k)
         if work is None:
             return None
         pair, codes = work[:2] if split else None, work[2:]

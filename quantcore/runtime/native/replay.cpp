@@ -310,7 +310,8 @@ bool encode(const c10::IValue& v, std::string& key) {
     key.push_back('n');
   } else if (v.isTensor()) {
     const at::Tensor& t = v.toTensor();
-    if (!t.defined() || t.layout() != at::kStrided || !t.is_cuda()) return false;
+    // A negative view's memory holds its values' negation: the Python kernels resolve it, never a replay.
+    if (!t.defined() || t.layout() != at::kStrided || !t.is_cuda() || t.is_neg()) return false;
     key.push_back('t');
     put64(static_cast<int64_t>(t.scalar_type()));
     put64(t.get_device());

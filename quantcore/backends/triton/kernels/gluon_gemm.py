@@ -58,9 +58,10 @@ block-wise kernel and DeepGEMM hide it by giving the work to different warps. So
 The activation scales are read per K block by the consumers (the contract allows any strides, so
 they cannot come through TMA); each K block's loads are issued before its mbarrier wait, so that part of
 their latency hides behind it. Where the producer runs ahead that wait is short: a K loop without scale
-loads, wrong by design, ran FP8 0.3-3.5 % and INT8 4-9 % faster on the H200. With PRELOAD a tile's K block 0 scales are loaded during the tile before, and K block 0 runs as a
-step of its own, out of the K loop: for a plain output once that tile's main loop is done ("loop"), so
-that their latency passes in its epilogue; for a re-quantized one once its stores are issued
+loads, wrong by design, ran FP8 0.3-3.5 % and INT8 4-9 % faster on the H200. With PRELOAD a tile's K block 0 scales
+are loaded during the tile before, and K block 0 runs as a step of its own, out of the K loop: for a plain output
+once that tile's main loop is done ("loop"), so that their latency passes in its epilogue; for a re-quantized one
+once its stores are issued
 ("stores"; loaded where "loop" loads them, they gained less or lost). Neither is taken
 with a bias, nor for a re-quantized output where a tile's K blocks fit the ring or N's last column has a
 loop of its own: there both measured slower (`gluon_launch.preload`). The weight scale is one scalar per sub-tile

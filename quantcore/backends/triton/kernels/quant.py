@@ -41,9 +41,9 @@ def int8_encode(v, HW: tl.constexpr):
     at least its amax / 127, so |v| is at most 127·(1 + 2^-23) and rounds to at most 127.
 
     HW (compiled for sm_89+) and at least PAIRED_MIN elements: two codes an instruction (`_INT8X2`), where the
-    float route below takes two float instructions a code and a byte permute a pair
-    (measured faster on the H100). Else two float instructions and no inline assembly, the route the interpreter runs (`cvt.rni`, one code
-    an instruction, was no faster than it)."""
+    float route below takes two float instructions a code and a byte permute a pair (measured faster on the H100).
+    Else two float instructions and no inline assembly, the route the interpreter runs (`cvt.rni`, one code an
+    instruction, was no faster than it)."""
     if HW and v.numel >= PAIRED_MIN:
         return tl.inline_asm_elementwise(_INT8X2, "=h,r,r", [v], dtype=tl.int8, is_pure=True, pack=2)
     else:

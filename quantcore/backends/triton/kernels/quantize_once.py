@@ -1,9 +1,9 @@
 """A float activation quantized once per launch inside a GEMM, for every program that reads it.
 
 A GEMM whose programs each quantize the activation rows they read repeats that work once per column
-tile; from ~8 rows that costs more than a separate act_quant launch (measured on the H100). Here the programs that share rows quantize each K block of them once, into a workspace,
-with act_quant's formulas (so the codes and scales are act_quant's, bit for bit), and then read the
-codes as a GEMM on quantized operands does.
+tile; from ~8 rows that costs more than a separate act_quant launch (measured on the H100). Here the programs that
+share rows quantize each K block of them once, into a workspace, with act_quant's formulas (so the codes and scales
+are act_quant's, bit for bit), and then read the codes as a GEMM on quantized operands does.
 
 Per K block `kb` of the rows an int32 flag says: 0 unclaimed, 1 being quantized, 2 published. A
 program first claims its own blocks (every num_shares-th from its share index) and quantizes them,
