@@ -1,11 +1,24 @@
-"""Shared fixtures: a seeded generator and random (never zero) inputs."""
+"""Shared fixtures: a seeded generator and random (never zero) inputs, and quantcore's cache folder for
+the run."""
 
 from __future__ import annotations
+
+import os
 
 import pytest
 import torch
 
 import quantcore.registry as registry
+from quantcore import userdirs
+
+
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto` (pyproject's addopts): a worker per CPU core, where the tests run on the CPU; on a
+    machine with a GPU one process, the GPU tests sharing the device as they always did (`-n N` or
+    PYTEST_XDIST_AUTO_NUM_WORKERS choose otherwise)."""
+    if torch.cuda.is_available() and not os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return 0
+    return None  # xdist's own count
 
 
 def pytest_collection_modifyitems(config, items):
@@ -31,3 +44,15 @@ def _clean_registry_state(monkeypatch):
     monkeypatch.delenv("QUANTCORE_PRIORITY", raising=False)
     registry.clear_caches()
     yield
+
+
+@pytest.fixture(scope="session", autouse=True)
+def quantcore_cache(tmp_path_factory):
+    """quantcore's cache folder (NVRTC's compiles, the native extension) for this run, shared by its
+    xdist workers: each compile is made once per run, none is read from or left in the user's cache."""
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent  # the run's folder, above each worker's own
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(userdirs.CACHE_ENV, str(base / "quantcore-cache"))
+        yield base / "quantcore-cache"
