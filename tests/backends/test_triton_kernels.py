@@ -76,6 +76,62 @@ def _interpreter_index_fix():
 
 _interpreter_index_fix()
 
+
+def _interpreter_reduce_by_slices():
+    """The interpreter folds a `tl.reduce` with a combine function of its own (fp8.nan_absmax's, in every
+    quantizer) one element at a time, a Python call of the combine function per element: most of these tests'
+    time. Fold on whole slices instead, the combine function (elementwise, as every Triton combine region is)
+    applied to all output elements at once: along the axis in order, each output element getting the same
+    combine calls in the same order; or, for `fp8.nan_maximum` (a maximum, NaN where either is: any order
+    gives the same fold, as the GPU's tree of shuffles does), halving the axis each step. Here, in the tests
+    only, while the installed interpreter folds element by element."""
+    import inspect
+
+    from triton.runtime import interpreter
+
+    from quantcore.backends.triton.kernels.fp8 import nan_maximum
+
+    reduce_ops = interpreter.ReduceOps
+    elementwise = reduce_ops.generic_reduce
+    if "np.unravel_index(i, input_shape)" not in inspect.getsource(elementwise):
+        return
+
+    def by_slices(self, input):
+        original_axis = self.axis
+        input, axis = self.unravel(input, self.axis)
+        shape = input[0].handle.data.shape
+        if shape[axis] == 0:
+            return elementwise(self, input)
+        parts = [np.moveaxis(arg.handle.data, axis, 0) for arg in input]  # [axis, *the output's shape]
+
+        def combine(acc, values):
+            out = self.combine_fn.fn(*(self.to_tensor(v, arg.dtype) for v, arg in zip((*acc, *values), input * 2)))
+            return [np.asarray(o.handle.data if isinstance(o, tl.core.tensor) else o).reshape(np.shape(a)).astype(a.dtype)
+                    for o, a in zip(out if isinstance(out, tuple) else (out,), acc)]
+
+        if self.combine_fn.fn is nan_maximum.fn:
+            while len(parts[0]) > 1:
+                half = len(parts[0]) // 2
+                pairs = combine([p[:half] for p in parts], [p[half:2 * half] for p in parts])
+                parts = [np.concatenate([c, p[2 * half:]]) for c, p in zip(pairs, parts)]
+        acc = [p[0] for p in parts]
+        for k in range(1, len(parts[0])):
+            acc = combine(acc, [p[k] for p in parts])
+        ret = []
+        for a, arg in zip(acc, input):  # packed as the interpreter packs its result
+            data = np.asarray(a)
+            if self.keep_dims:
+                data = np.expand_dims(data, axis) if original_axis is not None else data.reshape((1,) * len(shape))
+            elif original_axis is None:
+                data = data.item()
+            ret.append(self.to_tensor(data, arg.dtype))
+        return ret
+
+    reduce_ops.generic_reduce = by_slices
+
+
+_interpreter_reduce_by_slices()
+
 FP8, I8 = torch.float8_e4m3fn, torch.int8
 QDTYPES = [FP8, I8]
 SM90 = SIMULATED["sm90"]  # FP8 MMA path
@@ -482,6 +538,14 @@ def _on(profile: str, qdtype) -> dict:
     return dict(profile=p, mma="int8" if qdtype == I8 else "fp8" if p.fp8_mma else "fp16")
 
 
+def act_quant_in_few_programs(x, qdtype, group, ue8m0):
+    """Triton's act_quant, on the tiling of the CPU's profile: a few programs where a GPU's launches one per
+    block, which the interpreter runs many times slower; the same bits on every profile under the interpreter
+    (`launch._hw_fp8`). The quantization that the quant_linear tests compare with."""
+    return launch.act_quant(x, qdtype=qdtype, group_size=group, ue8m0=ue8m0, eps=1e-4, scale_m_major=False,
+                            profile=PROFILES["cpu"])
+
+
 def _tiled_only(monkeypatch):
     """Send every M to the tiled kernel (the decode kernel otherwise takes M <= 64)."""
     monkeypatch.setattr(configs, "decode_m_max", lambda profile, mma: 0)
@@ -714,8 +778,7 @@ def test_quant_linear_is_act_quant_then_scaled_mm_bit_for_bit(gen, profile, qdty
     wq, w_s = ref.weight_quant(w, qdtype=qdtype, block_n=block[0], block_k=block[1], ue8m0=False, eps=1e-4)
     bias = randn((90,), gen=gen)
     for ue8m0 in (False, True):
-        aq, a_s = launch.act_quant(x, qdtype=qdtype, group_size=block[1], ue8m0=ue8m0, eps=1e-4,
-                                   scale_m_major=False, profile=PROFILES[profile])
+        aq, a_s = act_quant_in_few_programs(x, qdtype, block[1], ue8m0)
         kw = dict(block_n=block[0], block_k=block[1], bias=bias, activation="silu", out_dtype=torch.float32, eps=1e-4)
         want = launch.scaled_mm(aq, a_s, wq, w_s, out_quant=None, out_group=block[1], ue8m0_out=False,
                                 **_on(profile, qdtype), **kw)
@@ -736,8 +799,7 @@ def test_activation_quantized_once_reads_any_float_row_strided(gen, qdtype, xdty
     wq, w_s = ref.weight_quant(randn((100, K), gen=gen), qdtype=qdtype, block_n=128, block_k=128, ue8m0=False,
                                eps=1e-4)
     kw = dict(block_n=128, block_k=128, bias=None, activation=None, out_dtype=torch.bfloat16, eps=1e-4)
-    aq, a_s = launch.act_quant(x, qdtype=qdtype, group_size=128, ue8m0=False, eps=1e-4, scale_m_major=False,
-                               profile=SM90)
+    aq, a_s = act_quant_in_few_programs(x, qdtype, 128, False)
     want = launch.scaled_mm(aq, a_s, wq, w_s, out_quant=None, out_group=128, ue8m0_out=False, **_on("sm90", qdtype),
                             **kw)
     assert torch.equal(launch.quant_linear(x, wq, w_s, ue8m0=False, **_on("sm90", qdtype), **kw), want)
@@ -924,8 +986,7 @@ def test_quant_linear_past_the_decode_rows_is_one_launch_split_as_the_tiled_gemm
     assert len(once) == 1 and once[0]["SPLIT_K"] == split and once[0]["BLOCK_M"] == 128
     assert [c["SPLIT"] for c in seen if "ONCE" not in c] == [split > 1]  # the tiled kernel, for captures
     seen.clear()
-    aq, a_s = launch.act_quant(x, qdtype=qdtype, group_size=128, ue8m0=False, eps=1e-4, scale_m_major=False,
-                               profile=SM90)
+    aq, a_s = act_quant_in_few_programs(x, qdtype, 128, False)
     want = launch.scaled_mm(aq, a_s, wq, w_s, out_quant=None, out_group=128, ue8m0_out=False, **_on("sm90", qdtype),
                             **kw)
     assert ["ONCE" in c for c in seen] == [False]
