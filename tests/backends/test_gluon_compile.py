@@ -6,9 +6,9 @@ budgets, the promotion as FMAs, no spills on the main path and no wgmma serializ
 where the installed Triton has Gluon's Hopper API (3.6 on the GPU machine); correctness is the GPU
 suite's.
 
-Where a test takes several configurations, the CPU suite compiles a sample that lowers each of the
-kernel's paths at least once (the others marked `GPU`: the GPU suite, `pytest -m gpu`, compiles them
-too; tests/README.md). A test's compiles run in one child process without TRITON_INTERPRET: the
+The CPU suite compiles a sample of the configurations that lowers each of the kernel's paths at least
+once; the others are marked `GPU` (the GPU suite, `pytest -m gpu`, compiles every one; tests/README.md
+lists them). A test's compiles run in one child process without TRITON_INTERPRET: the
 interpreter tests set it for the whole session, and the `@triton.jit` helpers the kernel calls are
 then interpreter functions, which Gluon cannot compile.
 """
@@ -27,8 +27,6 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 GPU = pytest.mark.gpu  # compiled in the GPU suite only: a configuration whose paths the sample lowers already
-
-pytestmark = pytest.mark.xdist_group("gluon")  # one worker: a case two tests compile is compiled once
 
 
 def compile_launch(M, N, K, qdtype, out_dtype="bfloat16", bias=None, activation=None, block=(128, 128),
@@ -100,7 +98,7 @@ def compile_launch(M, N, K, qdtype, out_dtype="bfloat16", bias=None, activation=
                 smem_per_block=profile.smem_per_block, scale_shape=None if scale is None else list(scale.shape))
 
 
-_compiled: dict[str, dict] = {}  # by case: a case that two tests compile is compiled once
+_compiled: dict[str, dict] = {}  # by case: a case that two tests compile in one process is compiled once
 
 
 def compiled_all(*cases: dict) -> list[dict]:
@@ -175,8 +173,11 @@ def test_int8_with_every_fallback_lowers():
     assert k["shared"] <= k["smem_per_block"]
 
 
-@pytest.mark.parametrize("qdtype, group, ue8m0, config", [("float8_e4m3fn", 128, False, None),
-                                                           ("int8", 32, True, None)])
+# Re-quantized outputs lower on the CPU in the tests below: on the default tile (test_int8_codes_come_two_at_a_time_...),
+# on the wide tile without IEEE division (test_a_re_quantized_group_over_column_sub_tiles_lowers), with a group
+# crossing N (test_a_last_column_tile_of_skipped_sub_tiles_lowers) and ue8m0 scales (..._with_masked_stores_lowers).
+@pytest.mark.parametrize("qdtype, group, ue8m0, config", [pytest.param("float8_e4m3fn", 128, False, None, marks=GPU),
+                                                           pytest.param("int8", 32, True, None, marks=GPU)])
 def test_a_re_quantized_output_lowers_on_the_main_path(qdtype, group, ue8m0, config):
     """Codes per 1×group through the TMA store, scales with plain stores, from the MMA's registers (the
     default without an activation). (With a bias and SiLU too, Triton 3.6 spills nothing either; 3.9
@@ -229,8 +230,8 @@ def test_a_re_quantized_group_over_column_sub_tiles_lowers(qdtype):
     assert "C7514" not in k["ptxas"] and "C7515" not in k["ptxas"], k["ptxas"]
 
 
-# The wide tile re-quantized with a bias lowers on the CPU too, in test_k_block_0s_scales_are_loaded_during_...
-@pytest.mark.parametrize("out_quant", [None, pytest.param("float8_e4m3fn", marks=GPU)])
+# The wide tile with a bias lowers on the CPU in test_a_staggered_wide_tile_lowers_where_a_tile_fits_the_ring.
+@pytest.mark.parametrize("out_quant", [pytest.param(None, marks=GPU), pytest.param("float8_e4m3fn", marks=GPU)])
 def test_a_bias_on_the_wide_tile_is_staged_by_the_producer(out_quant):
     """The wide tile's bias comes through shared memory from the producer, which converts it to fp32: four
     stages still fit beside two tiles' of it, and the consumers spill no more than the plain wide tile's
@@ -246,7 +247,8 @@ def test_a_bias_on_the_wide_tile_is_staged_by_the_producer(out_quant):
     assert "C7514" not in k["ptxas"] and "C7515" not in k["ptxas"], k["ptxas"]
 
 
-@pytest.mark.parametrize("K, stagger", [(512, True), (1024, False)])
+# The unstaggered wide tile (K = 1024) lowers on the CPU in test_a_last_column_tile_of_skipped_sub_tiles_lowers.
+@pytest.mark.parametrize("K, stagger", [(512, True), pytest.param(1024, False, marks=GPU)])
 def test_a_staggered_wide_tile_lowers_where_a_tile_fits_the_ring(K, stagger):
     """Asked for (as config_for does at short K), the consumers are staggered where a tile's K blocks fit the four
     stages (K = 512), with one more barrier and no more spilled than the unstaggered wide tile with a bias
@@ -262,7 +264,7 @@ def test_a_staggered_wide_tile_lowers_where_a_tile_fits_the_ring(K, stagger):
 
 
 @pytest.mark.parametrize("qdtype, out_quant, bias, spills", [
-    ("float8_e4m3fn", None, None, 48),  # PRELOAD "loop"; the two below "none" (the second INT8, with a bias)
+    pytest.param("float8_e4m3fn", None, None, 48, marks=GPU),  # PRELOAD "loop"; the two below "none"
     # A second copy of the re-quantized epilogue, for the last column's loop, and ptxas keeps a few values on the
     # stack (20 and 36 bytes under Triton 3.9's ptxas; 204 and 184, a few pointers inside the main loop, before the
     # walk's tile counts came from one function, docs/bench/round26/walk_ab.txt): measured faster all the same than the
@@ -290,7 +292,9 @@ def test_a_last_column_tile_of_skipped_sub_tiles_lowers(qdtype, out_quant, bias,
     assert "C7514" not in k["ptxas"] and "C7515" not in k["ptxas"], k["ptxas"]
 
 
-@pytest.mark.parametrize("qdtype", ["float8_e4m3fn", pytest.param("int8", marks=GPU)])
+# Each PRELOAD lowers on the CPU: "loop" in test_column_sub_tiles_lower, "stores" in
+# test_a_re_quantized_group_over_column_sub_tiles_lowers, "none" in test_a_last_column_tile_of_skipped_sub_tiles_lowers.
+@pytest.mark.parametrize("qdtype", [pytest.param("float8_e4m3fn", marks=GPU), pytest.param("int8", marks=GPU)])
 def test_k_block_0s_scales_are_loaded_during_the_tile_before_where_that_measured_faster(qdtype):
     """On the wide tile a plain output's K block 0 runs out of the K loop on scales loaded once the tile before's
     main loop was done, a re-quantized output's on scales loaded once its stores were issued (`PRELOAD`): the K
@@ -346,14 +350,15 @@ def test_a_re_quantized_output_with_masked_stores_lowers():
     assert spill_bytes(k) == 0
 
 
-# Each tile: (the format the CPU suite compiles it in, alternating; the GPU suite compiles both), config,
-# stages, the consumers' registers, the spills allowed.
+# Each tile: (the format the CPU suite compiles it in, None: the GPU suite's only; it compiles both), config,
+# stages, the consumers' registers, the spills allowed. The CPU's: three sub-tiles, no power of two; four lower
+# on the CPU in test_a_re_quantized_group_over_column_sub_tiles_lowers.
 SUB_TILES = {
-    "128x128/64": ("float8_e4m3fn", dict(sub_n=64), 6, 232, 0),
+    "128x128/64": (None, dict(sub_n=64), 6, 232, 0),
     "128x192/64": ("int8", dict(block_n=192, sub_n=64), 4, 232, 0),
     # ptxas keeps a few of the epilogue's shared-memory addresses and scale pointers on the stack, reloaded once per
     # tile (read in the SASS: nothing is spilled in the K loop; 48 bytes under Triton 3.9's ptxas, 28 under 3.6's).
-    "128x256/64": ("float8_e4m3fn", dict(block_n=256, sub_n=64, producer_regs=24), 4, 240, 48),
+    "128x256/64": (None, dict(block_n=256, sub_n=64, producer_regs=24), 4, 240, 48),
 }
 
 
@@ -382,8 +387,8 @@ def test_column_sub_tiles_lower(qdtype, config, stages, regs, spills):
 
 
 @pytest.mark.parametrize("qdtype, out_quant, config", [pytest.param("float8_e4m3fn", None, None, marks=GPU),
-                                                      ("int8", "int8", None),  # the default 8 rows a step too
-                                                      ("float8_e4m3fn", None, dict(epi_rows=32))])
+                                                      ("int8", "int8", None),
+                                                      pytest.param("float8_e4m3fn", None, dict(epi_rows=32), marks=GPU)])
 def test_an_activation_lowers_to_the_staged_epilogue(qdtype, out_quant, config):
     """With an activation the epilogue goes through shared memory, EPI_ROWS rows at a time in a loop:
     each consumer's fp32 sub-tile stored once (st.shared.v2 from the MMA layout), handed over to the
