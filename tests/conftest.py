@@ -8,8 +8,14 @@ import os
 import pytest
 import torch
 
-import quantcore.registry as registry
-from quantcore import userdirs
+# Triton decides when it is imported whether its kernels (the standard library's too) are interpreted, for the
+# whole process: where there is no GPU the interpreter tests (tests/backends) need it on, set here, before
+# anything imports Triton (quantcore's imports may, through torch's).
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import quantcore.registry as registry  # noqa: E402
+from quantcore import userdirs  # noqa: E402
 
 
 def pytest_xdist_auto_num_workers(config):
