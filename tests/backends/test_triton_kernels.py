@@ -36,7 +36,7 @@ from helpers import (  # noqa: E402
     DIFFERENTIABLE, TAIL_EPS, activation_inputs, assert_same_q, assert_same_scale, check_activation,
     judge_quantized_gelu, outputs_of_every_op_on_grad_inputs, powers_of_two, quantizer_scales, quantizer_values,
     randn, reference_quant_linear, tail_blocks, tail_gemm_operands)
-from quantcore import InvalidInputError, UnsupportedError, definitions, ops, registry  # noqa: E402
+from quantcore import InvalidInputError, definitions, ops, registry  # noqa: E402
 from quantcore.backends import torch as ref  # noqa: E402
 from quantcore.runtime import workspace  # noqa: E402
 from quantcore.backends.triton import configs, launch  # noqa: E402
@@ -555,12 +555,14 @@ def _on(profile: str, qdtype) -> dict:
     return dict(profile=p, mma="int8" if qdtype == I8 else "fp8" if p.fp8_mma else "fp16")
 
 
-def act_quant_in_few_programs(x, qdtype, group, ue8m0):
-    """Triton's act_quant, on the tiling of the CPU's profile: a few programs where a GPU's launches one per
-    block, which the interpreter runs many times slower; the same bits on every profile under the interpreter
-    (`launch._hw_fp8`). The quantization that the quant_linear tests compare with."""
-    return launch.act_quant(x, qdtype=qdtype, group_size=group, ue8m0=ue8m0, eps=1e-4, scale_m_major=False,
-                            profile=PROFILES["cpu"])
+@pytest.fixture
+def few_programs(monkeypatch):
+    """The block quantizers and dequantizers tiled as on the CPU's profile: a few programs where a GPU's tiling
+    launches one a block, which the interpreter runs many times slower; each block's bits are the same on any
+    tiling (the tests above judge the tilings). For the tests that judge what is around them: quant_linear's
+    paths, the registry's binding."""
+    tiling = configs.block_tiling
+    monkeypatch.setattr(configs, "block_tiling", lambda R, C, br, bc, profile: tiling(R, C, br, bc, PROFILES["cpu"]))
 
 
 def _tiled_only(monkeypatch):
@@ -784,7 +786,7 @@ QUANT_LINEAR_PATHS = {"sm90": [QUANT_LINEAR_SHAPES[i] for i in (0, 1, 3, 4, 6, 7
     [(p, q, *shape) for p, shapes in QUANT_LINEAR_PATHS.items() for q in QDTYPES for shape in shapes]
     + [("sm80", I8, *QUANT_LINEAR_SHAPES[7])],
     [(p, q, *shape) for p in ("sm90", "sm80") for q in QDTYPES for shape in QUANT_LINEAR_SHAPES]))
-def test_quant_linear_is_act_quant_then_scaled_mm_bit_for_bit(gen, profile, qdtype, M, K, block):
+def test_quant_linear_is_act_quant_then_scaled_mm_bit_for_bit(gen, few_programs, profile, qdtype, M, K, block):
     """The decode kernel quantizing in each program (`configs.fused`: M <= 4 everywhere, <= 8 up to K =
     8192 on sm_90) or once per launch (sm_90 to 64 rows, K split or not, and past them), act_quant + the
     decode kernel (M <= 64) and + the tiled kernel (M > 64); a NaN group stays in its row. The flags of the
@@ -796,7 +798,8 @@ def test_quant_linear_is_act_quant_then_scaled_mm_bit_for_bit(gen, profile, qdty
     wq, w_s = ref.weight_quant(w, qdtype=qdtype, block_n=block[0], block_k=block[1], ue8m0=False, eps=1e-4)
     bias = randn((90,), gen=gen)
     for ue8m0 in (False, True):
-        aq, a_s = act_quant_in_few_programs(x, qdtype, block[1], ue8m0)
+        aq, a_s = launch.act_quant(x, qdtype=qdtype, group_size=block[1], ue8m0=ue8m0, eps=1e-4,
+                                   scale_m_major=False, profile=PROFILES[profile])
         kw = dict(block_n=block[0], block_k=block[1], bias=bias, activation="silu", out_dtype=torch.float32, eps=1e-4)
         want = launch.scaled_mm(aq, a_s, wq, w_s, out_quant=None, out_group=block[1], ue8m0_out=False,
                                 **_on(profile, qdtype), **kw)
@@ -807,7 +810,7 @@ def test_quant_linear_is_act_quant_then_scaled_mm_bit_for_bit(gen, profile, qdty
 
 
 @pytest.mark.parametrize("qdtype, xdtype", covering(QDTYPES, [torch.float16, torch.float32]))
-def test_activation_quantized_once_reads_any_float_row_strided(gen, qdtype, xdtype):
+def test_activation_quantized_once_reads_any_float_row_strided(gen, few_programs, qdtype, xdtype):
     """The once-per-launch quantization (sm_90, 9 to 64 rows) on fp16 and fp32 activations that are
     column slices of a wider tensor (row stride != K): bit for bit act_quant + scaled_mm."""
     M, K = 12, 700
@@ -816,7 +819,8 @@ def test_activation_quantized_once_reads_any_float_row_strided(gen, qdtype, xdty
     wq, w_s = ref.weight_quant(randn((100, K), gen=gen), qdtype=qdtype, block_n=128, block_k=128, ue8m0=False,
                                eps=1e-4)
     kw = dict(block_n=128, block_k=128, bias=None, activation=None, out_dtype=torch.bfloat16, eps=1e-4)
-    aq, a_s = act_quant_in_few_programs(x, qdtype, 128, False)
+    aq, a_s = launch.act_quant(x, qdtype=qdtype, group_size=128, ue8m0=False, eps=1e-4, scale_m_major=False,
+                               profile=SM90)
     want = launch.scaled_mm(aq, a_s, wq, w_s, out_quant=None, out_group=128, ue8m0_out=False, **_on("sm90", qdtype),
                             **kw)
     assert torch.equal(launch.quant_linear(x, wq, w_s, ue8m0=False, **_on("sm90", qdtype), **kw), want)
@@ -849,14 +853,11 @@ def test_an_mma_the_operands_cannot_take_is_refused(gen, qdtype, mma):
         launch.scaled_mm(aq, a_s, bq, b_s, profile=SM90, mma=mma, **_gemm_kw())
 
 
-# At 70 rows the profiles whose variants and configuration table differ (sm_86 selects as sm_80 and sm_100 as
-# sm_89, both on the default table); every profile at 2 rows, and on the GPU (tests/gpu/test_binding_gpu.py).
 @pytest.mark.filterwarnings("ignore::quantcore.NumericsWarning")
-@pytest.mark.parametrize("op, profile, m", [
-    (op, profile, m) for op in ("scaled_mm", "quant_linear") for m in (2, 70)
-    for profile in ("cpu", "sm80", "sm86", "sm89", "sm90", "sm100")
-    if m == 2 or EXHAUSTIVE or profile not in ("sm86", "sm100")])
-def test_the_kernel_runs_the_variant_the_registry_names(monkeypatch, op, profile, m):
+@pytest.mark.parametrize("m", [2, 70])
+@pytest.mark.parametrize("profile", ["cpu", "sm80", "sm86", "sm89", "sm90", "sm100"])
+@pytest.mark.parametrize("op", ["scaled_mm", "quant_linear"])
+def test_the_kernel_runs_the_variant_the_registry_names(monkeypatch, few_programs, op, profile, m):
     """Through the dispatcher, with CPU tensors given each simulated profile: for every `backend=`
     choice that lands on Triton, `explain()` and `select()` name the Impl launched with its options
     (binding.check_binding), the kernel compiled is that Impl's `mma`, and it computes the GEMM."""
@@ -876,27 +877,6 @@ def test_the_kernel_runs_the_variant_the_registry_names(monkeypatch, op, profile
             assert rel_err(out, expected) <= 1e-2  # bf16 output
             ran.add((chosen.label, dict(chosen.options)["mma"]))
     assert ran  # Triton ran under every profile listed (min_cc 8.0, or the interpreter)
-
-
-@pytest.mark.parametrize("left_out, kept", [("sm86", "sm80"), ("sm100", "sm89")])
-def test_the_profiles_left_out_at_70_rows_select_as_the_ones_kept(monkeypatch, left_out, kept):
-    """The premise of the test above's sample: the same Impl for each op, format and `backend=` at 70 rows,
-    and the same configuration table."""
-    selected = {}
-    for profile in (left_out, kept):
-        simulate_on_cpu(monkeypatch, profile)
-        registry.clear_caches()
-        selected[profile] = []
-        for op, fmt in ((op, fmt) for op in ("scaled_mm", "quant_linear") for fmt in ("fp8_e4m3", "int8")):
-            args, kwargs = definitions.get(op).example(fmt, m=70, k=256)
-            query = definitions.get(op).spec(*args, **kwargs).query
-            for backend in (None, "triton", "triton[w8a16]"):
-                try:
-                    selected[profile].append(registry.select(query, backend).label)
-                except UnsupportedError:
-                    selected[profile].append(None)
-    assert selected[left_out] == selected[kept] and any(selected[kept])
-    assert configs._table(configs._arch(SIMULATED[left_out])) == configs._table(configs._arch(SIMULATED[kept]))
 
 
 def test_direct_launches_need_a_known_triton_and_a_gpu():
@@ -1006,7 +986,8 @@ def test_quant_linear_fuses_within_its_tables_bounds_only():
 
 
 @pytest.mark.parametrize("qdtype, split", covering(QDTYPES, [3, 1]))
-def test_quant_linear_past_the_decode_rows_is_one_launch_split_as_the_tiled_gemm(gen, monkeypatch, qdtype, split):
+def test_quant_linear_past_the_decode_rows_is_one_launch_split_as_the_tiled_gemm(gen, monkeypatch, few_programs, qdtype,
+                                                                                 split):
     """At 100 rows on sm_90 scaled_mm runs the tiled kernel and quant_linear, eagerly, the decode kernel
     quantizing once with K split as the tiled kernel splits it (unsplit, or 6 K blocks in 3 splits;
     prepared beside the two launches a capture would run): bit for bit act_quant + scaled_mm, K tail and
@@ -1027,7 +1008,8 @@ def test_quant_linear_past_the_decode_rows_is_one_launch_split_as_the_tiled_gemm
     assert len(once) == 1 and once[0]["SPLIT_K"] == split and once[0]["BLOCK_M"] == 128
     assert [c["SPLIT"] for c in seen if "ONCE" not in c] == [split > 1]  # the tiled kernel, for captures
     seen.clear()
-    aq, a_s = act_quant_in_few_programs(x, qdtype, 128, False)
+    aq, a_s = launch.act_quant(x, qdtype=qdtype, group_size=128, ue8m0=False, eps=1e-4, scale_m_major=False,
+                               profile=SM90)
     want = launch.scaled_mm(aq, a_s, wq, w_s, out_quant=None, out_group=128, ue8m0_out=False, **_on("sm90", qdtype),
                             **kw)
     assert ["ONCE" in c for c in seen] == [False]
