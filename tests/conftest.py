@@ -1,20 +1,30 @@
-"""Shared fixtures: a seeded generator and random (never zero) inputs."""
+"""Shared fixtures: a seeded generator and random (never zero) inputs, and quantcore's cache folder for
+the run."""
 
 from __future__ import annotations
 
 import os
 
+import pytest
 import torch
 
-# On a machine without a GPU the Triton kernels run on Triton's interpreter, which reads TRITON_INTERPRET
-# when Triton is first imported: set here, before any test module imports Triton (torch._dynamo does,
-# for one), or a kernel decorated afterwards calls its helpers as compiled functions.
+# Triton decides when it is imported whether its kernels (the standard library's too) are interpreted, for the
+# whole process: where there is no GPU the interpreter tests (tests/backends) need it on, set here, before
+# anything imports Triton (quantcore's imports may, through torch's).
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-import pytest  # noqa: E402
-
 import quantcore.registry as registry  # noqa: E402
+from quantcore import userdirs  # noqa: E402
+
+
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto` (pyproject's addopts): a worker per CPU core, where the tests run on the CPU; on a
+    machine with a GPU one process, the GPU tests sharing the device as they always did (`-n N` or
+    PYTEST_XDIST_AUTO_NUM_WORKERS choose otherwise)."""
+    if torch.cuda.is_available() and not os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return 0
+    return None  # xdist's own count
 
 
 def pytest_collection_modifyitems(config, items):
@@ -40,3 +50,15 @@ def _clean_registry_state(monkeypatch):
     monkeypatch.delenv("QUANTCORE_PRIORITY", raising=False)
     registry.clear_caches()
     yield
+
+
+@pytest.fixture(scope="session", autouse=True)
+def quantcore_cache(tmp_path_factory):
+    """quantcore's cache folder (NVRTC's compiles, the native extension) for this run, shared by its
+    xdist workers: each compile is made once per run, none is read from or left in the user's cache."""
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent  # the run's folder, above each worker's own
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(userdirs.CACHE_ENV, str(base / "quantcore-cache"))
+        yield base / "quantcore-cache"

@@ -21,6 +21,8 @@ from quantcore.runtime import launch as base, native
 from quantcore.runtime.launch import NativeLaunch
 from quantcore.backends.triton.direct import _slot
 
+pytestmark = pytest.mark.xdist_group("native")  # one worker builds the extension (`ext`) for the run
+
 
 def _run(params, outputs, launches, result):
     return base.compose(params, outputs, "    pass\n", {}, result, launches)
@@ -102,20 +104,20 @@ def test_without_the_extension_a_run_stays_python(monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    return tmp_path_factory.mktemp("cache")
+def cache(quantcore_cache):
+    return quantcore_cache
 
 
 @pytest.fixture(scope="module")
 def ext(cache):
-    """The extension, built here from source into a fresh cache (the CPU machine has no CUDA driver)."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("QUANTCORE_CACHE_DIR", str(cache))
+    """The extension, built from source into the run's cache folder, which starts empty (conftest's
+    `quantcore_cache`; the CPU machine has no CUDA driver): one build a run, the tests that take it on
+    one xdist worker (the `native` group), which builds it while the other runs other tests."""
+    native._build.cache_clear()
+    try:
+        yield native._build()
+    finally:
         native._build.cache_clear()
-        try:
-            yield native._build()
-        finally:
-            native._build.cache_clear()
 
 
 def test_the_report_says_how_kept_plans_are_launched(ext, cache, tmp_path, monkeypatch):

@@ -49,6 +49,18 @@ def test_extras_name_one_cuda_major_each(metadata):
     assert {r.split(">")[0] for r in extra(metadata, "bench")} == {"matplotlib", "tqdm"}
 
 
+def test_test_dependencies_are_bounded_and_spread_over_the_cores(metadata):
+    """The `tests` extra pins each dependency between versions the suite is known to pass with, xdist among
+    them, and pytest's options run the suite on every core by default (the README's command)."""
+    import tomllib
+
+    reqs = extra(metadata, "tests")
+    assert {r.split(">")[0].split("<")[0] for r in reqs} == {"pytest", "pytest-xdist", "hypothesis", "safetensors"}
+    assert all(">=" in r and "<" in r.replace("<=", "") for r in reqs), reqs
+    options = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["addopts"]
+    assert "-n auto" in options
+
+
 def test_version_flag(capsys):
     with pytest.raises(SystemExit) as exit_:
         cli.main(["--version"])

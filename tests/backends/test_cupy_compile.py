@@ -5,6 +5,7 @@ m16n8k32 MMA and cp.async on sm_80+, the m8n8k16 INT8 and m16n8k8 fp16 MMAs on s
 
 from __future__ import annotations
 
+import functools
 import math
 
 import pytest
@@ -56,32 +57,70 @@ def _mma(fmt: str, profile) -> str:
     return dict(registry.select(query, backend="cupy").options)["mma"]
 
 
-def _gemm_names(arch: int) -> tuple[str, ...]:
-    """What the launcher instantiates on this architecture: every tile (the decode tiles with
-    BN = 64, and BN = 128 for 128-wide re-quantize groups; the large tile) at the profile's stage
-    count, FP8 and INT8 as the registry binds them, with the cp.async loader, and the byte loader for
-    one decode and the large tile."""
+def _gemm_variants(arch: int) -> dict[tuple[str, str], tuple[str, ...]]:
+    """What the launcher instantiates on this architecture, by (MMA kind, path): every tile (the decode
+    tiles with BN = 64, and BN = 128 for 128-wide re-quantize groups; the large tile) at the profile's
+    stage count, FP8 and INT8 as the registry binds them; on quantized codes with the cp.async loader,
+    and the byte loader for one decode and the large tile ("codes"); quant_linear's activation quantized
+    in each program's prologue ("fused") or once per launch ("once"), on each activation dtype."""
     profile = simulated_profile(f"sm{arch}")
-    names = []
+    variants = {}
     for fmt in ("fp8_e4m3", "int8"):
         kind = _mma(fmt, profile)
+        codes = []
         for m, group, aligned in (*((m, g, True) for m in (*DECODE_BM, 4096) for g in (None, 128)),
                                   (1, None, False), (4096, None, False)):
             tile = launch.gemm_tile(m, group)
             stages, _ = launch.gemm_stages(tile, profile.smem_per_block)
-            names.append(launch.gemm_kernel_name(kind, tile, stages, aligned))
+            codes.append(launch.gemm_kernel_name(kind, tile, stages, aligned))
         # quant_linear's fused prologue, on each activation dtype (decode tiles only: M <= FUSED_M_MAX)
         tile = launch.gemm_tile(launch.FUSED_M_MAX)
         a_bytes = launch.fused_a_bytes(tile, 7 * 128, 128)
         stages, _ = launch.gemm_stages(tile, profile.smem_per_block, a_bytes)
-        names += [launch.gemm_kernel_name(kind, tile, stages, True, a_type) for a_type in launch._A_TYPE.values()]
+        fused = [launch.gemm_kernel_name(kind, tile, stages, True, a_type) for a_type in launch._A_TYPE.values()]
         # quantized once per launch, on each decode tile (M <= ONCE_M_MAX) and activation dtype
+        once = []
         for m in DECODE_BM:
             tile = launch.gemm_tile(m)
             stages, _ = launch.gemm_stages(tile, profile.smem_per_block)
-            names += [launch.gemm_kernel_name(kind, tile, stages, aligned, a_type, once=True)
-                      for a_type in launch._A_TYPE.values() for aligned in (True, False)]
-    return tuple(dict.fromkeys(names))
+            once += [launch.gemm_kernel_name(kind, tile, stages, aligned, a_type, once=True)
+                     for a_type in launch._A_TYPE.values() for aligned in (True, False)]
+        for path, names in (("codes", codes), ("fused", fused), ("once", once)):
+            variants[kind, path] = tuple(dict.fromkeys(names))
+    return variants
+
+
+def _gemm_names(arch: int) -> tuple[str, ...]:
+    """Every instantiation the launcher makes on this architecture."""
+    return tuple(name for names in _gemm_variants(arch).values() for name in names)
+
+
+def _switches(name: str) -> set[tuple]:
+    """What a gemm_kernel instantiation selects: each template argument's value by position, and the
+    activation type, loader alignment and ONCE together (the paths by which A reaches shared memory)."""
+    args = name[name.index("<") + 1: -1].split(", ")
+    return {*enumerate(args), ("A", args[1], args[8], args[9])}
+
+
+@functools.cache
+def _sampled() -> dict[int, tuple[str, ...]]:
+    """Per architecture one instantiation of each (MMA kind, path), chosen across the architectures so
+    that each of the launcher's switches (`_switches`: tiles, stage counts, loaders, activation dtypes) is
+    compiled at least once (`test_the_sample_covers_every_switch`): every path on every architecture,
+    not the cross product, whose compiles the GPU suite runs (`test_gemm_paths[every-*]`)."""
+    seen, sample = set(), {}
+    for arch in ARCHS:
+        picked = []
+        for names in _gemm_variants(arch).values():
+            best = max(names, key=lambda n: len(_switches(n) - seen))  # the first of the best
+            seen |= _switches(best)
+            picked.append(best)
+        sample[arch] = tuple(picked)
+    return sample
+
+
+def _sampled_names(arch: int) -> tuple[str, ...]:
+    return _sampled()[arch]
 
 
 EXPECTED = {
@@ -99,9 +138,11 @@ def test_sources_and_headers_found():
     assert compiler.include_dirs(), "no folder with cuda_fp16.h / cuda_bf16.h found"
 
 
+@pytest.mark.parametrize("names", [_sampled_names, pytest.param(_gemm_names, marks=pytest.mark.gpu)],
+                         ids=["sampled", "every"])
 @pytest.mark.parametrize("arch", ARCHS)
-def test_gemm_paths(arch):
-    ptx = compiler.compile_source("gemm.cu", arch, _gemm_names(arch)).ptx.decode()
+def test_gemm_paths(arch, names):
+    ptx = compiler.compile_source("gemm.cu", arch, names(arch)).ptx.decode()
     present, absent = EXPECTED[arch]
     for instr in present:
         assert instr in ptx, f"sm_{arch}: {instr} missing"
@@ -109,6 +150,13 @@ def test_gemm_paths(arch):
         assert instr not in ptx, f"sm_{arch}: {instr} should not be there"
     assert "ldmatrix.sync.aligned.m8n8.x4.shared.b16" in ptx
     assert "atom.global.cas.b32" in ptx and "ld.volatile.global" in ptx  # quantize_once's flags
+
+
+def test_the_sample_covers_every_switch():
+    every = set().union(*(_switches(name) for arch in ARCHS for name in _gemm_names(arch)))
+    assert set().union(*(_switches(name) for arch in ARCHS for name in _sampled_names(arch))) == every
+    for arch in ARCHS:  # each architecture compiles each path of each MMA kind it runs
+        assert len(_sampled_names(arch)) == len(_gemm_variants(arch)) == 2 * 3
 
 
 @pytest.mark.parametrize("arch", (70, *ARCHS))

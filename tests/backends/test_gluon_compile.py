@@ -6,9 +6,11 @@ budgets, the promotion as FMAs, no spills on the main path and no wgmma serializ
 where the installed Triton has Gluon's Hopper API (3.6 on the GPU machine); correctness is the GPU
 suite's.
 
-Each compile runs in a child process without TRITON_INTERPRET: the interpreter tests set it for the
-whole session, and the `@triton.jit` helpers the kernel calls are then interpreter functions, which
-Gluon cannot compile.
+The CPU suite compiles a sample of the configurations that lowers each of the kernel's paths at least
+once; the others are marked `GPU` (the GPU suite, `pytest -m gpu`, compiles every one; tests/README.md
+lists them). A test's compiles run in one child process without TRITON_INTERPRET: the
+interpreter tests set it for the whole session, and the `@triton.jit` helpers the kernel calls are
+then interpreter functions, which Gluon cannot compile.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+GPU = pytest.mark.gpu  # compiled in the GPU suite only: a configuration whose paths the sample lowers already
 
 
 def compile_launch(M, N, K, qdtype, out_dtype="bfloat16", bias=None, activation=None, block=(128, 128),
@@ -95,16 +98,28 @@ def compile_launch(M, N, K, qdtype, out_dtype="bfloat16", bias=None, activation=
                 smem_per_block=profile.smem_per_block, scale_shape=None if scale is None else list(scale.shape))
 
 
+_compiled: dict[str, dict] = {}  # by case: a case that two tests compile in one process is compiled once
+
+
+def compiled_all(*cases: dict) -> list[dict]:
+    """`compile_launch(**case)` of each case not compiled yet in this process, all in one child process
+    without TRITON_INTERPRET (one import of torch and Triton for them)."""
+    keys = [json.dumps(case, sort_keys=True) for case in cases]
+    todo = list(dict.fromkeys(key for key in keys if key not in _compiled))
+    if todo:
+        env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+        env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+        run = subprocess.run([sys.executable, __file__, f"[{', '.join(todo)}]"], env=env, capture_output=True,
+                             text=True, timeout=300 * len(todo))
+        if run.returncode == 3:
+            pytest.skip(run.stdout.strip().splitlines()[-1])
+        assert run.returncode == 0, run.stderr[-4000:]
+        _compiled.update(zip(todo, json.loads(run.stdout.strip().splitlines()[-1])))
+    return [_compiled[key] for key in keys]
+
+
 def compiled(**case) -> dict:
-    """`compile_launch(**case)` in a child process without TRITON_INTERPRET."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    run = subprocess.run([sys.executable, __file__, json.dumps(case)], env=env, capture_output=True, text=True,
-                         timeout=300)
-    if run.returncode == 3:
-        pytest.skip(run.stdout.strip().splitlines()[-1])
-    assert run.returncode == 0, run.stderr[-4000:]
-    return json.loads(run.stdout.strip().splitlines()[-1])
+    return compiled_all(case)[0]
 
 
 def count(k: dict, pattern: str) -> int:
@@ -113,6 +128,11 @@ def count(k: dict, pattern: str) -> int:
 
 def spill_bytes(k: dict) -> int:
     return sum(int(n) for n in re.findall(r"(\d+) bytes spill stores", k["ptxas"]))
+
+
+def wide_tile(qdtype: str) -> dict:
+    """config_for's wide tile at 4096 rows and N = 7168: 128x256 in 64-column sub-tiles."""
+    return dict(M=4096, N=7168, qdtype=qdtype, config=dict(block_n=256, sub_n=64, producer_regs=24))
 
 
 def test_fp8_main_path_lowers_to_the_warp_specialized_schedule():
@@ -153,8 +173,11 @@ def test_int8_with_every_fallback_lowers():
     assert k["shared"] <= k["smem_per_block"]
 
 
-@pytest.mark.parametrize("qdtype, group, ue8m0, config", [("float8_e4m3fn", 128, False, None),
-                                                           ("int8", 32, True, None)])
+# Re-quantized outputs lower on the CPU in the tests below: on the default tile (test_int8_codes_come_two_at_a_time_...),
+# on the wide tile without IEEE division (test_a_re_quantized_group_over_column_sub_tiles_lowers), with a group
+# crossing N (test_a_last_column_tile_of_skipped_sub_tiles_lowers) and ue8m0 scales (..._with_masked_stores_lowers).
+@pytest.mark.parametrize("qdtype, group, ue8m0, config", [pytest.param("float8_e4m3fn", 128, False, None, marks=GPU),
+                                                           pytest.param("int8", 32, True, None, marks=GPU)])
 def test_a_re_quantized_output_lowers_on_the_main_path(qdtype, group, ue8m0, config):
     """Codes per 1×group through the TMA store, scales with plain stores, from the MMA's registers (the
     default without an activation). (With a bias and SiLU too, Triton 3.6 spills nothing either; 3.9
@@ -187,14 +210,13 @@ def test_a_re_quantized_output_lowers_on_the_main_path(qdtype, group, ue8m0, con
     assert "C7514" not in k["ptxas"] and "C7515" not in k["ptxas"], k["ptxas"]
 
 
-@pytest.mark.parametrize("qdtype", ["float8_e4m3fn", "int8"])
+@pytest.mark.parametrize("qdtype", ["float8_e4m3fn", pytest.param("int8", marks=GPU)])  # INT8 codes: below
 def test_a_re_quantized_group_over_column_sub_tiles_lowers(qdtype):
     """config_for's wide tile at 4096 rows for groups of 128 (128x256 in 64-column sub-tiles, two sub-tiles a
     group): codes through one TMA store per sub-tile and consumer; per group and row one scale and one
     reciprocal (no IEEE division: `quant.block_scale`'s by a known qmax and `quant.reciprocal`, two rows a
     thread); one scale store per group and row; spills as the plain wide tile's (`test_column_sub_tiles_lower`)."""
-    k = compiled(M=4096, N=7168, K=2048, qdtype=qdtype, out_quant=qdtype, out_group=128,
-                 config=dict(block_n=256, sub_n=64, producer_regs=24))
+    k = compiled(**wide_tile(qdtype), K=2048, out_quant=qdtype, out_group=128)
     assert k["scale_shape"] == [4096, 56]
     c = k["constants"]
     assert c["OUT_GROUP"] == 128 and c["BLOCK_N"] == 256 and c["TMA_OUT"] and c["PIPELINE"]
@@ -208,7 +230,8 @@ def test_a_re_quantized_group_over_column_sub_tiles_lowers(qdtype):
     assert "C7514" not in k["ptxas"] and "C7515" not in k["ptxas"], k["ptxas"]
 
 
-@pytest.mark.parametrize("out_quant", [None, "float8_e4m3fn"])
+# The wide tile with a bias lowers on the CPU in test_a_staggered_wide_tile_lowers_where_a_tile_fits_the_ring.
+@pytest.mark.parametrize("out_quant", [pytest.param(None, marks=GPU), pytest.param("float8_e4m3fn", marks=GPU)])
 def test_a_bias_on_the_wide_tile_is_staged_by_the_producer(out_quant):
     """The wide tile's bias comes through shared memory from the producer, which converts it to fp32: four
     stages still fit beside two tiles' of it, and the consumers spill no more than the plain wide tile's
@@ -224,7 +247,8 @@ def test_a_bias_on_the_wide_tile_is_staged_by_the_producer(out_quant):
     assert "C7514" not in k["ptxas"] and "C7515" not in k["ptxas"], k["ptxas"]
 
 
-@pytest.mark.parametrize("K, stagger", [(512, True), (1024, False)])
+# The unstaggered wide tile (K = 1024) lowers on the CPU in test_a_last_column_tile_of_skipped_sub_tiles_lowers.
+@pytest.mark.parametrize("K, stagger", [(512, True), pytest.param(1024, False, marks=GPU)])
 def test_a_staggered_wide_tile_lowers_where_a_tile_fits_the_ring(K, stagger):
     """Asked for (as config_for does at short K), the consumers are staggered where a tile's K blocks fit the four
     stages (K = 512), with one more barrier and no more spilled than the unstaggered wide tile with a bias
@@ -240,12 +264,12 @@ def test_a_staggered_wide_tile_lowers_where_a_tile_fits_the_ring(K, stagger):
 
 
 @pytest.mark.parametrize("qdtype, out_quant, bias, spills", [
-    ("float8_e4m3fn", None, None, 48),
+    pytest.param("float8_e4m3fn", None, None, 48, marks=GPU),  # PRELOAD "loop"; the two below "none"
     # A second copy of the re-quantized epilogue, for the last column's loop, and ptxas keeps a few values on the
     # stack (20 and 36 bytes under Triton 3.9's ptxas; 204 and 184, a few pointers inside the main loop, before the
     # walk's tile counts came from one function, docs/bench/round26/walk_ab.txt): measured faster all the same than the
     # default tile at 4096 rows and than the tile computed whole at 16384 (docs/bench/round25/tail_probe.txt).
-    ("float8_e4m3fn", "float8_e4m3fn", None, 256),
+    pytest.param("float8_e4m3fn", "float8_e4m3fn", None, 256, marks=GPU),
     ("int8", "int8", "bfloat16", 256),
 ])
 def test_a_last_column_tile_of_skipped_sub_tiles_lowers(qdtype, out_quant, bias, spills):
@@ -268,19 +292,19 @@ def test_a_last_column_tile_of_skipped_sub_tiles_lowers(qdtype, out_quant, bias,
     assert "C7514" not in k["ptxas"] and "C7515" not in k["ptxas"], k["ptxas"]
 
 
-@pytest.mark.parametrize("qdtype", ["float8_e4m3fn", "int8"])
+# Each PRELOAD lowers on the CPU: "loop" in test_column_sub_tiles_lower, "stores" in
+# test_a_re_quantized_group_over_column_sub_tiles_lowers, "none" in test_a_last_column_tile_of_skipped_sub_tiles_lowers.
+@pytest.mark.parametrize("qdtype", [pytest.param("float8_e4m3fn", marks=GPU), pytest.param("int8", marks=GPU)])
 def test_k_block_0s_scales_are_loaded_during_the_tile_before_where_that_measured_faster(qdtype):
     """On the wide tile a plain output's K block 0 runs out of the K loop on scales loaded once the tile before's
     main loop was done, a re-quantized output's on scales loaded once its stores were issued (`PRELOAD`): the K
     loop's wgmmas once more, and its scale loads twice more (the first tile's and each next tile's). With a bias, or
     re-quantized where the consumers are staggered (K = 512), every K block in the loop
     (`gluon_launch.preload`)."""
-    wide = dict(block_n=256, sub_n=64, producer_regs=24)
-    rq = dict(out_quant=qdtype, out_group=128)
-    plain, requantized, *others = (
-        compiled(M=4096, N=7168, K=K, qdtype=qdtype, config=dict(wide, stagger=K == 512), **epilogue)
-        for K, epilogue in ((2048, {}), (2048, rq), (2048, dict(bias="bfloat16")), (2048, dict(rq, bias="bfloat16")),
-                            (512, rq)))
+    wide, rq = wide_tile(qdtype), dict(out_quant=qdtype, out_group=128)
+    plain, requantized, *others = compiled_all(
+        dict(wide, K=2048), dict(wide, K=2048, **rq), dict(wide, K=2048, bias="bfloat16"),
+        dict(wide, K=2048, bias="bfloat16", **rq), dict(wide, K=512, config=dict(wide["config"], stagger=True), **rq))
     mma = r"wgmma\.mma_async\.sync\.aligned\.m64n64k32"
     scale_loads = r"ld\.global\.b32"  # the activation and weight scales: fp32 (a bf16 bias is 16-bit)
     assert plain["constants"]["PRELOAD"] == "loop" and requantized["constants"]["PRELOAD"] == "stores"
@@ -297,8 +321,8 @@ def test_int8_codes_come_two_at_a_time_as_fp8_codes_do():
     """A re-quantized INT8 output on the wide tile encodes its codes a pair at a time (`quant._INT8X2`: cvt.rni and
     cvt.pack, one packed conversion under ptxas for sm_90a), as many conversions as the FP8 output's e4m3x2 ones,
     and none by the float route (1.5·2^23 added)."""
-    fp8 = compiled(M=4096, N=7168, K=2048, qdtype="float8_e4m3fn", out_quant="float8_e4m3fn", out_group=128)
-    int8 = compiled(M=4096, N=7168, K=2048, qdtype="int8", out_quant="int8", out_group=128)
+    fp8, int8 = compiled_all(*(dict(M=4096, N=7168, K=2048, qdtype=q, out_quant=q, out_group=128)
+                               for q in ("float8_e4m3fn", "int8")))
     pairs = count(fp8, r"cvt\.rn\.satfinite\.e4m3x2\.f32")
     assert pairs >= 64 and count(int8, r"cvt\.pack\.sat\.s8\.s32\.b32") == pairs
     assert count(int8, r"cvt\.rni\.s32\.f32") == 2 * pairs
@@ -326,14 +350,21 @@ def test_a_re_quantized_output_with_masked_stores_lowers():
     assert spill_bytes(k) == 0
 
 
-@pytest.mark.parametrize("qdtype", ["float8_e4m3fn", "int8"])
-@pytest.mark.parametrize("config, stages, regs, spills", [
-    (dict(sub_n=64), 6, 232, 0),
-    (dict(block_n=192, sub_n=64), 4, 232, 0),
+# Each tile: (the format the CPU suite compiles it in, None: the GPU suite's only; it compiles both), config,
+# stages, the consumers' registers, the spills allowed. The CPU's: three sub-tiles, no power of two; four lower
+# on the CPU in test_a_re_quantized_group_over_column_sub_tiles_lowers.
+SUB_TILES = {
+    "128x128/64": (None, dict(sub_n=64), 6, 232, 0),
+    "128x192/64": ("int8", dict(block_n=192, sub_n=64), 4, 232, 0),
     # ptxas keeps a few of the epilogue's shared-memory addresses and scale pointers on the stack, reloaded once per
     # tile (read in the SASS: nothing is spilled in the K loop; 48 bytes under Triton 3.9's ptxas, 28 under 3.6's).
-    (dict(block_n=256, sub_n=64, producer_regs=24), 4, 240, 48),
-], ids=["128x128/64", "128x192/64", "128x256/64"])
+    "128x256/64": (None, dict(block_n=256, sub_n=64, producer_regs=24), 4, 240, 48),
+}
+
+
+@pytest.mark.parametrize("qdtype, config, stages, regs, spills", [
+    pytest.param(qdtype, *tile, id=f"{qdtype}-{name}", marks=() if qdtype == on_cpu else GPU)
+    for name, (on_cpu, *tile) in SUB_TILES.items() for qdtype in ("float8_e4m3fn", "int8")])
 def test_column_sub_tiles_lower(qdtype, config, stages, regs, spills):
     """Wide tiles in 64-column sub-tiles: B in one TMA box per sub-tile, one m64n64k32 wgmma per 32 of K,
     sub-tile and consumer (twice: K block 0, whose scales were loaded during the tile before, and the K loop),
@@ -355,8 +386,9 @@ def test_column_sub_tiles_lower(qdtype, config, stages, regs, spills):
     assert "C7514" not in k["ptxas"] and "C7515" not in k["ptxas"], k["ptxas"]
 
 
-@pytest.mark.parametrize("qdtype, out_quant, config", [("float8_e4m3fn", None, None), ("int8", "int8", None),
-                                                      ("float8_e4m3fn", None, dict(epi_rows=32))])
+@pytest.mark.parametrize("qdtype, out_quant, config", [pytest.param("float8_e4m3fn", None, None, marks=GPU),
+                                                      ("int8", "int8", None),
+                                                      pytest.param("float8_e4m3fn", None, dict(epi_rows=32), marks=GPU)])
 def test_an_activation_lowers_to_the_staged_epilogue(qdtype, out_quant, config):
     """With an activation the epilogue goes through shared memory, EPI_ROWS rows at a time in a loop:
     each consumer's fp32 sub-tile stored once (st.shared.v2 from the MMA layout), handed over to the
@@ -386,7 +418,8 @@ def test_an_activation_lowers_to_the_staged_epilogue(qdtype, out_quant, config):
     assert spill_bytes(k) <= (0 if rows == 8 else 64)
 
 
-@pytest.mark.parametrize("out_dtype, stages", [("bfloat16", 6), ("float32", 5)])
+# bf16's six stages: test_fp8_main_path_lowers_to_the_warp_specialized_schedule (at 4096 rows).
+@pytest.mark.parametrize("out_dtype, stages", [pytest.param("bfloat16", 6, marks=GPU), ("float32", 5)])
 def test_stages_fill_shared_memory(out_dtype, stages):
     k = compiled(M=512, N=2112, K=7168, qdtype="float8_e4m3fn", out_dtype=out_dtype)
     assert k["constants"]["STAGES"] == stages and k["shared"] <= k["smem_per_block"]
@@ -400,4 +433,4 @@ if __name__ == "__main__":  # the child process of `compiled`
     except (ImportError, AttributeError) as exc:  # no Gluon, or one without the pieces the kernel uses
         print(f"the Gluon GEMM does not import with this Triton: {exc!r}")
         sys.exit(3)
-    print(json.dumps(compile_launch(**json.loads(sys.argv[1]))))
+    print(json.dumps([compile_launch(**case) for case in json.loads(sys.argv[1])]))

@@ -9,6 +9,7 @@ plants zero/NaN/Inf blocks on purpose.
 from __future__ import annotations
 
 import functools
+import itertools
 import os
 from dataclasses import replace
 
@@ -76,6 +77,62 @@ def _interpreter_index_fix():
 
 _interpreter_index_fix()
 
+
+def _interpreter_reduce_by_slices():
+    """The interpreter folds a `tl.reduce` with a combine function of its own (fp8.nan_absmax's, in every
+    quantizer) one element at a time, a Python call of the combine function per element: most of these tests'
+    time. Fold on whole slices instead, the combine function (elementwise, as every Triton combine region is)
+    applied to all output elements at once: along the axis in order, each output element getting the same
+    combine calls in the same order; or, for `fp8.nan_maximum` (a maximum, NaN where either is: any order
+    gives the same fold, as the GPU's tree of shuffles does), halving the axis each step. Here, in the tests
+    only, while the installed interpreter folds element by element."""
+    import inspect
+
+    from triton.runtime import interpreter
+
+    from quantcore.backends.triton.kernels.fp8 import nan_maximum
+
+    reduce_ops = interpreter.ReduceOps
+    elementwise = reduce_ops.generic_reduce
+    if "np.unravel_index(i, input_shape)" not in inspect.getsource(elementwise):
+        return
+
+    def by_slices(self, input):
+        original_axis = self.axis
+        input, axis = self.unravel(input, self.axis)
+        shape = input[0].handle.data.shape
+        if shape[axis] == 0:
+            return elementwise(self, input)
+        parts = [np.moveaxis(arg.handle.data, axis, 0) for arg in input]  # [axis, *the output's shape]
+
+        def combine(acc, values):
+            out = self.combine_fn.fn(*(self.to_tensor(v, arg.dtype) for v, arg in zip((*acc, *values), input * 2)))
+            return [np.asarray(o.handle.data if isinstance(o, tl.core.tensor) else o).reshape(np.shape(a)).astype(a.dtype)
+                    for o, a in zip(out if isinstance(out, tuple) else (out,), acc)]
+
+        if self.combine_fn.fn is nan_maximum.fn:
+            while len(parts[0]) > 1:
+                half = len(parts[0]) // 2
+                pairs = combine([p[:half] for p in parts], [p[half:2 * half] for p in parts])
+                parts = [np.concatenate([c, p[2 * half:]]) for c, p in zip(pairs, parts)]
+        acc = [p[0] for p in parts]
+        for k in range(1, len(parts[0])):
+            acc = combine(acc, [p[k] for p in parts])
+        ret = []
+        for a, arg in zip(acc, input):  # packed as the interpreter packs its result
+            data = np.asarray(a)
+            if self.keep_dims:
+                data = np.expand_dims(data, axis) if original_axis is not None else data.reshape((1,) * len(shape))
+            elif original_axis is None:
+                data = data.item()
+            ret.append(self.to_tensor(data, arg.dtype))
+        return ret
+
+    reduce_ops.generic_reduce = by_slices
+
+
+_interpreter_reduce_by_slices()
+
 FP8, I8 = torch.float8_e4m3fn, torch.int8
 QDTYPES = [FP8, I8]
 SM90 = SIMULATED["sm90"]  # FP8 MMA path
@@ -84,7 +141,27 @@ PROFILES = {"sm90": SM90, "sm80": SM80, "cpu": cpu_profile()}
 
 
 # ---------------------------------------------------------------------------------------------
-# comparison helpers
+# comparison helpers, and the sample of a parameter sweep
+
+
+EXHAUSTIVE = os.environ.get("QUANTCORE_EXHAUSTIVE_SWEEPS") == "1"  # every case of the sampled sweeps below
+
+
+def covering(*axes) -> list[tuple]:
+    """A sample of the product of `axes` in which each value of each axis appears: as many cases as the
+    longest axis has values, each axis's values in turn (a tuple value stands for several parameters). The
+    axes are a test's independent switches (compile-time constants, dtypes, tail shapes): the sample takes
+    every code path the product takes (tests/README.md). QUANTCORE_EXHAUSTIVE_SWEEPS=1: the whole product."""
+    def flat(values):
+        return sum((v if isinstance(v, tuple) else (v,) for v in values), ())
+
+    return sampled([flat([axis[i % len(axis)] for axis in axes]) for i in range(max(map(len, axes)))],
+                   [flat(values) for values in itertools.product(*axes)])
+
+
+def sampled(sample: list, every: list) -> list:
+    """A sweep's cases: `sample`, or `every` one with QUANTCORE_EXHAUSTIVE_SWEEPS=1."""
+    return every if EXHAUSTIVE else sample
 
 def assert_bits_equal(x, expected):
     """Float tensors equal bit for bit (signed zeros included); NaN matches any NaN."""
@@ -281,9 +358,11 @@ def test_activations_match_float64_over_the_whole_range(name):
 # ---------------------------------------------------------------------------------------------
 # activation quantize and dequantize
 
-@pytest.mark.parametrize("qdtype", QDTYPES)
-@pytest.mark.parametrize("K", [1, 64, 127, 128, 129, 576])
-@pytest.mark.parametrize("M", [1, 3, 7])
+# Per format: whole blocks (the unmasked path), a one-element last block on rows that are no power of two, and
+# K short of one group.
+@pytest.mark.parametrize("qdtype, M, K", sampled(
+    [(q, *shape) for q in QDTYPES for shape in ((1, 128), (7, 129), (3, 64))],
+    [(q, M, K) for q in QDTYPES for M in (1, 3, 7) for K in (1, 64, 127, 128, 129, 576)]))
 def test_act_quant_tails(gen, qdtype, K, M):
     x = randn((M, K), dtype=torch.bfloat16, gen=gen)
     kw = dict(qdtype=qdtype, group_size=128, ue8m0=False, eps=1e-4, scale_m_major=False)
@@ -293,9 +372,8 @@ def test_act_quant_tails(gen, qdtype, K, M):
     assert_bits_equal(s, es)
 
 
-@pytest.mark.parametrize("qdtype", QDTYPES)
-@pytest.mark.parametrize("in_dtype", [torch.bfloat16, torch.float16, torch.float32])
-@pytest.mark.parametrize("group", [128, 96, 32])
+@pytest.mark.parametrize("qdtype, in_dtype, group", covering(QDTYPES, [torch.bfloat16, torch.float16, torch.float32],
+                                                             [128, 96, 32]))
 def test_act_quant_dtypes_ue8m0_m_major_strided(gen, qdtype, in_dtype, group):
     x = strided(randn((7, 576), dtype=in_dtype, gen=gen, scale=30.0))
     kw = dict(qdtype=qdtype, group_size=group, ue8m0=True, eps=1e-4, scale_m_major=True)
@@ -333,8 +411,7 @@ def test_ue8m0_subnormal_scales_become_two_to_minus_126(gen, eps):
     assert_bits_equal(s, es)
 
 
-@pytest.mark.parametrize("qdtype", QDTYPES)
-@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("qdtype, out_dtype", covering(QDTYPES, [torch.bfloat16, torch.float16, torch.float32]))
 def test_act_dequant_any_scale_strides(gen, qdtype, out_dtype):
     x = plant_specials(randn((7, 576), gen=gen, scale=100.0), 128)
     q, s = ref.act_quant(x, qdtype=qdtype, group_size=128, ue8m0=False, eps=1e-4, scale_m_major=True)
@@ -347,10 +424,9 @@ def test_act_dequant_any_scale_strides(gen, qdtype, out_dtype):
 # ---------------------------------------------------------------------------------------------
 # weights
 
-@pytest.mark.parametrize("qdtype", QDTYPES)
-@pytest.mark.parametrize("block", [(128, 128), (64, 128), (32, 96)])
-@pytest.mark.parametrize("ue8m0", [False, True])
-def test_weight_quant_dequant_blocks_and_tails(gen, qdtype, block, ue8m0):
+@pytest.mark.parametrize("qdtype, ue8m0, block", covering([(q, u) for q in QDTYPES for u in (False, True)],
+                                                        [((128, 128),), ((64, 128),), ((32, 96),)]))
+def test_weight_quant_dequant_blocks_and_tails(gen, qdtype, ue8m0, block):
     w = plant_specials(randn((200, 300), dtype=torch.bfloat16, gen=gen), block[1])
     kw = dict(qdtype=qdtype, block_n=block[0], block_k=block[1], ue8m0=ue8m0, eps=1e-4)
     q, s = launch.weight_quant(strided(w), profile=SM90, **kw)
@@ -364,8 +440,7 @@ def test_weight_quant_dequant_blocks_and_tails(gen, qdtype, block, ue8m0):
                                               out_dtype=torch.bfloat16))
 
 
-@pytest.mark.parametrize("qdtype", QDTYPES)
-@pytest.mark.parametrize("shape,block", [((256, 384), (128, 128)), ((64, 512), (1, 128))])
+@pytest.mark.parametrize("qdtype, shape, block", covering(QDTYPES, [((256, 384), (128, 128)), ((64, 512), (1, 128))]))
 def test_whole_block_tensors_take_the_unmasked_path(gen, qdtype, shape, block):
     assert configs.block_tiling(*shape, *block, SM90).even
     w = plant_specials(randn(shape, dtype=torch.bfloat16, gen=gen), block[1])
@@ -403,8 +478,8 @@ def test_blocks_larger_than_the_dimension_tile_the_dimension(gen, qdtype):
 # ---------------------------------------------------------------------------------------------
 # epilogues
 
-@pytest.mark.parametrize("g_dtype", [torch.bfloat16, torch.float16, torch.float32, torch.int32])
-@pytest.mark.parametrize("bias_dtype", [None, torch.bfloat16, torch.float32, torch.float64])
+@pytest.mark.parametrize("g_dtype, bias_dtype", covering([torch.bfloat16, torch.float16, torch.float32, torch.int32],
+                                                        [None, torch.bfloat16, torch.float32, torch.float64]))
 def test_dequant_bias_bit_exact(gen, g_dtype, bias_dtype):
     M, N = 7, 300
     g = randn((M, N), gen=gen, scale=1000.0)
@@ -417,8 +492,7 @@ def test_dequant_bias_bit_exact(gen, g_dtype, bias_dtype):
         assert_bits_equal(got, ref.dequant_bias(g, sa, sb, bias, out_dtype=out_dtype))
 
 
-@pytest.mark.parametrize("qdtype", QDTYPES)
-@pytest.mark.parametrize("approximate", ["none", "tanh"])
+@pytest.mark.parametrize("qdtype, approximate", covering(QDTYPES, ["none", "tanh"]))
 def test_quantized_gelu_on_the_negative_tail(qdtype, approximate):
     q, s = ref.act_quant(tail_blocks(), qdtype=qdtype, group_size=128, ue8m0=False, eps=1e-4, scale_m_major=False)
     q2, s2 = launch.quantized_gelu(q, s, group_size=128, approximate=approximate, out_qdtype=qdtype, ue8m0=False,
@@ -437,9 +511,8 @@ def test_scaled_mm_epilogue_activation_on_the_negative_tail(name):
         check_activation(row, x, name)
 
 
-@pytest.mark.parametrize("qdtype", QDTYPES)
-@pytest.mark.parametrize("out_qdtype", QDTYPES)
-@pytest.mark.parametrize("approximate", ["none", "tanh"])
+@pytest.mark.parametrize("qdtype, out_qdtype, approximate", covering([(q, o) for q in QDTYPES for o in QDTYPES],
+                                                                     ["none", "tanh"]))
 def test_quantized_gelu_within_one_code(gen, qdtype, out_qdtype, approximate):
     x = randn((7, 576), gen=gen, scale=3.0)
     q, s = ref.act_quant(x, qdtype=qdtype, group_size=128, ue8m0=False, eps=1e-4, scale_m_major=True)
@@ -482,15 +555,25 @@ def _on(profile: str, qdtype) -> dict:
     return dict(profile=p, mma="int8" if qdtype == I8 else "fp8" if p.fp8_mma else "fp16")
 
 
+@pytest.fixture
+def few_programs(monkeypatch):
+    """The block quantizers and dequantizers tiled as on the CPU's profile: a few programs where a GPU's tiling
+    launches one a block, which the interpreter runs many times slower; each block's bits are the same on any
+    tiling (the tests above judge the tilings). For the tests that judge what is around them: quant_linear's
+    paths, the registry's binding."""
+    tiling = configs.block_tiling
+    monkeypatch.setattr(configs, "block_tiling", lambda R, C, br, bc, profile: tiling(R, C, br, bc, PROFILES["cpu"]))
+
+
 def _tiled_only(monkeypatch):
     """Send every M to the tiled kernel (the decode kernel otherwise takes M <= 64)."""
     monkeypatch.setattr(configs, "decode_m_max", lambda profile, mma: 0)
 
 
-@pytest.mark.parametrize("kernel", ["decode", "tiled"])
-@pytest.mark.parametrize("profile", ["sm90", "sm80"])
-@pytest.mark.parametrize("qdtype", QDTYPES)
-@pytest.mark.parametrize("M,N,K", [(1, 33, 1), (3, 96, 129), (7, 200, 576), (3, 64, 127)])
+# Each kernel and MMA (the profile's, per format) on one of the tail shapes, in turn.
+@pytest.mark.parametrize("kernel, profile, qdtype, M, N, K", covering(
+    [(k, p, q) for k in ("decode", "tiled") for p in ("sm90", "sm80") for q in QDTYPES],
+    [(1, 33, 1), (3, 96, 129), (7, 200, 576), (3, 64, 127)]))
 def test_scaled_mm_shapes_and_paths(gen, monkeypatch, kernel, profile, qdtype, M, N, K):
     if kernel == "tiled":
         _tiled_only(monkeypatch)
@@ -500,8 +583,7 @@ def test_scaled_mm_shapes_and_paths(gen, monkeypatch, kernel, profile, qdtype, M
     assert rel_err(got, ref.scaled_mm(aq, a_s, bq, b_s, **kw)) <= TOL[qdtype]
 
 
-@pytest.mark.parametrize("block_ks", [0, 64])
-@pytest.mark.parametrize("M,N,K", [(70, 200, 300), (5, 33, 129)])
+@pytest.mark.parametrize("M, N, K, block_ks", covering([(70, 200, 300), (5, 33, 129)], [0, 64]))
 def test_predecoded_w8a16_gemm_is_bit_identical_to_decoding_in_the_kernel(gen, monkeypatch, M, N, K, block_ks):
     """From configs.predecode's rows the tiled W8A16 GEMM reads a and b decoded to fp16 once per call
     (row strides K, whatever the inputs' strides): the same products summed in the same order, on
@@ -520,8 +602,7 @@ def test_predecoded_w8a16_gemm_is_bit_identical_to_decoding_in_the_kernel(gen, m
     assert_bits_equal(got, in_kernel)
 
 
-@pytest.mark.parametrize("qdtype", QDTYPES)
-@pytest.mark.parametrize("block_ks", [32, 64])
+@pytest.mark.parametrize("qdtype, block_ks", covering(QDTYPES, [32, 64]))
 def test_k_blocks_multiplied_in_steps(gen, monkeypatch, qdtype, block_ks):
     """BLOCK_KS < BLOCK_K: each 128-wide K block in steps chained on one accumulator, promoted at the
     block's end, K = 300 ending in a partial block whose last steps lie wholly past K. INT8 sums are
@@ -557,9 +638,7 @@ def test_predecode_from_its_rows_within_its_bytes():
     assert not configs.predecode(SM90, 2 * m, 4096, 7168)  # GPUs with FP8 MMA have no such rule
 
 
-@pytest.mark.parametrize("qdtype", QDTYPES)
-@pytest.mark.parametrize("k_step", [1, 2])
-@pytest.mark.parametrize("tma", [False, True])
+@pytest.mark.parametrize("k_step, tma, qdtype", covering([(k, t) for k in (1, 2) for t in (False, True)], QDTYPES))
 def test_scaled_mm_k_steps_and_tma_loads(gen, monkeypatch, qdtype, k_step, tma):
     """Two K blocks per iteration with an odd block count (the phantom block adds nothing), and tiles
     through TMA descriptors (K = 272: 16-byte rows, a 16-wide last block zero-filled past K)."""
@@ -573,8 +652,7 @@ def test_scaled_mm_k_steps_and_tma_loads(gen, monkeypatch, qdtype, k_step, tma):
     assert rel_err(got, ref.scaled_mm(aq, a_s, bq, b_s, **kw)) <= TOL[qdtype]
 
 
-@pytest.mark.parametrize("qdtype", QDTYPES)
-@pytest.mark.parametrize("block_n,block_k", [(64, 128), (128, 64), (96, 32), (32, 64)])
+@pytest.mark.parametrize("qdtype, block_n, block_k", covering(QDTYPES, [(64, 128), (128, 64), (96, 32), (32, 64)]))
 def test_scaled_mm_block_shapes(gen, qdtype, block_n, block_k):
     """block_n need not equal block_k nor divide BLOCK_N (scales then gathered per column)."""
     aq, a_s, bq, b_s = _gemm_inputs(gen, 5, 200, 300, qdtype, block_n, block_k)
@@ -583,9 +661,8 @@ def test_scaled_mm_block_shapes(gen, qdtype, block_n, block_k):
     assert rel_err(got, ref.scaled_mm(aq, a_s, bq, b_s, **kw)) <= TOL[qdtype]
 
 
-@pytest.mark.parametrize("qdtype", QDTYPES)
-@pytest.mark.parametrize("activation", [None, "gelu", "gelu_tanh", "silu"])
-@pytest.mark.parametrize("out_dtype,tol", [(torch.float32, None), (torch.float16, 1e-3), (torch.bfloat16, 1e-2)])
+@pytest.mark.parametrize("qdtype, activation, out_dtype, tol", covering(
+    QDTYPES, [None, "gelu", "gelu_tanh", "silu"], [(torch.float32, None), (torch.float16, 1e-3), (torch.bfloat16, 1e-2)]))
 def test_scaled_mm_epilogue_cast(gen, qdtype, activation, out_dtype, tol):
     aq, a_s, bq, b_s = _gemm_inputs(gen, 7, 200, 129, qdtype, 128, 128)
     bias = randn((1, 200), gen=gen)[0].to(torch.bfloat16)
@@ -595,9 +672,8 @@ def test_scaled_mm_epilogue_cast(gen, qdtype, activation, out_dtype, tol):
     assert rel_err(got, ref.scaled_mm(aq, a_s, bq, b_s, **kw)) <= (tol or TOL[qdtype])
 
 
-@pytest.mark.parametrize("qdtype", QDTYPES)
-@pytest.mark.parametrize("out_quant", QDTYPES)
-@pytest.mark.parametrize("out_group,ue8m0_out", [(128, False), (32, True)])
+@pytest.mark.parametrize("qdtype, out_quant, out_group, ue8m0_out", covering(
+    [(q, o) for q in QDTYPES for o in QDTYPES], [(128, False), (32, True)]))
 def test_scaled_mm_epilogue_requantize(gen, qdtype, out_quant, out_group, ue8m0_out):
     aq, a_s, bq, b_s = _gemm_inputs(gen, 7, 200, 129, qdtype, 128, 128)
     bias = randn((1, 200), gen=gen)[0]
@@ -650,8 +726,7 @@ def test_scaled_mm_nan_block_poisons_only_its_rows(gen):
     assert rel_err(got, expected) <= 1e-5
 
 
-@pytest.mark.parametrize("qdtype", QDTYPES)
-@pytest.mark.parametrize("split_k", [1, 2, 5])
+@pytest.mark.parametrize("qdtype, split_k", covering(QDTYPES, [1, 2, 5]))
 def test_decode_split_k_sums_in_a_fixed_order(gen, monkeypatch, qdtype, split_k):
     """Every split of K agrees with the reference, and a repeated call is bit-identical (the partials
     meet in split order; the counters are back at zero after each launch)."""
@@ -664,9 +739,8 @@ def test_decode_split_k_sums_in_a_fixed_order(gen, monkeypatch, qdtype, split_k)
     assert torch.equal(launch.scaled_mm(aq, a_s, bq, b_s, **_on("sm90", qdtype), **kw), first)
 
 
-@pytest.mark.parametrize("qdtype", QDTYPES)
-@pytest.mark.parametrize("k_step,split", [(1, 2), (1, 5), (2, 2)])
-@pytest.mark.parametrize("tma", [False, True])
+@pytest.mark.parametrize("k_step, split, tma, qdtype", covering(
+    [(k, s, t) for k, s in ((1, 2), (1, 5), (2, 2)) for t in (False, True)], QDTYPES))
 def test_tiled_split_k_sums_as_the_decode_kernel_split_alike(gen, monkeypatch, qdtype, k_step, split, tma):
     """The tiled GEMM with K (5 blocks, a 16-wide tail) split over its second grid axis: within the
     contract, the same bits again on a second call (the counters back at zero), and the bits of the decode
@@ -697,15 +771,25 @@ def test_split_k_keeps_every_split_whole_and_non_empty():
         assert split == 1 or (per >= min_kb and split * tiles <= 2 * waves * SM90.sm_count)
 
 
-@pytest.mark.parametrize("profile", ["sm90", "sm80"])
-@pytest.mark.parametrize("qdtype", QDTYPES)
-@pytest.mark.parametrize("M,K,block", [(1, 300, (128, 128)), (3, 256, (64, 128)), (5, 256, (64, 128)), (8, 300, (128, 128)),
-                                       (16, 1000, (128, 128)), (33, 2000, (128, 128)), (64, 130, (128, 64)),
-                                       (70, 300, (128, 128))])
-def test_quant_linear_is_act_quant_then_scaled_mm_bit_for_bit(gen, profile, qdtype, M, K, block):
+# Each path once per profile and format: on sm_90 each program quantizing (1 row; 3 on 64-row weight blocks; 8),
+# once per launch with K split (16 rows) and unsplit at the decode kernel's last row on 64-wide K blocks (64),
+# once past the decode rows (70); on sm_80 each program quantizing (1, 3), act_quant + the decode kernel (5) and,
+# for INT8, + the tiled kernel (70; FP8 decoded to fp16 takes the decode kernel there too). Every shape on both
+# profiles, on the GPU: tests/gpu/test_decode.py.
+QUANT_LINEAR_SHAPES = [(1, 300, (128, 128)), (3, 256, (64, 128)), (5, 256, (64, 128)), (8, 300, (128, 128)),
+                       (16, 1000, (128, 128)), (33, 2000, (128, 128)), (64, 130, (128, 64)), (70, 300, (128, 128))]
+QUANT_LINEAR_PATHS = {"sm90": [QUANT_LINEAR_SHAPES[i] for i in (0, 1, 3, 4, 6, 7)],
+                      "sm80": [QUANT_LINEAR_SHAPES[i] for i in (0, 1, 2)]}
+
+
+@pytest.mark.parametrize("profile, qdtype, M, K, block", sampled(
+    [(p, q, *shape) for p, shapes in QUANT_LINEAR_PATHS.items() for q in QDTYPES for shape in shapes]
+    + [("sm80", I8, *QUANT_LINEAR_SHAPES[7])],
+    [(p, q, *shape) for p in ("sm90", "sm80") for q in QDTYPES for shape in QUANT_LINEAR_SHAPES]))
+def test_quant_linear_is_act_quant_then_scaled_mm_bit_for_bit(gen, few_programs, profile, qdtype, M, K, block):
     """The decode kernel quantizing in each program (`configs.fused`: M <= 4 everywhere, <= 8 up to K =
-    8192 on sm_90) or once per launch (sm_90 to 64 rows; split K at 2000), act_quant + the decode
-    kernel (M <= 64) and + the tiled kernel (M > 64); a NaN group stays in its row. The flags of the
+    8192 on sm_90) or once per launch (sm_90 to 64 rows, K split or not, and past them), act_quant + the
+    decode kernel (M <= 64) and + the tiled kernel (M > 64); a NaN group stays in its row. The flags of the
     once-quantized activation are back at zero after each launch."""
     x, w = randn((M, K), gen=gen, dtype=torch.bfloat16), randn((90, K), gen=gen)
     if qdtype == FP8 and M > configs.decode_m_max(PROFILES[profile], _on(profile, qdtype)["mma"]):
@@ -725,9 +809,8 @@ def test_quant_linear_is_act_quant_then_scaled_mm_bit_for_bit(gen, profile, qdty
         assert not any(c.any() for c in workspace.counters())
 
 
-@pytest.mark.parametrize("qdtype", QDTYPES)
-@pytest.mark.parametrize("xdtype", [torch.float16, torch.float32])
-def test_activation_quantized_once_reads_any_float_row_strided(gen, qdtype, xdtype):
+@pytest.mark.parametrize("qdtype, xdtype", covering(QDTYPES, [torch.float16, torch.float32]))
+def test_activation_quantized_once_reads_any_float_row_strided(gen, few_programs, qdtype, xdtype):
     """The once-per-launch quantization (sm_90, 9 to 64 rows) on fp16 and fp32 activations that are
     column slices of a wider tensor (row stride != K): bit for bit act_quant + scaled_mm."""
     M, K = 12, 700
@@ -746,9 +829,10 @@ def test_activation_quantized_once_reads_any_float_row_strided(gen, qdtype, xdty
 # ---------------------------------------------------------------------------------------------
 # the registry's choice reaches the kernel: the GEMM runs the `mma` it is given, whatever the profile
 
-@pytest.mark.parametrize("kernel", ["decode", "tiled"])
-@pytest.mark.parametrize("profile", ["sm90", "sm80", "cpu"])
-@pytest.mark.parametrize("qdtype,mma", [(I8, "int8"), (FP8, "fp8"), (FP8, "fp16")])
+# Each MMA under each profile; the kernels in turn.
+@pytest.mark.parametrize("profile, qdtype, mma, kernel", covering(
+    [(p, *qm) for p in ("sm90", "sm80", "cpu") for qm in ((I8, "int8"), (FP8, "fp8"), (FP8, "fp16"))],
+    ["decode", "tiled"]))
 def test_the_gemm_runs_the_mma_it_is_given_whatever_the_profile(gen, monkeypatch, kernel, profile, qdtype, mma):
     """FP8 MMA under the sm_80 profile and FP8 decoded to fp16 under sm_90's: the option decides,
     the profile (which has or lacks FP8 tensor cores) does not."""
@@ -773,7 +857,7 @@ def test_an_mma_the_operands_cannot_take_is_refused(gen, qdtype, mma):
 @pytest.mark.parametrize("m", [2, 70])
 @pytest.mark.parametrize("profile", ["cpu", "sm80", "sm86", "sm89", "sm90", "sm100"])
 @pytest.mark.parametrize("op", ["scaled_mm", "quant_linear"])
-def test_the_kernel_runs_the_variant_the_registry_names(monkeypatch, op, profile, m):
+def test_the_kernel_runs_the_variant_the_registry_names(monkeypatch, few_programs, op, profile, m):
     """Through the dispatcher, with CPU tensors given each simulated profile: for every `backend=`
     choice that lands on Triton, `explain()` and `select()` name the Impl launched with its options
     (binding.check_binding), the kernel compiled is that Impl's `mma`, and it computes the GEMM."""
@@ -901,9 +985,9 @@ def test_quant_linear_fuses_within_its_tables_bounds_only():
         assert configs.fused(profile, decode_bound + 1, 128, 128) in (None, "once")
 
 
-@pytest.mark.parametrize("qdtype", QDTYPES)
-@pytest.mark.parametrize("split", [1, 3])
-def test_quant_linear_past_the_decode_rows_is_one_launch_split_as_the_tiled_gemm(gen, monkeypatch, qdtype, split):
+@pytest.mark.parametrize("qdtype, split", covering(QDTYPES, [3, 1]))
+def test_quant_linear_past_the_decode_rows_is_one_launch_split_as_the_tiled_gemm(gen, monkeypatch, few_programs, qdtype,
+                                                                                 split):
     """At 100 rows on sm_90 scaled_mm runs the tiled kernel and quant_linear, eagerly, the decode kernel
     quantizing once with K split as the tiled kernel splits it (unsplit, or 6 K blocks in 3 splits;
     prepared beside the two launches a capture would run): bit for bit act_quant + scaled_mm, K tail and
