@@ -191,7 +191,10 @@ def test_headers_never_come_from_the_running_scripts_folder(tmp_path):
         (planted / header).write_text('#error "a planted header was compiled"\n#define CUDART_VERSION 12090\n')
     script = tmp_path / "script.py"
     script.write_text(_PLANTED)
-    env = {**os.environ, userdirs.CACHE_ENV: str(tmp_path / "cache")}
+    # quantcore from this source tree, installed or not (the script's folder is sys.path[0], not the tree)
+    tree = os.path.dirname(os.path.dirname(userdirs.__file__))
+    source = os.pathsep.join(filter(None, [tree, os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, userdirs.CACHE_ENV: str(tmp_path / "cache"), "PYTHONPATH": source}
     out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert str(tmp_path) not in out.stdout and out.stdout.strip().endswith("include")
