@@ -397,8 +397,10 @@ def test_quant_experts_construction_and_state(gen):
     fresh = QuantExperts(2, H, I, dtype=I8)
     fresh.load_state_dict(layer.state_dict())
     assert torch.equal(fresh(x, ids, w), layer(x, ids, w))
-    with pytest.raises(InvalidInputError, match="down_proj is bfloat16"):
+    with pytest.raises(InvalidInputError, match="down_proj has dtype bfloat16; this layer expects int8"):
         fresh.load_state_dict({**layer.state_dict(), "down_proj": down.bfloat16()})
+    with pytest.raises(InvalidInputError, match="has gate_up_proj but not gate_up_proj_scale_inv"):
+        fresh.load_state_dict({k: v for k, v in layer.state_dict().items() if k != "gate_up_proj_scale_inv"})
 
 
 def test_quant_experts_path_and_errors(gen):

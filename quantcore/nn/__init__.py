@@ -22,7 +22,8 @@ from .checkpoint import (LoadedKeys, load_checkpoint, load_fp8_checkpoint, quant
                          scale_to_fp32)
 from .experts import ExpertsPath, QuantExperts
 from .files import SafetensorsFiles
-from .layers import QuantLinear, convert_fp8_to_int8, quantize_model, resolve_dtype
+from .layers import QuantLinear, convert_fp8_to_int8, quantize_model
+from .params import resolve_dtype
 from .producers import QuantizedActivation, QuantRMSNorm, QuantSiLUMul
 from .schemes import CompressedTensorsScheme, Fp8Scheme, LayerFormat, read_scheme, scheme_from_config
 from .warmup import warmup

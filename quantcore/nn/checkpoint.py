@@ -25,8 +25,11 @@ from torch import nn
 
 from ..errors import InvalidInputError
 from ..formats import dtype_name
+from .expert_files import ExpertsLoad, expert_tensors, per_expert_names, plan_experts, stacked_scales
+from .experts import QuantExperts
 from .files import INDEX_FILE, NUMBERED_SHARD, SafetensorsFiles, safetensors_module, write_folder
-from .layers import QUANT_PARAMS, QuantLinear, frozen, replace_linears
+from .layers import QuantLinear, replace_linears
+from .params import frozen
 from .schemes import (CONFIG_FILE, CompressedTensorsScheme, Fp8Scheme, LayerFormat, Scheme, read_scheme,
                       scheme_from_config)
 
@@ -113,7 +116,8 @@ def quantized_layers(files: SafetensorsFiles, scheme: Scheme) -> dict[str, tuple
         shape, scale_shape = shapes[name], shapes[stored[0]]
         if len(shape) != 2:
             raise InvalidInputError(f"load_checkpoint: {name} has shape {shape}; quantcore loads 2-D [N, K] linear "
-                                    "weights (stacked expert weights are not supported)")
+                                    "weights, and experts per expert or stacked as gate_up_proj [E, 2I, H] and "
+                                    "down_proj [E, H, I]")
         bn, bk = fmt.block_size
         grid = (math.ceil(shape[0] / bn), math.ceil(shape[1] / bk))
         if scale_shape != grid:
@@ -125,18 +129,16 @@ def quantized_layers(files: SafetensorsFiles, scheme: Scheme) -> dict[str, tuple
 
 
 def _normalized(files: SafetensorsFiles, name: str, layers: Mapping[str, tuple[LayerFormat, str]],
-                check_scales: bool):
-    """(name, tensor) as `QuantLinear` keeps it: scales renamed `weight_scale_inv`, made fp32 and, with
-    `check_scales`, checked to be finite and > 0."""
+                check_scales: bool, stacked: Mapping[str, str]):
+    """(name, tensor) as the quantized layers keep it: scales renamed `weight_scale_inv` (stacked experts':
+    `<codes>_scale_inv`), made fp32 and, with `check_scales`, checked to be finite and > 0."""
     t = files.get(name)
     prefix, leaf = _split(name)
     layer = layers.get(prefix)
-    if layer is not None and name == layer[1]:
-        t = scale_to_fp32(t, name)
-        if check_scales:
-            _verify_scale(name, t, "load_checkpoint")
-        return _join(prefix, "weight_scale_inv"), t
-    if layer is not None and leaf == "weight":
+    if name in stacked or (layer is not None and name == layer[1]):
+        return (stacked[name] + "_scale_inv" if name in stacked else _join(prefix, "weight_scale_inv"),
+                _fp32_scale(name, t, check_scales))
+    if (layer is not None and leaf == "weight") or name in stacked.values():
         if t.dtype != torch.float8_e4m3fn:
             raise InvalidInputError(f"load_checkpoint: {name} has a block scale but dtype {dtype_name(t.dtype)}; "
                                     "block-FP8 checkpoints store the weight as float8_e4m3fn")
@@ -145,6 +147,18 @@ def _normalized(files: SafetensorsFiles, name: str, layers: Mapping[str, tuple[L
                                 f"({_join(prefix, 'weight_scale_inv')} or {_join(prefix, 'weight_scale')}); loading "
                                 "it would cast FP8 codes into a float parameter")
     return name, t
+
+
+def _fp32_scale(name: str, t: torch.Tensor, check_scales: bool) -> torch.Tensor:
+    t = scale_to_fp32(t, name)
+    if check_scales:
+        _verify_scale(name, t, "load_checkpoint")
+    return t
+
+
+def _put_expert(files: SafetensorsFiles, name: str, load: ExpertsLoad, check_scales: bool) -> None:
+    t = files.get(name)
+    load.put(name, _fp32_scale(name, t, check_scales) if name in load.scales else t)
 
 
 def _empty_layer(linear: nn.Linear, fmt: LayerFormat) -> QuantLinear:
@@ -202,7 +216,13 @@ def load_checkpoint(model: nn.Module | None, folder: str | os.PathLike, *, devic
 
     model: its `nn.Linear` layers stored quantized become `QuantLinear`s of the checkpoint's block
     (on the linear's device; meta stays meta); existing `QuantLinear`s must have the checkpoint's
-    block_size and scale_fmt. Shards are read one at a time onto `device` and loaded (a layer's weight
+    block_size and scale_fmt. Mixture-of-experts weights, stored per expert
+    (`<experts>.<e>.gate_proj|up_proj|down_proj.weight` + scale, as DeepSeek-V3 and Qwen3-MoE store
+    them) or stacked (`<experts>.gate_up_proj` [E, 2I, H], `<experts>.down_proj` [E, H, I] + scales),
+    load into the `QuantExperts` at `<experts>`, or into one that replaces a stacked float experts
+    module there (transformers >= 5's), each tensor copied into its slice as its shard is read
+    (`quantcore.nn.expert_files`); a model whose experts are separate modules (an nn.ModuleList of
+    MLPs) gets a QuantLinear per expert projection instead. Shards are read one at a time onto `device` and loaded (a layer's weight
     and scale together); `assign` (None: True when the model has meta tensors, e.g. built under
     `with torch.device("meta"):`) takes the checkpoint's tensors as the parameters instead of
     copying. strict: raise `InvalidInputError` listing keys the model and checkpoint do not share
@@ -220,8 +240,10 @@ def load_checkpoint(model: nn.Module | None, folder: str | os.PathLike, *, devic
     scheme = read_scheme(folder)
     with SafetensorsFiles(folder, device=device, op="load_checkpoint") as files:
         layers = quantized_layers(files, scheme)
+        stacked = stacked_scales(files.shapes())
         if model is None:
-            return dict(_normalized(files, name, layers, check_scales) for name in files.names())
+            return dict(_normalized(files, name, layers, check_scales, stacked) for name in files.names())
+        experts = plan_experts(model, layers, files.shapes(), scheme)
         _prepare(model, layers)
         if assign is None:
             assign = any(t.is_meta for t in itertools.chain(model.parameters(), model.buffers()))
@@ -243,9 +265,15 @@ def load_checkpoint(model: nn.Module | None, folder: str | os.PathLike, *, devic
             loaded.update(set(chunk) - set(result.unexpected_keys))
 
         for _, names in files.shards():
-            pending.update(_normalized(files, name, layers, check_scales) for name in names)
+            for name in names:
+                if name in experts:
+                    _put_expert(files, name, experts[name], check_scales)
+                else:
+                    pending.update([_normalized(files, name, layers, check_scales, stacked)])
             flush(final=False)
         flush(final=True)
+        for load in {id(load): load for load in experts.values()}.values():
+            loaded.update(_join(load.prefix, p) for p in load.complete())
     missing = [k for k in expected if k not in loaded]
     if strict and (missing or unexpected):
         raise InvalidInputError(f"load_checkpoint: the checkpoint at {str(folder)!r} does not match the model: "
@@ -256,7 +284,8 @@ def load_checkpoint(model: nn.Module | None, folder: str | os.PathLike, *, devic
 
 def _awaits_partner(key: str, pending: Mapping[str, Any], layers: Mapping[str, Any]) -> bool:
     prefix, leaf = _split(key)
-    return prefix in layers and leaf in QUANT_PARAMS and not all(_join(prefix, p) in pending for p in QUANT_PARAMS)
+    pair = QuantLinear.QUANT_PAIRS[0]
+    return prefix in layers and leaf in pair and not all(_join(prefix, p) in pending for p in pair)
 
 
 def quantize_from_config(model: nn.Module, quantization_config: Mapping[str, Any] | str | os.PathLike) -> nn.Module:
@@ -298,21 +327,24 @@ def _size_bytes(value: int | str) -> int:
 
 
 def _scheme_for(model: nn.Module, format: str, scale_dtype: torch.dtype, allow_partial_blocks: bool
-                ) -> tuple[Scheme, dict[str, QuantLinear]]:
-    """The scheme `model` is written in, and its QuantLinears by name; raises, before anything is
-    written, for what the format or the ecosystem's loaders cannot take."""
+                ) -> tuple[Scheme, dict[str, QuantLinear], dict[str, QuantExperts]]:
+    """The scheme `model` is written in, and its QuantLinears and QuantExperts by name; raises, before
+    anything is written, for what the format or the ecosystem's loaders cannot take."""
     op = "save_checkpoint"
-    quant = {name: m for name, m in model.named_modules(remove_duplicate=False) if isinstance(m, QuantLinear)}
-    floats = tuple(name for name, m in model.named_modules(remove_duplicate=False) if isinstance(m, nn.Linear) and name)
-    if not quant:
-        raise InvalidInputError(f"{op}: the model has no QuantLinear; quantize it first (quantize_model or "
-                                "quantize_from_config)")
-    int8 = [name for name, m in quant.items() if m.weight.dtype != torch.float8_e4m3fn]
+    named = list(model.named_modules(remove_duplicate=False))
+    quant = {name: m for name, m in named if isinstance(m, QuantLinear)}
+    experts = {name: m for name, m in named if isinstance(m, QuantExperts)}
+    floats = tuple(name for name, m in named if isinstance(m, nn.Linear) and name)
+    if not quant and not experts:
+        raise InvalidInputError(f"{op}: the model has no QuantLinear or QuantExperts; quantize it first "
+                                "(quantize_model or quantize_from_config)")
+    layers = {**{name: m.weight for name, m in quant.items()}, **{name: m.gate_up_proj for name, m in experts.items()}}
+    int8 = [name for name, w in layers.items() if w.dtype != torch.float8_e4m3fn]
     if int8:
-        raise InvalidInputError(f"{op}: {_few(int8)} store {dtype_name(quant[int8[0]].weight.dtype)} weights; the fp8 "
+        raise InvalidInputError(f"{op}: {_few(int8)} store {dtype_name(layers[int8[0]].dtype)} weights; the fp8 "
                                 "and compressed-tensors block formats hold float8_e4m3fn only: quantize with "
                                 "dtype=torch.float8_e4m3fn (or save the state_dict with torch.save)")
-    kinds = {(m.block_size, m.scale_fmt) for m in quant.values()}
+    kinds = {(m.block_size, m.scale_fmt) for m in (*quant.values(), *experts.values())}
     if len(kinds) > 1:
         raise InvalidInputError(f"{op}: the quantized layers mix block sizes and scale formats {sorted(kinds)}; a "
                                 "checkpoint config describes one (requantize with a single block_size and scale_fmt)")
@@ -320,8 +352,16 @@ def _scheme_for(model: nn.Module, format: str, scale_dtype: torch.dtype, allow_p
     if format == "compressed-tensors" and scale_fmt == "ue8m0":
         raise InvalidInputError(f"{op}: compressed-tensors has no ue8m0 activation scales (the layers use "
                                 "scale_fmt='ue8m0'); write format='fp8', whose scale_fmt: 'ue8m0' says so")
+    split = [f"{name} (I = {m.intermediate_size})" for name, m in experts.items() if m.intermediate_size % bn]
+    if split:
+        raise InvalidInputError(f"{op}: the experts {_few(split)} have an intermediate size that is not a whole number "
+                                f"of {bn}-row blocks, so their gate and up projections share blocks and cannot be "
+                                "written per expert as transformers and vLLM load them; quantize with a block_size "
+                                "whose Bn divides I (or save the state_dict with torch.save)")
     partial = [f"{name} [{m.out_features}, {m.in_features}]" for name, m in quant.items()
                if m.out_features % bn or m.in_features % bk]
+    partial += [f"{name} (H = {m.hidden_size}, I = {m.intermediate_size})" for name, m in experts.items()
+                if m.hidden_size % bn or m.hidden_size % bk or m.intermediate_size % bk]
     if partial and not allow_partial_blocks:
         raise InvalidInputError(f"{op}: {_few(partial)} are not a whole number of {bn}x{bk} blocks (N or K not a "
                                 "multiple of the block); transformers and vLLM refuse such checkpoints (transformers: "
@@ -329,8 +369,9 @@ def _scheme_for(model: nn.Module, format: str, scale_dtype: torch.dtype, allow_p
                                 "choose a block that divides them, or pass allow_partial_blocks=True to write them "
                                 "anyway (quantcore.nn.load_checkpoint reads them)")
     if scale_dtype == _E8M0 and _E8M0 is not None:
-        inexact = [name for name, m in quant.items()
-                   if not torch.equal(m.weight_scale_inv.to(_E8M0).float(), m.weight_scale_inv)]
+        scales = {**{name: [m.weight_scale_inv] for name, m in quant.items()},
+                  **{name: [m.gate_up_proj_scale_inv, m.down_proj_scale_inv] for name, m in experts.items()}}
+        inexact = [name for name, ts in scales.items() if not all(torch.equal(t.to(_E8M0).float(), t) for t in ts)]
         if inexact:
             raise InvalidInputError(f"{op}: the scales of {_few(inexact)} are not all finite powers of two, so "
                                     "float8_e8m0fnu cannot hold them; quantize with scale_fmt='ue8m0' or keep "
@@ -339,24 +380,30 @@ def _scheme_for(model: nn.Module, format: str, scale_dtype: torch.dtype, allow_p
         raise InvalidInputError(f"{op}: scale_dtype must be torch.float32 or torch.float8_e8m0fnu, got {scale_dtype!r}")
     scheme = Fp8Scheme((bn, bk), scale_fmt, floats) if format == "fp8" else \
         CompressedTensorsScheme.fp8_block((bn, bk), floats)
-    clash = [name for name in quant if scheme.layer(name) is None]
+    clash = [name for name in (*quant, *(n for prefix, m in experts.items() for n in per_expert_names(prefix, m)))
+             if scheme.layer(name) is None]
     if clash:
         raise InvalidInputError(f"{op}: the float linears' names {floats} also match quantized layer(s) {clash} under "
                                 f"the {format} config's skip rules (transformers matches a prefix or a suffix), so a "
                                 "loader would keep those in float; rename the float layer or quantize it too")
-    return scheme, quant
+    return scheme, quant, experts
 
 
-def _tensors(model: nn.Module, scheme: Scheme, quant: Mapping[str, QuantLinear], scale_dtype: torch.dtype
-             ) -> list[tuple[str, torch.Tensor]]:
-    """The state dict in the checkpoint's names and dtypes; a tensor shared by several names (a shared
-    layer, tied weights) once, under its first name, as safetensors' save_model writes it."""
-    out, seen, storages = [], set(), set()
+def _tensors(model: nn.Module, scheme: Scheme, quant: Mapping[str, QuantLinear],
+             experts: Mapping[str, QuantExperts], scale_dtype: torch.dtype) -> list[tuple[str, torch.Tensor]]:
+    """The state dict in the checkpoint's names and dtypes, experts per expert; a tensor shared by several
+    names (a shared layer, tied weights) once, under its first name, as safetensors' save_model writes it."""
+    out, seen, storages, written = [], set(), set(), set()
     for name, t in model.state_dict().items():
         if t.is_meta:
             raise InvalidInputError(f"save_checkpoint: {name} is on the meta device (never loaded); load or "
                                     "initialise the model before saving it")
         prefix, leaf = _split(name)
+        if prefix in experts and leaf in experts[prefix].quant_params():
+            if id(experts[prefix]) not in written:
+                written.add(id(experts[prefix]))
+                out += expert_tensors(prefix, experts[prefix], scheme.scale_name, scale_dtype)
+            continue
         if prefix in quant and leaf == "weight_scale_inv":
             name, t = _join(prefix, scheme.scale_name), t.to(scale_dtype)
         if t.numel():
@@ -407,8 +454,9 @@ def save_checkpoint(model: nn.Module, folder: str | os.PathLike, *, format: str 
                     overwrite: bool = False) -> Path:
     """Write `model` as a Hugging Face checkpoint folder that transformers and vLLM load; returns the folder.
 
-    model: its QuantLinears (FP8 e4m3, one block size and scale format for all) are written as
-    `<layer>.weight` plus the block scale — `weight_scale_inv` for format "fp8" (DeepSeek-V3 /
+    model: its QuantLinears and QuantExperts (FP8 e4m3, one block size and scale format for all) are
+    written as `<layer>.weight` plus the block scale (experts per expert:
+    `<experts>.<e>.gate_proj|up_proj|down_proj.weight`, as DeepSeek-V3 and Qwen3-MoE store them) — `weight_scale_inv` for format "fp8" (DeepSeek-V3 /
     transformers `FineGrainedFP8Config` / vLLM `Fp8Config`), `weight_scale` for "compressed-tensors"
     (FP8_BLOCK-style group, dynamic 1×Bk activation groups) — every other tensor of its state dict
     as it is. Its remaining `nn.Linear`s are listed as kept in float (`modules_to_not_convert` and
@@ -437,7 +485,7 @@ def save_checkpoint(model: nn.Module, folder: str | os.PathLike, *, format: str 
     if format not in FORMATS:
         raise InvalidInputError(f"save_checkpoint: format must be one of {FORMATS}, got {format!r}")
     limit = _size_bytes(max_shard_size)
-    scheme, quant = _scheme_for(model, format, scale_dtype, allow_partial_blocks)
+    scheme, quant, experts = _scheme_for(model, format, scale_dtype, allow_partial_blocks)
     if config is None:
         own = getattr(model, "config", None)
         config = own.to_dict() if hasattr(own, "to_dict") else {}
@@ -458,7 +506,7 @@ def save_checkpoint(model: nn.Module, folder: str | os.PathLike, *, format: str 
                                 "which this save would replace; pass overwrite=True to replace them (the folder's "
                                 "other files are kept), or save into a new or empty folder")
     save_file = safetensors_module("safetensors.torch", "save_checkpoint").save_file
-    tensors = _tensors(model, scheme, quant, scale_dtype)
+    tensors = _tensors(model, scheme, quant, experts, scale_dtype)
     shards = _shards(tensors, limit)
     files = ["model.safetensors"] if len(shards) == 1 else \
         [f"model-{i:05d}-of-{len(shards):05d}.safetensors" for i in range(1, len(shards) + 1)]
@@ -474,7 +522,14 @@ def save_checkpoint(model: nn.Module, folder: str | os.PathLike, *, format: str 
 
 
 def _write_shard(save_file: Any, shard: list[tuple[str, torch.Tensor]], path: Path) -> None:
-    save_file({name: t.detach().to("cpu").contiguous() for name, t in shard}, str(path), metadata={"format": "pt"})
+    save_file({name: _own_memory(t.detach().to("cpu")) for name, t in shard}, str(path), metadata={"format": "pt"})
+
+
+def _own_memory(t: torch.Tensor) -> torch.Tensor:
+    """`t` contiguous in memory of its own: safetensors refuses tensors that share memory (the experts'
+    per-expert views of one stacked parameter), so a view is copied, one shard's worth at a time."""
+    t = t.contiguous()
+    return t if t.untyped_storage().nbytes() == t.numel() * t.element_size() else t.clone()
 
 
 def _write_json(value: Any, path: Path) -> None:

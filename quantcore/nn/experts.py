@@ -4,15 +4,17 @@ The experts are gated MLPs, `down(act(gate(x)) * up(x))`, as DeepSeek-V3, Qwen3-
 Their weights are stacked across experts, the gate and up projections side by side as one gate_up
 projection (vLLM's and DeepGEMM's layout): `gate_up_proj` [E, 2I, H] codes with `gate_up_proj_scale_inv`
 [E, ceil(2I/Bn), ceil(H/Bk)] fp32, and `down_proj` [E, H, I] with `down_proj_scale_inv` [E, ceil(H/Bn),
-ceil(I/Bk)], all frozen parameters, as `QuantLinear`'s weight and `weight_scale_inv`.
+ceil(I/Bk)], all frozen parameters, as `QuantLinear`'s weight and `weight_scale_inv`. These are the names
+and shapes of transformers' (>= 5) experts modules (`Qwen3MoeExperts`, `DeepseekV3Experts`, ... and their
+FP8 form), whose forward takes the same arguments: `from_module` and `quantize_model` replace one.
 
 A forward takes the router's choice (`topk_ids`, `topk_weights`: the router and any shared expert stay
-ordinary modules of the model) and runs six ops, each on the backend the registry picks:
+ordinary modules of the model) and runs five ops, each on the backend the registry picks:
 `moe_permute` (sort the routed rows by expert, quantizing each token once) -> `grouped_mm` (gate_up) ->
-the activation times up in fp32 -> `act_quant` -> `grouped_mm` (down) -> `moe_unpermute` (the weighted
-sum in slot order). Two layouts, chosen by the routed row count (`QuantExperts.path`): masked (per-expert
-slabs of max_m rows, `moe_permute_masked` / `grouped_mm_masked`) for decode, contiguous for larger
-batches. Both give each expert's rows the same bits, and both read the routing on the device only, so a
+`silu_mul_quant` (SiLU(gate) times up in fp32, quantized; another activation: computed, then `act_quant`)
+-> `grouped_mm` (down) -> `moe_unpermute` (the weighted sum in slot order). Two layouts, chosen by the
+routed row count (`QuantExperts.path`): masked (per-expert slabs of max_m rows, `moe_permute_masked` /
+`grouped_mm_masked`) for decode, contiguous for larger batches. Both give each expert's rows the same bits, and both read the routing on the device only, so a
 forward can be captured in a CUDA graph and replayed with new routing; under `torch.compile` it is the
 `torch.ops.quantcore` custom ops (exact fakes: the shapes depend on T, k, E and max_m alone).
 """
@@ -30,10 +32,9 @@ from ..backends.torch.activation import activate
 from ..definitions import checks
 from ..errors import InvalidInputError
 from ..formats import DEFAULT_BLOCK, dtype_name
-from .layers import frozen, resolve_dtype
+from .params import QuantParams, frozen, resolve_dtype
 
 _LAYER = "QuantExperts"
-EXPERT_PARAMS = ("gate_up_proj", "gate_up_proj_scale_inv", "down_proj", "down_proj_scale_inv")
 GATED_ACTIVATIONS = ("silu", "gelu", "gelu_tanh")
 
 # The masked layout up to this many routed rows (tokens × top-k), the contiguous one above. A first
@@ -46,6 +47,43 @@ GATED_ACTIVATIONS = ("silu", "gelu", "gelu_tanh")
 MASKED_MAX_ROWS = 64
 # The gate_up GEMM's output, read once by the activation: bf16, as DeepSeek-V3's and vLLM's MoE layers keep it.
 INTERMEDIATE_DTYPE = torch.bfloat16
+
+
+# transformers' activation modules by class name (`transformers.activations`, not imported: not a dependency).
+_ACTIVATION_CLASSES = {"SiLU": "silu", "SiLUActivation": "silu", "GELUActivation": "gelu", "GELUTanh": "gelu_tanh",
+                       "PytorchGELUTanh": "gelu_tanh", "NewGELUActivation": "gelu_tanh"}
+# Attributes of transformers' experts modules that change the gating (clamps, soft caps, GPT-OSS's alpha).
+_GATING_OPTIONS = ("limit", "alpha", "swiglu_limit", "swiglu_alpha", "gate_softcap", "up_softcap")
+
+
+def is_stacked_experts(module: nn.Module) -> bool:
+    """Whether `module` holds float experts stacked as QuantExperts keeps them (transformers >= 5's
+    experts modules): 3-D floating-point `gate_up_proj` [E, 2I, H] and `down_proj` [E, H, I]."""
+    gate_up, down = (module._parameters.get(name) for name in ("gate_up_proj", "down_proj"))
+    if not all(isinstance(t, torch.Tensor) and t.dim() == 3 and t.is_floating_point() for t in (gate_up, down)):
+        return False
+    E, two_i, H = gate_up.shape
+    return not isinstance(module, QuantExperts) and two_i % 2 == 0 and tuple(down.shape) == (E, H, two_i // 2)
+
+
+def gated_activation(module: nn.Module) -> str:
+    """The gate activation of a stacked-experts module, from its `act_fn`, as QuantExperts names it; an
+    `InvalidInputError` for a gating QuantExperts does not compute (biases, clamps, other activations)."""
+    name = type(module).__name__
+    biased = [b for b in ("gate_up_proj_bias", "down_proj_bias") if getattr(module, b, None) is not None]
+    options = [o for o in _GATING_OPTIONS if getattr(module, o, None) is not None]
+    if biased or options:
+        raise InvalidInputError(f"{_LAYER}: {name} has {', '.join(biased + options)}; QuantExperts computes "
+                                "down(act(gate(x)) * up(x)) without biases, clamps or soft caps, so it cannot stand "
+                                "in for this module: keep it in floating point (quantize_model's skip)")
+    act = getattr(module, "act_fn", None)
+    kind = type(act).__name__
+    if isinstance(act, nn.GELU):
+        return "gelu_tanh" if act.approximate == "tanh" else "gelu"
+    if kind not in _ACTIVATION_CLASSES:
+        raise InvalidInputError(f"{_LAYER}: {name}.act_fn is {kind}; QuantExperts computes SiLU, GELU or tanh-GELU "
+                                "gates: keep this module in floating point (quantize_model's skip)")
+    return _ACTIVATION_CLASSES[kind]
 
 
 class ExpertsPath(NamedTuple):
@@ -62,7 +100,7 @@ def _op(name: str):
     return getattr(torch.ops.quantcore, name) if torch.compiler.is_compiling() else getattr(ops, name)
 
 
-class QuantExperts(nn.Module):
+class QuantExperts(QuantParams):
     """E gated-MLP experts, `y_e(x) = down_e(act(gate_e(x)) * up_e(x))`, with block-quantized weights.
 
     num_experts E, hidden_size H, intermediate_size I: any sizes >= 1. dtype: the weights' and the
@@ -80,6 +118,8 @@ class QuantExperts(nn.Module):
     must lie in 0..E-1 (checked where they are on the CPU; on the GPU a pair with another id adds nothing).
     """
 
+    QUANT_PAIRS = (("gate_up_proj", "gate_up_proj_scale_inv"), ("down_proj", "down_proj_scale_inv"))
+    LAYER = _LAYER
     masked_max_rows = MASKED_MAX_ROWS
 
     def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int, *, dtype: Any = torch.float8_e4m3fn,
@@ -93,7 +133,7 @@ class QuantExperts(nn.Module):
         checks.scale_fmt(_LAYER, scale_fmt)
         self.scale_fmt = scale_fmt
         self.activation = checks.choice(_LAYER, "activation", activation, GATED_ACTIVATIONS)
-        qdtype = resolve_dtype(dtype, torch.get_default_device() if device is None else device)
+        qdtype = resolve_dtype(dtype, torch.get_default_device() if device is None else device, _LAYER)
         E, H, I = num_experts, hidden_size, intermediate_size
         bn, bk = self.block_size
         self.gate_up_proj = frozen(torch.zeros(E, 2 * I, H, dtype=qdtype, device=device))
@@ -126,6 +166,26 @@ class QuantExperts(nn.Module):
                 setattr(module, name, frozen(torch.stack([q for q, _ in parts])))
                 setattr(module, name + "_scale_inv", frozen(torch.stack([s for _, s in parts])))
         return module
+
+    @classmethod
+    def from_module(cls, module: nn.Module, *, dtype: Any = torch.float8_e4m3fn,
+                    block_size: tuple[int, int] = DEFAULT_BLOCK, scale_fmt: str = "fp32") -> QuantExperts:
+        """Quantize a stacked-experts module as transformers (>= 5) builds them (`Qwen3MoeExperts`,
+        `DeepseekV3Experts`, `MixtralExperts`, ...): float parameters `gate_up_proj` [E, 2I, H] and
+        `down_proj` [E, H, I], no biases, `act_fn` SiLU or GELU; its forward(x, topk_ids, topk_weights)
+        is the returned layer's. A meta module gives an empty meta layer (to load a checkpoint into)."""
+        gate_up, down = (getattr(module, name, None) for name in ("gate_up_proj", "down_proj"))
+        if not is_stacked_experts(module):
+            raise InvalidInputError(f"{_LAYER}.from_module: {type(module).__name__} is not a stacked-experts module: "
+                                    "expected 3-D float parameters gate_up_proj [E, 2I, H] and down_proj [E, H, I] "
+                                    "(for a list of per-expert MLPs use QuantExperts.from_experts)")
+        activation = gated_activation(module)
+        if gate_up.is_meta:
+            E, two_i, H = gate_up.shape
+            return cls(E, H, two_i // 2, dtype=dtype, block_size=block_size, scale_fmt=scale_fmt,
+                       activation=activation, device="meta")
+        return cls.from_stacked(gate_up.detach(), down.detach(), dtype=dtype, block_size=block_size,
+                                scale_fmt=scale_fmt, activation=activation)
 
     @classmethod
     def from_experts(cls, experts: Iterable[nn.Module], *, dtype: Any = torch.float8_e4m3fn,
@@ -210,10 +270,11 @@ class QuantExperts(nn.Module):
             gemm = _op("grouped_mm")
         gate_up = gemm(a, a_s, params["gate_up_proj"], params["gate_up_proj_scale_inv"], counts,
                        out_dtype=INTERMEDIATE_DTYPE, block_size=block)
-        # Where the fused `ops.silu_mul_quant(gate_up, counts if masked else None, dtype=qdtype, group_size=group,
-        # scale_fmt=...)` exists (the fused-producers work), it replaces these two steps for "silu" (one pass, and
-        # the masked slabs' rows past their counts skipped).
-        h, h_s = _op("act_quant")(self._gated(gate_up), dtype=qdtype, group_size=group, scale_fmt=self.scale_fmt)
+        if self.activation == "silu":  # one pass, the same bits; the masked slabs' rows past their counts skipped
+            h, h_s = _op("silu_mul_quant")(gate_up, counts if path.layout == "masked" else None, dtype=qdtype,
+                                           group_size=group, scale_fmt=self.scale_fmt)
+        else:
+            h, h_s = _op("act_quant")(self._gated(gate_up), dtype=qdtype, group_size=group, scale_fmt=self.scale_fmt)
         y = gemm(h, h_s, params["down_proj"], params["down_proj_scale_inv"], counts, out_dtype=x.dtype,
                  block_size=block)
         return y, rows
@@ -239,34 +300,10 @@ class QuantExperts(nn.Module):
                 f"intermediate_size={self.intermediate_size}, dtype={dtype_name(self.gate_up_proj.dtype)}, "
                 f"block_size={self.block_size}, activation={self.activation}{ue8m0}")
 
-    def _apply(self, fn, recurse=True):
-        # As QuantLinear's: a dtype cast (`.half()`, `.to(torch.bfloat16)`) would turn the e4m3 codes into plain
-        # floats and round the fp32 scales; only the device change is taken for the quantized parameters.
-        kept = [self._parameters[name] for name in EXPERT_PARAMS]
-
-        def device_only(t):
-            if any(t is k for k in kept):
-                target = fn(t.new_empty(0))
-                if target.dtype != t.dtype:
-                    return t.to(target.device)
-            return fn(t)
-
-        return super()._apply(device_only, recurse)
-
-    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
-                              error_msgs):
-        # Checked here because the default loader copies with a cast (a bf16 tensor would become codes
-        # without scales) and reports a wrong shape only among error_msgs.
-        for name in EXPERT_PARAMS:
-            key, p = prefix + name, self._parameters[name]
-            t = state_dict.get(key)
-            if t is None:
-                continue
-            what = "fp32 block scales" if name.endswith("_scale_inv") else "quantized codes"
-            if not isinstance(t, torch.Tensor) or t.dtype != p.dtype or tuple(t.shape) != tuple(p.shape):
-                got = f"{dtype_name(t.dtype)} {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
-                raise InvalidInputError(f"{_LAYER}: checkpoint tensor {key} is {got}; this layer expects "
-                                        f"{dtype_name(p.dtype)} {tuple(p.shape)} (the stacked experts' {what}); build "
-                                        "the layer with the checkpoint's dtype, sizes and block_size")
-        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
-                                      error_msgs)
+    def describe(self, name: str) -> str:
+        """What parameter `name` holds, in words, for error messages."""
+        bn, bk = self.block_size
+        if name.endswith("_scale_inv"):
+            return (f"the stacked experts' fp32 scales, one per {bn}x{bk} block; build the layer with the checkpoint's "
+                    "sizes and block_size")
+        return "the stacked experts' quantized codes; build the layer with the checkpoint's dtype and sizes"

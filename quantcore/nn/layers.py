@@ -25,31 +25,16 @@ from ..definitions import checks
 from ..definitions.gemm import QUANT_LINEAR, SCALED_MM
 from ..definitions.op import requires_grad
 from ..errors import InvalidInputError
-from ..formats import DEFAULT_BLOCK, dtype_name, format_named, format_of_dtype
+from ..formats import DEFAULT_BLOCK, dtype_name
 from ..runtime.dispatch import Site
+from .experts import QuantExperts, is_stacked_experts
+from .params import QuantParams, frozen, resolve_dtype
 from .producers import QuantizedActivation, QuantRMSNorm, QuantSiLUMul
 
-QUANT_PARAMS = ("weight", "weight_scale_inv")  # the codes and their block scales: never cast
 _LAYER = "QuantLinear"  # how errors name the module
 
 
-def resolve_dtype(dtype: Any, device: torch.device | str) -> torch.dtype:
-    """The quantized storage dtype meant by `dtype` on `device`.
-
-    `dtype`: torch.float8_e4m3fn, torch.int8, a format name ("fp8", "fp8_e4m3", "int8") or "auto":
-    FP8 on GPUs with FP8 tensor cores (sm_89+) and on the CPU (where the reference computes it),
-    INT8 on older GPUs (`quantcore.capability.preferred_format_name`).
-    """
-    named = format_named(dtype) if isinstance(dtype, str) else None
-    return checks.quant_format(_LAYER, "dtype", named.dtype if named else dtype, torch.device(device)).dtype
-
-
-def frozen(t: torch.Tensor) -> nn.Parameter:
-    """`t` as a parameter that takes no gradient (quantized codes and scales are not trained)."""
-    return nn.Parameter(t, requires_grad=False)
-
-
-class QuantLinear(nn.Module):
+class QuantLinear(QuantParams):
     """`y = x @ W^T + b` with W block-quantized and x quantized per 1×Bk group on the fly.
 
     in_features K, out_features N: any sizes >= 1 (partial blocks are supported).
@@ -68,6 +53,9 @@ class QuantLinear(nn.Module):
     output [..., N]. `module.to(dtype)`, `.half()` and the like cast the bias but never the quantized
     weight or its fp32 scales; `.to(device)` moves them all.
     """
+
+    QUANT_PAIRS = (("weight", "weight_scale_inv"),)
+    LAYER = _LAYER
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, *, dtype: Any = "auto",
                  block_size: tuple[int, int] = DEFAULT_BLOCK, out_dtype: torch.dtype | None = None,
@@ -225,46 +213,12 @@ class QuantLinear(nn.Module):
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
                 f"dtype={dtype_name(self.weight.dtype)}, block_size={self.block_size}{fixed}{ue8m0}")
 
-    def _apply(self, fn, recurse=True):
-        # nn.Module.to(dtype), .half(), .bfloat16() cast every floating-point parameter, and e4m3 counts
-        # as one: a cast would turn the codes into plain floats and round the fp32 scales. For those two,
-        # ask `fn` where (and as what) it would put an empty tensor, and take only the device change.
-        kept = [self._parameters[name] for name in QUANT_PARAMS]
-
-        def device_only(t):
-            if any(t is k for k in kept):
-                target = fn(t.new_empty(0))
-                if target.dtype != t.dtype:
-                    return t.to(target.device)
-            return fn(t)
-
-        return super()._apply(device_only, recurse)
-
-    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
-                              error_msgs):
-        # Checked here because the default loader copies with a cast (and assign=True keeps any dtype):
-        # a bf16 `weight` would become e4m3 codes without scales, and a wrong shape would only be a
-        # message among error_msgs.
-        for key in (prefix + name for name in self._parameters):
-            t = state_dict.get(key)
-            if isinstance(t, torch.Tensor) and (t.is_nested or t.layout != torch.strided):  # no shape to compare
-                raise InvalidInputError(f"{_LAYER}: checkpoint tensor {key} is a "
-                                        f"{'nested' if t.is_nested else t.layout} tensor; expected a dense one "
-                                        "(.to_dense())")
-        present = [name for name in QUANT_PARAMS if prefix + name in state_dict]
-        if len(present) == 1:
-            missing = prefix + next(n for n in QUANT_PARAMS if n not in present)
-            raise InvalidInputError(f"{_LAYER}: checkpoint has {prefix + present[0]} but not {missing}; a "
-                                    "block-quantized weight needs both (the codes and their fp32 block scales)")
-        if present:
-            _check_loaded(prefix + "weight", state_dict[prefix + "weight"], self.weight.dtype,
-                          tuple(self.weight.shape), "the quantized weight [out_features, in_features]")
-            _check_loaded(prefix + "weight_scale_inv", state_dict[prefix + "weight_scale_inv"], torch.float32,
-                          tuple(self.weight_scale_inv.shape),
-                          f"one fp32 scale per {self.block_size[0]}x{self.block_size[1]} block of the weight; "
-                          "build the layer with the checkpoint's block_size")
-        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
-                                      error_msgs)
+    def describe(self, name: str) -> str:
+        """What parameter `name` holds, in words, for error messages."""
+        if name == "weight":
+            return "the quantized weight [out_features, in_features]"
+        return (f"one fp32 scale per {self._block_size[0]}x{self._block_size[1]} block of the weight; build the layer "
+                "with the checkpoint's block_size")
 
 
 def dense_shape(layer: str, x: Any) -> torch.Size:
@@ -275,39 +229,29 @@ def dense_shape(layer: str, x: Any) -> torch.Size:
     return x.shape
 
 
-def _check_loaded(key: str, t: Any, dtype: torch.dtype, shape: tuple[int, ...], what: str) -> None:
-    """A checkpoint tensor for a QuantLinear parameter has exactly the parameter's dtype and shape."""
-    if not isinstance(t, torch.Tensor):
-        raise InvalidInputError(f"{_LAYER}: checkpoint entry {key} is a {type(t).__name__}, not a tensor")
-    if t.dtype != dtype:
-        if dtype == torch.float32:
-            hint = "store the scales as float32 (quantcore.nn.load_checkpoint converts bf16, fp16 and ue8m0 ones)"
-        elif format_of_dtype(t.dtype) is not None:
-            hint = f"build the layer with dtype=torch.{dtype_name(t.dtype)} (quantize_model(model, dtype=...))"
-        else:
-            hint = "this is not a quantized weight: load it into the float model, then call quantize_model"
-        raise InvalidInputError(f"{_LAYER}: checkpoint tensor {key} has dtype {dtype_name(t.dtype)}; this layer "
-                                f"expects {dtype_name(dtype)} ({what}); {hint}")
-    if tuple(t.shape) != shape:
-        raise InvalidInputError(f"{_LAYER}: checkpoint tensor {key} has shape {tuple(t.shape)}; this layer "
-                                f"expects {shape} ({what})")
-
-
 def replace_linears(model: nn.Module, chosen: Callable[[str], bool],
                     make: Callable[[str, nn.Linear], nn.Module]) -> nn.Module:
-    """Replace, in place, every `nn.Linear` of `model` whose dotted name is `chosen` by `make(name, linear)`.
+    """Replace, in place, every `nn.Linear` of `model` whose dotted name is `chosen` by `make(name, linear)`
+    (`replace_where` for linears)."""
+    return replace_where(model, lambda m: isinstance(m, nn.Linear), chosen, make)
 
-    A linear shared by several parents is listed under each name (remove_duplicate=False), made once
+
+def replace_where(model: nn.Module, accept: Callable[[nn.Module], bool], chosen: Callable[[str], bool],
+                  make: Callable[[str, Any], nn.Module]) -> nn.Module:
+    """Replace, in place, every submodule `m` of `model` with `accept(m)` whose dotted name is `chosen` by
+    `make(name, m)`.
+
+    A module shared by several parents is listed under each name (remove_duplicate=False), made once
     (under its first chosen name), and the one replacement is set under every chosen name.
     """
     targets = [(name, m) for name, m in model.named_modules(remove_duplicate=False)
-               if isinstance(m, nn.Linear) and name and chosen(name)]
+               if name and accept(m) and chosen(name)]
     made: dict[int, nn.Module] = {}
-    for name, linear in targets:
-        if id(linear) not in made:
-            made[id(linear)] = make(name, linear)
+    for name, module in targets:
+        if id(module) not in made:
+            made[id(module)] = make(name, module)
         parent_name, _, child = name.rpartition(".")
-        setattr(model.get_submodule(parent_name), child, made[id(linear)])
+        setattr(model.get_submodule(parent_name), child, made[id(module)])
     return model
 
 
@@ -357,8 +301,9 @@ def quantize_model(model: nn.Module, *, dtype: Any = "auto", skip: Iterable[str]
                    block_size: tuple[int, int] = DEFAULT_BLOCK, out_dtype: torch.dtype | None = None,
                    scale_fmt: str = "fp32", fuse_norms: Iterable[str] = (),
                    fuse_silu_mul: Iterable[str] = ()) -> nn.Module:
-    """Replace every `nn.Linear` of `model` in place by a `QuantLinear` (see `QuantLinear.from_linear`)
-    and return `model`.
+    """Replace every `nn.Linear` of `model` in place by a `QuantLinear` (see `QuantLinear.from_linear`),
+    every stacked-experts module (transformers >= 5's `Qwen3MoeExperts`, `DeepseekV3Experts`, ...: 3-D
+    `gate_up_proj` and `down_proj`) by a `QuantExperts` (`QuantExperts.from_module`), and return `model`.
 
     skip: module-name patterns (fnmatch globs, matched against the dotted name or its tail, e.g.
     "lm_head", "layers.0.*", "*.gate") whose linears stay in floating point. dtype: as `resolve_dtype`,
@@ -385,6 +330,9 @@ def quantize_model(model: nn.Module, *, dtype: Any = "auto", skip: Iterable[str]
     replace_linears(model, lambda name: not _skipped(name, patterns),
                     lambda name, linear: QuantLinear.from_linear(linear, dtype=dtype, block_size=block,
                                                                  out_dtype=out_dtype, scale_fmt=scale_fmt))
+    replace_where(model, is_stacked_experts, lambda name: not _skipped(name, patterns),
+                  lambda name, experts: QuantExperts.from_module(experts, dtype=dtype, block_size=block,
+                                                                 scale_fmt=scale_fmt))
     produced = dict(dtype=dtype, group_size=block[1], scale_fmt=scale_fmt)
     _replace_modules(model, "fuse_norms", norms, lambda name, norm: QuantRMSNorm.from_norm(norm, **produced))
     device = next((t.device for t in (*model.parameters(), *model.buffers())), None)
