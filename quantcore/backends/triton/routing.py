@@ -7,6 +7,7 @@ only (no host synchronization, so a CUDA graph holds it).
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable
 
 import torch
@@ -48,7 +49,8 @@ def _pow2(n: int) -> int:
 
 
 def _permute(x, topk_ids, *, num_experts, max_m, qdtype, group_size, ue8m0, eps, profile):
-    """The prepared run of either permute: max_m None for the contiguous layout."""
+    """Both permutes of the backend contract (docs/backend-contract.md): max_m None for `moe_permute`'s
+    contiguous rows, the slabs' rows for `moe_permute_masked`."""
     (T, H), k, E = x.shape, topk_ids.shape[1], num_experts
     masked = max_m is not None
     slots, groups = (E * max_m if masked else T * k), triton.cdiv(H, group_size)
@@ -78,30 +80,14 @@ def _permute(x, topk_ids, *, num_experts, max_m, qdtype, group_size, ue8m0, eps,
     return by_address(run)
 
 
-@prepared
-def moe_permute(x, topk_ids, *, num_experts, qdtype, group_size, ue8m0, eps, profile):
-    """x [T, H] bf16/fp16/fp32 (unit stride along H), topk_ids [T, k] int32/int64 (any strides) -> (q [T·k, H]
-    qdtype, scale [T·k, ceil(H/G)] fp32, expert_offsets int32 [E + 1], rows int32 [T·k]): the pairs sorted
-    by expert (stable), each token quantized once per 1×group_size; ids outside 0..E-1 dropped, rows past
-    offsets[E] = -1 with their codes and scales unwritten."""
-    return _permute(x, topk_ids, num_experts=num_experts, max_m=None, qdtype=qdtype, group_size=group_size,
-                    ue8m0=ue8m0, eps=eps, profile=profile)
-
-
-@prepared
-def moe_permute_masked(x, topk_ids, *, num_experts, max_m, qdtype, group_size, ue8m0, eps, profile):
-    """As `moe_permute` into per-expert slabs: (q [E, max_m, H], scale [E, max_m, ceil(H/G)] fp32, masked_m
-    int32 [E] = min(count, max_m), rows int32 [E, max_m]); pairs ranked max_m or later in their expert are
-    dropped, rows past masked_m[e] = -1 with their codes and scales unwritten."""
-    return _permute(x, topk_ids, num_experts=num_experts, max_m=max_m, qdtype=qdtype, group_size=group_size,
-                    ue8m0=ue8m0, eps=eps, profile=profile)
+moe_permute_masked = prepared(_permute)  # the masked layout's permute takes max_m, the contiguous one's not
+moe_permute = prepared(functools.partial(_permute, max_m=None))
 
 
 @prepared
 def moe_unpermute(y, rows, topk_weights, *, out_dtype, profile):
-    """y [R, N] bf16/fp16/fp32 (unit stride along N), rows int32 [R] (contiguous), topk_weights [T, k]
-    bf16/fp16/fp32 (any strides) -> out [T, N] out_dtype: Σ_j w[t, j] · y[row of t·k + j] in fp32, j in
-    order, products rounded before each add."""
+    """The contract's `moe_unpermute` (docs/backend-contract.md) in two Triton launches: the rows map inverted
+    into each pair's source row, then one program per (token, up to 1024 columns) summing its k products."""
     (R, N), (T, k) = y.shape, topk_weights.shape
     outputs = {"_out": allocator((T, N), out_dtype, y.device), "_sources": allocator((T * k,), _I32, y.device)}
     invert = Launcher(moe_invert_kernel, (triton.cdiv(R, _FILL),), dict(BLOCK=_FILL), y.device, fixed=(R, T * k))
