@@ -1,7 +1,8 @@
 """`quantcore` command line: `quantcore report [--json] [--simulate PROFILE]`, `quantcore bench [...]`
 (the ops beside their baselines), `quantcore bench --e2e [...]` (decode tokens/s of a model),
-`quantcore bench --stacks [...]` (real models' layer linears, M = 1-128) and `quantcore native` (compile
-the native launch path ahead of its first use)."""
+`quantcore bench --stacks [...]` (real models' layer linears, M = 1-128), `quantcore bench --moe [...]`
+(mixture-of-experts layers: grouped GEMMs and decode steps) and `quantcore native` (compile the native
+launch path ahead of its first use)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import sys
 from pathlib import Path
 
 from . import __version__, capability
-from .bench.shapes import OPS
+from .bench.shapes import MOE_MODELS, OPS, ROUTINGS
 from .bench.stacks import STACKS
 from .errors import InvalidInputError, QuantcoreError
 from .report_schema import SCHEMA, STATUS_HELP
@@ -80,6 +81,22 @@ def _parser() -> argparse.ArgumentParser:
     stacks.add_argument("--stacks-tokens", type=_positive, metavar="N", help="timed steps per loop (default 64)")
     stacks.add_argument("--stacks-scale", type=_positive, metavar="D",
                         help="divide every size by D, rounded up (default 1: the models' own)")
+    moe = bench.add_argument_group("mixture-of-experts layers (--moe)")
+    moe.add_argument("--moe", nargs="*", choices=MOE_MODELS, metavar="MODEL",
+                     help="instead of the ops: these models' routed experts (all when none is named: "
+                          f"{', '.join(MOE_MODELS)}) as grouped GEMMs beside torch's grouped GEMMs, a per-expert "
+                          "cuBLAS loop and the dense GEMM, and decode steps of MoE layers in bf16, FP8 and INT8, "
+                          "eager and with CUDA graphs (on the CPU the GEMM rows and graphs are skipped)")
+    moe.add_argument("--moe-tokens", type=_positive, nargs="+", metavar="T",
+                     help="tokens of the grouped GEMM rows (default 1 8 64 512 4096 16384)")
+    moe.add_argument("--moe-routing", nargs="+", choices=ROUTINGS, help="routings (default both)")
+    moe.add_argument("--moe-no-ops", action="store_true", help="the decode steps only")
+    moe.add_argument("--moe-no-steps", action="store_true", help="the grouped GEMM rows only")
+    moe.add_argument("--moe-step-model", choices=MOE_MODELS, help="the decode steps' model (default qwen3-30b-a3b)")
+    moe.add_argument("--moe-layers", type=_positive, metavar="N", help="MoE layers a decode step (default 4)")
+    moe.add_argument("--moe-batch", type=_positive, nargs="+", metavar="B", help="decode batches (default 1 8 64)")
+    moe.add_argument("--moe-scale", type=_positive, metavar="D",
+                     help="divide every size by D (default 1: the models' own)")
     return parser
 
 
@@ -90,6 +107,11 @@ _E2E_FLAGS = {"--e2e-dim": "e2e_dim", "--e2e-layers": "e2e_layers", "--e2e-batch
               "--e2e-tokens": "e2e_tokens", "--e2e-mlp": "e2e_mlp"}
 _STACKS_FLAGS = {"--stacks-m": "stacks_m", "--stacks-layers": "stacks_layers", "--stacks-tokens": "stacks_tokens",
                  "--stacks-scale": "stacks_scale"}
+_MOE_FLAGS = {"--moe-tokens": "moe_tokens", "--moe-routing": "moe_routing", "--moe-no-ops": "moe_no_ops",
+              "--moe-no-steps": "moe_no_steps",
+              "--moe-step-model": "moe_step_model", "--moe-layers": "moe_layers", "--moe-batch": "moe_batch",
+              "--moe-scale": "moe_scale"}
+_STEP_FLAGS = {"e2e": ("--e2e", _E2E_FLAGS), "stacks": ("--stacks", _STACKS_FLAGS), "moe": ("--moe", _MOE_FLAGS)}
 
 
 def _refused(args: argparse.Namespace, run: str, others: dict[str, dict[str, str]]) -> bool:
@@ -181,18 +203,19 @@ def _bench(args: argparse.Namespace, argv: list[str] | None) -> int:
             f.write(partial.model_dump_json(indent=1))
 
     try:
-        asked = [kind for kind, flag in (("e2e", args.e2e), ("stacks", args.stacks is not None)) if flag]
+        asked = [kind for kind, flag in (("e2e", args.e2e), ("stacks", args.stacks is not None),
+                                         ("moe", args.moe is not None)) if flag]
         saved = _saved_kind(args.from_json) if args.from_json else None
         kind = asked[0] if asked else saved
         if len(asked) > 1:
-            print("quantcore: --e2e and --stacks are two runs: ask for one", file=sys.stderr)
+            print(f"quantcore: {' and '.join('--' + k for k in asked)} are separate runs: ask for one", file=sys.stderr)
             return 2
         if asked and args.from_json and saved != kind:
             print(f"quantcore: {args.from_json} holds no --{kind} run", file=sys.stderr)
             return 2
-        if kind in ("e2e", "stacks"):
+        if kind in _STEP_FLAGS:
             return _step_run(args, command, save, kind)
-        if _refused(args, "the op bench", {"--e2e": _E2E_FLAGS, "--stacks": _STACKS_FLAGS}):
+        if _refused(args, "the op bench", dict(_STEP_FLAGS.values())):
             return 2
         if args.plot and not capability.module_available("matplotlib"):  # before a run that would end without it
             print("quantcore: --plot needs matplotlib: pip install 'quantcore[bench]' (or matplotlib)", file=sys.stderr)
@@ -222,7 +245,7 @@ def _bench(args: argparse.Namespace, argv: list[str] | None) -> int:
 
 
 def _saved_kind(path: str) -> str | None:
-    """What run a saved file holds: its "kind" ("e2e", "stacks"); op bench files have none."""
+    """What run a saved file holds: its "kind" ("e2e", "stacks", "moe"); op bench files have none."""
     import json
 
     with open(path) as f:
@@ -251,20 +274,28 @@ def _saved(path: str, model, option: str, writer: str):
 
 
 def _step_run(args: argparse.Namespace, command: str, save, kind: str) -> int:
-    """`bench --e2e` or `bench --stacks` (`kind` "e2e" or "stacks"): measure, or read back the saved
-    run of --from-json, then print its tables."""
-    from .bench import e2e, stack_run
+    """`bench --e2e`, `--stacks` or `--moe` (`kind` "e2e", "stacks" or "moe"): measure, or read back the
+    saved run of --from-json, then print its tables."""
+    from .bench import e2e, moe, stack_run
 
     if kind == "e2e":
-        run, name, others = e2e.run_e2e, "an end-to-end run", {"--stacks": _STACKS_FLAGS}
+        run, name = e2e.run_e2e, "an end-to-end run"
         result_type, config_type, render = e2e.E2EResult, e2e.Config, e2e.render
         sizes = {"dim": args.e2e_dim, "layers": args.e2e_layers, "batches": args.e2e_batch, "tokens": args.e2e_tokens,
                  "mlp": args.e2e_mlp}
-    else:
-        run, name, others = stack_run.run_stacks, "a --stacks run", {"--e2e": _E2E_FLAGS}
+    elif kind == "stacks":
+        run, name = stack_run.run_stacks, "a --stacks run"
         result_type, config_type, render = stack_run.StacksResult, stack_run.StacksConfig, stack_run.render
         sizes = {"stacks": args.stacks or None, "ms": args.stacks_m, "layers": args.stacks_layers,
                  "tokens": args.stacks_tokens, "scale": args.stacks_scale}  # no name given: every stack
+    else:
+        run, name = moe.run_moe, "a --moe run"
+        result_type, config_type, render = moe.MoEResult, moe.MoEConfig, moe.render
+        sizes = {"models": args.moe or None, "tokens": args.moe_tokens, "routings": args.moe_routing,
+                 "ops": False if args.moe_no_ops else None, "step_model": args.moe_step_model,
+                 "layers": 0 if args.moe_no_steps else args.moe_layers, "batches": args.moe_batch,
+                 "scale": args.moe_scale}
+    others = {flag: flags for k, (flag, flags) in _STEP_FLAGS.items() if k != kind}
     if _refused(args, name, {"the op bench": _OP_FLAGS, **others}):
         return 2
     if args.from_json:

@@ -100,7 +100,7 @@ def test_cli_runs_saves_reprints_and_refuses_other_runs_options(tmp_path, capsys
                            (["--stacks", "--quick"], "--quick: options of the op bench"),
                            (["--e2e", "--stacks-m", "1"], "--stacks-m: options of --stacks, not of an end-to-end run"),
                            (["--stacks-scale", "2"], "--stacks-scale: options of --stacks, not of the op bench"),
-                           (["--e2e", "--stacks"], "--e2e and --stacks are two runs"),
+                           (["--e2e", "--stacks"], "--e2e and --stacks are separate runs"),
                            (["--e2e", "--from-json", str(path)], "holds no --e2e run")):
         assert main(["bench", *wrong]) == 2
         assert message in capsys.readouterr().err

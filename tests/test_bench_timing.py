@@ -65,13 +65,13 @@ def test_bench_times_the_others_when_one_implementation_fails(monkeypatch):
 
     monkeypatch.setattr(timing, "gpu_times_us", fake_gpu_times)
     monkeypatch.setattr(timing, "gpu_time_us", lambda fn, **_: fake_gpu_times([fn])[0])
-    times = bench_run._times([lambda: calls.append("a"), None, fails])
+    times = bench_run.time_interleaved([lambda: calls.append("a"), None, fails])
     assert isinstance(times[0], tuple) and times[0][0] >= 0 and times[0][1] >= 0
     assert times[1] is None
     assert isinstance(times[2], RuntimeError)
-    records = bench_run._timed([(dict(op="act_quant", fmt="int8", shape=[1, 128], impl="x"), lambda: None),
-                                (dict(op="act_quant", fmt="int8", shape=[1, 128], impl="y"), fails)],
-                               1e6, "GB/s", 1000.0)
+    records = bench_run.timed_records([(dict(op="act_quant", fmt="int8", shape=[1, 128], impl="x"), lambda: None),
+                                       (dict(op="act_quant", fmt="int8", shape=[1, 128], impl="y"), fails)],
+                                      1e6, "GB/s", 1000.0)
     assert records[0].us is not None and records[0].fraction == records[0].rate / 1000.0
     assert records[1].us is None and records[1].note == "RuntimeError: CUDA error: out of memory"
 

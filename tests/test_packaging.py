@@ -55,7 +55,8 @@ def test_test_dependencies_are_bounded_and_spread_over_the_cores(metadata):
     import tomllib
 
     reqs = extra(metadata, "tests")
-    assert {r.split(">")[0].split("<")[0] for r in reqs} == {"pytest", "pytest-xdist", "hypothesis", "safetensors"}
+    assert {r.split(">")[0].split("<")[0] for r in reqs} == {"pytest", "pytest-xdist", "hypothesis", "safetensors",
+                                                          "transformers", "accelerate"}
     assert all(">=" in r and "<" in r.replace("<=", "") for r in reqs), reqs
     options = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["addopts"]
     assert "-n auto" in options

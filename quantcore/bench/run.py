@@ -95,7 +95,7 @@ def error_note(err: BaseException, limit: int = 160) -> str:
     return f"{type(err).__name__}: {(str(err).splitlines() or [''])[0][:limit]}"
 
 
-def _times(fns: list[Callable[[], object] | None]) -> list[tuple[float, float] | Exception | None]:
+def time_interleaved(fns: list[Callable[[], object] | None]) -> list[tuple[float, float] | Exception | None]:
     """(GPU time, eager time) per call of each fn, timed interleaved (`timing.gpu_times_us`,
     `timing.eager_times_us`: implementations compared in one record set are timed alike); None where
     the fn is None, the error where one raises (the others are then timed one by one)."""
@@ -114,7 +114,7 @@ def _times(fns: list[Callable[[], object] | None]) -> list[tuple[float, float] |
     return [timed.get(i) for i in range(len(fns))]
 
 
-def _record(rec: dict, timed: tuple[float, float] | Exception | None, work: float, unit: str,
+def make_record(rec: dict, timed: tuple[float, float] | Exception | None, work: float, unit: str,
             ceiling: float | None) -> Record:
     """A Record of one `_times` entry (work in bytes or FLOPs); errors and refusals become its note."""
     if timed is None:
@@ -126,20 +126,21 @@ def _record(rec: dict, timed: tuple[float, float] | Exception | None, work: floa
     return Record(**rec, us=us, eager_us=eager_us, rate=rate, unit=unit, fraction=rate / ceiling if ceiling else None)
 
 
-def _timed(entries: list[tuple[dict, Callable[[], object] | None]], work: float, unit: str,
+def timed_records(entries: list[tuple[dict, Callable[[], object] | None]], work: float, unit: str,
            ceiling: float | None) -> list[Record]:
     """Records of (record fields, fn) entries doing the same work, timed interleaved with each other."""
-    return [_record(rec, t, work, unit, ceiling) for (rec, _), t in zip(entries, _times([fn for _, fn in entries]))]
+    measured = time_interleaved([fn for _, fn in entries])
+    return [make_record(rec, t, work, unit, ceiling) for (rec, _), t in zip(entries, measured)]
 
 
-def _try(make: Callable[[], Callable[[], object]]) -> tuple[Callable[[], object] | None, str]:
+def attempt(make: Callable[[], Callable[[], object]]) -> tuple[Callable[[], object] | None, str]:
     try:
         return make(), ""
     except (UnsupportedError, RuntimeError, ValueError, TypeError, AttributeError) as err:
         return None, error_note(err)
 
 
-def _contenders(op: str, args: tuple, kwargs: dict, with_baselines: bool) -> dict[str, tuple[Callable | None, str]]:
+def contenders(op: str, args: tuple, kwargs: dict, with_baselines: bool) -> dict[str, tuple[Callable | None, str]]:
     """quantcore's backends (forced one by one) and, with the baselines, the reference eager and
     torch.compile of it, for one call.
 
@@ -151,7 +152,7 @@ def _contenders(op: str, args: tuple, kwargs: dict, with_baselines: bool) -> dic
         def make(backend=backend):
             getattr(ops, op)(*args, backend=backend, **kwargs)  # compiles, and raises where it cannot run
             return lambda: getattr(ops, op)(*args, backend=backend, **kwargs)
-        out[backend] = _try(make)
+        out[backend] = attempt(make)
     if op in PRODUCERS and with_baselines:
         # The fused producers against the unfused torch code they replace ("torch.compile" is that code
         # compiled, what the summary's ratios read), not against compilations of the reference.
@@ -161,7 +162,7 @@ def _contenders(op: str, args: tuple, kwargs: dict, with_baselines: bool) -> dic
             out["torch.compile"] = None, error_note(err)
     elif op != "scaled_mm" and with_baselines:
         prepared = definitions.get(op).spec(*args, **kwargs)
-        out["torch.compile"] = _try(lambda: baselines.compiled_call(op, prepared.kwargs))
+        out["torch.compile"] = attempt(lambda: baselines.compiled_call(op, prepared.kwargs))
     return out
 
 
@@ -209,8 +210,8 @@ def _simulated_records(args: tuple, rec: dict, flops: float, ceiling: float | No
         with capability.simulate(profile):
             entries = [({**rec, "impl": f"{name}@{profile}",
                          "note": note or f"ran {ops.explain('scaled_mm', *args, backend=name).selected}"}, fn)
-                       for name, (fn, note) in _contenders("scaled_mm", args, {}, False).items()]
-            records += _timed(entries, flops, "TFLOP/s", ceiling)
+                       for name, (fn, note) in contenders("scaled_mm", args, {}, False).items()]
+            records += timed_records(entries, flops, "TFLOP/s", ceiling)
     return records
 
 
@@ -223,15 +224,16 @@ def _gemm_records(fmt: str, qdtype, m: int, n: int, k: int, with_baselines: bool
     flops = baselines.gemm_flops(m, n, k)
     rec = dict(op="scaled_mm", fmt=fmt, shape=[m, n, k])
     ours = [({**rec, "impl": name, "note": note}, fn)
-            for name, (fn, note) in _contenders("scaled_mm", (a, a_s, b, b_s), {}, with_baselines).items()]
+            for name, (fn, note) in contenders("scaled_mm", (a, a_s, b, b_s), {}, with_baselines).items()]
     if not with_baselines:
-        return _timed(ours, flops, "TFLOP/s", None) + _simulated_records((a, a_s, b, b_s), rec, flops, None, simulate)
+        return (timed_records(ours, flops, "TFLOP/s", None)
+                + _simulated_records((a, a_s, b, b_s), rec, flops, None, simulate))
     if fmt == "fp8_e4m3":
-        vendor, vendor_note = _try(lambda: baselines.cublas_blockwise_fp8(a, a_s, b, b_s))
-        dense, _ = _try(lambda: baselines.cublas_tensorwise_fp8(a, b))
+        vendor, vendor_note = attempt(lambda: baselines.cublas_blockwise_fp8(a, a_s, b, b_s))
+        dense, _ = attempt(lambda: baselines.cublas_tensorwise_fp8(a, b))
         vendor_name, dense_name = "cublas-blockwise", "cublas-fp8-tensorwise"
     else:
-        vendor, vendor_note = _try(lambda: baselines.int_mm(a, b))
+        vendor, vendor_note = attempt(lambda: baselines.int_mm(a, b))
         dense, vendor_name, dense_name = None, "torch._int_mm", None  # the vendor kernel is the dense one
     entries = [({**rec, "impl": vendor_name, "note": vendor_note}, vendor)]
     if dense_name:
@@ -245,9 +247,9 @@ def _gemm_records(fmt: str, qdtype, m: int, n: int, k: int, with_baselines: bool
         if r["impl"] == registry.REFERENCE and flops > REFERENCE_GEMM_FLOPS:
             r["note"], fn = f"skipped: the reference computes in float64 ({flops:.1e} FLOP)", None
         entries.append((r, fn))
-    times = _times([fn for _, fn in entries])
+    times = time_interleaved([fn for _, fn in entries])
     ceiling = flops / times[dense_at][0] / 1e6 if isinstance(times[dense_at], tuple) else None
-    records = [_record(r, t, flops, "TFLOP/s", ceiling) for (r, _), t in zip(entries, times)]
+    records = [make_record(r, t, flops, "TFLOP/s", ceiling) for (r, _), t in zip(entries, times)]
     if m <= DECODE_M:
         nbytes = baselines.gemm_floor_bytes(m, n, k)
         read_us = baselines.read_ceiling_us(nbytes)
@@ -321,8 +323,8 @@ def run(*, quick: bool = False, only: tuple[str, ...] = (), progress: bool = Tru
     for op, fmt, shape, make in mem:
         args, kwargs, nbytes = make()
         entries = [(dict(op=op, fmt=fmt, shape=shape, impl=name, note=note), fn)
-                   for name, (fn, note) in _contenders(op, args, kwargs, with_baselines).items()]
-        result.records += _timed(entries, nbytes, "GB/s", result.copy_gbps)
+                   for name, (fn, note) in contenders(op, args, kwargs, with_baselines).items()]
+        result.records += timed_records(entries, nbytes, "GB/s", result.copy_gbps)
         bar.step(f"{op} {fmt} {shape}")
         if checkpoint:
             checkpoint(result)

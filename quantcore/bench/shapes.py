@@ -1,8 +1,13 @@
-"""The benchmark's shape sets (issue: DeepSeek-V3 GEMMs, seed 002's epilogue shapes, weight quantization).
+"""The benchmark's shape sets (issue: DeepSeek-V3 GEMMs, seed 002's epilogue shapes, weight quantization), and
+the routed experts of the mixture-of-experts models `quantcore bench --moe` times. Plain data: the command
+line reads the names from here without importing torch.
 
 The GEMM rows M = 1, 4, 16 and 64 are decode batches: the summary judges them against the memory floor."""
 
 from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
 
 # The ops the bench measures (quant_linear is act_quant + scaled_mm, measured as those).
 OPS = ("act_quant", "act_dequant", "quantized_gelu", "weight_quant", "weight_dequant", "dequant_bias", "scaled_mm",
@@ -40,3 +45,34 @@ FULL = {
     "gated": [(m, i) for m in PRODUCER_M for i in GATED_I],
 }
 
+
+@dataclass(frozen=True)
+class MoEShape:
+    """A model's routed experts: hidden size H, expert width I, E experts, top-k per token."""
+
+    name: str
+    source: str
+    hidden: int
+    inter: int
+    experts: int
+    top_k: int
+
+    def scaled(self, divisor: int) -> MoEShape:
+        """Every size divided by `divisor` (H and I rounded up to whole 128 blocks, E and k up): the CPU's
+        tests run the structure at sizes the reference computes in milliseconds."""
+        def blocks(n: int) -> int:
+            return max(128, 128 * math.ceil(n / divisor / 128))
+        experts = max(2, math.ceil(self.experts / divisor))
+        return replace(self, hidden=blocks(self.hidden), inter=blocks(self.inter), experts=experts,
+                       top_k=min(self.top_k, experts))
+
+
+MOE_MODELS = {
+    "deepseek-v3": MoEShape("deepseek-v3", "deepseek-ai/DeepSeek-V3 config.json: hidden_size 7168, "
+                            "moe_intermediate_size 2048, n_routed_experts 256, num_experts_per_tok 8",
+                            7168, 2048, 256, 8),
+    "qwen3-30b-a3b": MoEShape("qwen3-30b-a3b", "Qwen/Qwen3-30B-A3B config.json: hidden_size 2048, "
+                              "moe_intermediate_size 768, num_experts 128, num_experts_per_tok 8", 2048, 768, 128, 8),
+}
+ROUTINGS = ("uniform", "zipf")
+MOE_TOKENS = (1, 8, 64, 512, 4096, 16384)

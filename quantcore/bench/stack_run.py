@@ -23,7 +23,8 @@ from torch import nn
 
 from . import decoder
 from .stacks import STACKS, Stack
-from .steps import DTYPES, MODES, ROUNDS, Row, StepResult, cell, default_device, mb, measure, progress
+from .steps import (DTYPES, MODES, ROUNDS, Row, StepResult, cell, default_device, known, mb, measure, notes_cell,
+                    progress)
 
 STACK_MS = (1, 2, 4, 8, 16, 32, 64, 128)  # decode batches: one sequence up to 128 of them (issue 64)
 
@@ -44,10 +45,7 @@ class StacksConfig(BaseModel):
     @field_validator("stacks")
     @classmethod
     def _known(cls, names: list[str]) -> list[str]:
-        unknown = [n for n in names if n not in STACKS]
-        if unknown:
-            raise ValueError(f"unknown stack(s) {unknown}; known: {', '.join(STACKS)}")
-        return names
+        return known(names, STACKS, "stack(s)")
 
 
 class StackRun(BaseModel):
@@ -115,14 +113,6 @@ def run_stacks(cfg: StacksConfig | None = None, *, device: str | torch.device | 
     return result
 
 
-def _notes(rows: list[Row | None]) -> str:
-    """The notes of one M and mode's rows: once where every format has the same, else per format."""
-    notes = [(r.dtype, r.note) for r in rows if r is not None and r.note]
-    if len(notes) == len(rows) and len({n for _, n in notes}) == 1:
-        return notes[0][1]
-    return "; ".join(f"{d}: {n}" for d, n in notes)
-
-
 def _cells(dtype: str, r: Row | None) -> str:
     """One format's cells of a table row: step time, floor, floor / step and (but for bf16) speed vs bf16."""
     out = [cell(r and r.step_us, ".1f"), cell(r and r.floor_us, ".1f"), cell(r and r.floor_fraction, ".2f")]
@@ -157,7 +147,7 @@ def render(result: StacksResult) -> str:
             for mode in MODES:
                 cells = [rows.get((d, m, mode)) for d in formats]
                 out.append(f"| {m} | {mode} | " + " | ".join(_cells(d, r) for d, r in zip(formats, cells))
-                           + f" | {_notes(cells)} |")
+                           + f" | {notes_cell(cells)} |")
     if result.notes:
         out += [""] + [f"- {n}" for n in result.notes]
     return "\n".join(out)

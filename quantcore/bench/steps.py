@@ -92,6 +92,14 @@ class StepResult(BaseModel):
                 f"command: `{self.command}`"]
 
 
+def known(names: list[str], table: dict, what: str) -> list[str]:
+    """`names` where each is a key of `table`; a config validator's ValueError naming the others otherwise."""
+    unknown = [n for n in names if n not in table]
+    if unknown:
+        raise ValueError(f"unknown {what} {unknown}; known: {', '.join(table)}")
+    return names
+
+
 def default_device(device: str | torch.device | None) -> torch.device:
     """`device`, by default the GPU where there is one, else the CPU."""
     return torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -237,3 +245,11 @@ def cell(x: float | None, spec: str) -> str:
 def mb(n: int | None) -> str:
     """Bytes as a table cell in MB (10^6)."""
     return "—" if n is None else f"{n / 1e6:.1f}"
+
+
+def notes_cell(rows: list[Row | None]) -> str:
+    """The notes of one M and mode's rows: once where every format has the same, else per format."""
+    notes = [(r.dtype, r.note) for r in rows if r is not None and r.note]
+    if len(notes) == len(rows) and len({n for _, n in notes}) == 1:
+        return notes[0][1]
+    return "; ".join(f"{d}: {n}" for d, n in notes)
