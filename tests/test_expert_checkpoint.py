@@ -13,7 +13,8 @@ from torch import nn
 
 from helpers import randn
 from quantcore import InvalidInputError
-from quantcore.nn import QuantExperts, QuantLinear, load_checkpoint, quantize_model, save_checkpoint
+from quantcore.nn import (QuantExperts, QuantLinear, load_checkpoint, quantize_from_config, quantize_model,
+                          save_checkpoint)
 from quantcore.nn.expert_files import ExpertsLoad
 from test_checkpoint import DEEPSEEK, codes, compressed_tensors_config, write_folder
 
@@ -27,8 +28,9 @@ class StackedExperts(nn.Module):
 
     def __init__(self, num_experts=E, hidden=H, inner=I):
         super().__init__()
-        self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * inner, hidden))
-        self.down_proj = nn.Parameter(torch.empty(num_experts, hidden, inner))
+        gen = torch.Generator().manual_seed(7)  # on the meta device the parameters stay empty
+        self.gate_up_proj = nn.Parameter(torch.randn(num_experts, 2 * inner, hidden, generator=gen) * hidden ** -0.5)
+        self.down_proj = nn.Parameter(torch.randn(num_experts, hidden, inner, generator=gen) * inner ** -0.5)
         self.act_fn = nn.SiLU()
 
     def forward(self, x, topk_ids, topk_weights):
@@ -310,3 +312,19 @@ def test_transformers_reads_the_experts_quantcore_writes_and_quantcore_reads_the
     tokens = torch.tensor([[1, 2, 3, 4, 5]])
     with torch.no_grad():
         assert torch.equal(fresh(tokens).logits, model(tokens).logits)
+
+
+def test_quantize_from_config_converts_the_experts_its_rules_quantize():
+    model = MoE(StackedExperts())
+    quantize_from_config(model, DEEPSEEK | {"weight_block_size": [128, 64], "modules_to_not_convert": ["gate"]})
+    experts = model.model.layers[0].mlp.experts
+    assert isinstance(experts, QuantExperts) and experts.block_size == (128, 64)
+    assert isinstance(model.model.layers[0].mlp.shared, QuantLinear) and isinstance(model.model.layers[0].mlp.gate,
+                                                                                    nn.Linear)
+    kept = MoE(StackedExperts())
+    quantize_from_config(kept, DEEPSEEK | {"modules_to_not_convert": ["gate", "model.layers.0.mlp.experts"]})
+    assert isinstance(kept.model.layers[0].mlp.experts, StackedExperts)
+    with torch.device("meta"):
+        empty = MoE(StackedExperts())
+    quantize_from_config(empty, DEEPSEEK)
+    assert empty.model.layers[0].mlp.experts.gate_up_proj.is_meta

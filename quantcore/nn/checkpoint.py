@@ -26,9 +26,9 @@ from torch import nn
 from ..errors import InvalidInputError
 from ..formats import dtype_name
 from .expert_files import ExpertsLoad, expert_tensors, per_expert_names, plan_experts, stacked_scales
-from .experts import QuantExperts
+from .experts import QuantExperts, is_stacked_experts
 from .files import INDEX_FILE, NUMBERED_SHARD, SafetensorsFiles, safetensors_module, write_folder
-from .layers import QuantLinear, replace_linears
+from .layers import QuantLinear, replace_linears, replace_where
 from .params import frozen
 from .schemes import (CONFIG_FILE, CompressedTensorsScheme, Fp8Scheme, LayerFormat, Scheme, read_scheme,
                       scheme_from_config)
@@ -290,7 +290,8 @@ def _awaits_partner(key: str, pending: Mapping[str, Any], layers: Mapping[str, A
 
 def quantize_from_config(model: nn.Module, quantization_config: Mapping[str, Any] | str | os.PathLike) -> nn.Module:
     """Replace, in place, the `nn.Linear` layers a `quantization_config` quantizes by FP8 `QuantLinear`s
-    of its block size and scale format, and return `model`.
+    of its block size and scale format, and its stacked-experts modules (transformers >= 5's) by FP8
+    `QuantExperts`, and return `model`.
 
     quantization_config: the dict (config.json's entry), or a checkpoint folder holding config.json.
     Layers are chosen with the config's own rules (`modules_to_not_convert`, default ("lm_head",), or
@@ -305,7 +306,16 @@ def quantize_from_config(model: nn.Module, quantization_config: Mapping[str, Any
         return QuantLinear.from_linear(linear, dtype=torch.float8_e4m3fn, block_size=fmt.block_size,
                                        scale_fmt=fmt.scale_fmt)
 
-    return replace_linears(model, lambda name: scheme.layer(name) is not None, make)
+    def expert(name: str) -> LayerFormat | None:  # the rules see experts as checkpoints name them, per expert
+        return scheme.layer(per_expert_names(name, None)[0])
+
+    def make_experts(name: str, experts: nn.Module) -> QuantExperts:
+        fmt = expert(name)
+        return QuantExperts.from_module(experts, dtype=torch.float8_e4m3fn, block_size=fmt.block_size,
+                                        scale_fmt=fmt.scale_fmt)
+
+    replace_linears(model, lambda name: scheme.layer(name) is not None, make)
+    return replace_where(model, is_stacked_experts, lambda name: expert(name) is not None, make_experts)
 
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "kib": 2**10, "mib": 2**20,

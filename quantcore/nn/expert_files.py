@@ -221,6 +221,8 @@ def expert_tensors(prefix: str, experts: QuantExperts, scale_name: str, scale_dt
     return out
 
 
-def per_expert_names(prefix: str, experts: QuantExperts) -> list[str]:
-    """The per-expert linears' names `expert_tensors` writes for `experts` at `prefix`."""
-    return [f"{prefix}.{e}.{proj}" for e in range(experts.num_experts) for proj in PROJECTIONS]
+def per_expert_names(prefix: str, experts: QuantExperts | None) -> list[str]:
+    """The per-expert linears' names `expert_tensors` writes for `experts` at `prefix` (None: expert 0's),
+    as a config's skip rules see them."""
+    return [f"{prefix}.{e}.{proj}" for e in range(1 if experts is None else experts.num_experts)
+            for proj in PROJECTIONS]
