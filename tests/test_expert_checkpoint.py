@@ -157,6 +157,9 @@ def test_stacked_expert_tensors_load(tmp_path):
     model = meta_moe(StackedExperts)
     assert load_checkpoint(model, folder) == ([], [])
     assert_same_experts(model.model.layers[0].mlp.experts, source.model.layers[0].mlp.experts)
+    state = load_checkpoint(None, folder)  # as a state dict: the layer's names and dtypes
+    assert state.keys() == source.state_dict().keys()
+    assert torch.equal(state[f"{EXPERTS}.down_proj_scale_inv"], source.model.layers[0].mlp.experts.down_proj_scale_inv)
 
 
 def test_experts_are_read_one_shard_at_a_time(tmp_path, monkeypatch):
