@@ -49,7 +49,7 @@ def test_the_models_are_their_configs_and_shrink_to_whole_blocks():
 
 def test_the_bf16_experts_compute_the_routed_sum_and_quantize_into_quant_experts():
     gen = GEN().manual_seed(2)
-    experts = moe.TorchExperts(6, 128, 128, torch.device("cpu"), gen)
+    experts = moe.TorchExperts(6, 128, 128, gen)
     x = torch.randn(5, 128, generator=gen).bfloat16()
     ids = moe.route(5, 6, 2, "uniform", gen)
     w = torch.rand(5, 2, generator=gen)
@@ -82,8 +82,9 @@ def test_every_contender_of_a_grouped_gemm_row_is_built_and_runs(monkeypatch):
     monkeypatch.setattr(moe, "timed_records", run_once)
     monkeypatch.setattr(moe.baselines, "read_ceiling_us", lambda nbytes: 0.5)
     shape = shapes.MOE_MODELS["qwen3-30b-a3b"].scaled(16)
-    records = moe._grouped_records(shape, "gate_up", 4, "zipf", "fp8_e4m3", torch.float8_e4m3fn,
-                                   torch.device("cpu"), GEN().manual_seed(3))
+    b, b_s = moe.expert_codes(shape, "gate_up", torch.float8_e4m3fn, GEN().manual_seed(4))
+    assert b.shape == (shape.experts, 2 * shape.inter, shape.hidden) and b_s.shape == (shape.experts, 2, 1)
+    records = moe._grouped_records(shape, 4, "zipf", "fp8_e4m3", b, b_s, GEN().manual_seed(3))
     by_impl = {r.impl: r for r in records}
     ours = registry.compared("grouped_mm")
     for name in (*ours, *(f"masked:{b}" for b in registry.compared("grouped_mm_masked"))):
@@ -93,8 +94,8 @@ def test_every_contender_of_a_grouped_gemm_row_is_built_and_runs(monkeypatch):
     assert by_impl["cublas-blockwise-loop"].us is None and by_impl["cublas-blockwise-loop"].note
     assert by_impl[shapes.READ_CEILING].unit == "GB/s" and by_impl["triton"].fraction == 0.5
     assert all(r.shape == [4, 2 * shape.inter, shape.hidden, shape.experts, shape.top_k] for r in records)
-    int8 = moe._grouped_records(shape, "down", 128, "uniform", "int8", torch.int8, torch.device("cpu"),
-                                GEN().manual_seed(3))
+    b, b_s = moe.expert_codes(shape, "down", torch.int8, GEN().manual_seed(4))
+    int8 = moe._grouped_records(shape, 128, "uniform", "int8", b, b_s, GEN().manual_seed(3))
     assert not any(r.impl.startswith(("masked:", "torch._", "cublas")) or r.impl == shapes.READ_CEILING for r in int8)
 
 

@@ -65,10 +65,10 @@ class TorchExperts(nn.Module):
     Its `gate_up_proj` [E, 2I, H] and `down_proj` [E, H, I] are transformers' stacked experts' layout, so
     `quantize_model` turns it into a `QuantExperts`."""
 
-    def __init__(self, experts: int, hidden: int, inter: int, device: torch.device, gen: torch.Generator):
+    def __init__(self, experts: int, hidden: int, inter: int, gen: torch.Generator):
         super().__init__()
-        self.gate_up_proj = nn.Parameter(_weights((experts, 2 * inter, hidden), device, gen), requires_grad=False)
-        self.down_proj = nn.Parameter(_weights((experts, hidden, inter), device, gen), requires_grad=False)
+        self.gate_up_proj = nn.Parameter(_weights((experts, 2 * inter, hidden), gen), requires_grad=False)
+        self.down_proj = nn.Parameter(_weights((experts, hidden, inter), gen), requires_grad=False)
         self.act_fn = nn.SiLU()
 
     def forward(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
@@ -85,11 +85,12 @@ class TorchExperts(nn.Module):
         return torch.zeros_like(x).index_add_(0, token, y * weights)
 
 
-def _weights(shape: tuple[int, ...], device: torch.device, gen: torch.Generator) -> torch.Tensor:
-    """bf16 weights of `shape` with unit fan-in variance, drawn on the CPU one expert at a time (seeded)."""
-    out = torch.empty(shape, dtype=torch.bfloat16, device=device)
+def _weights(shape: tuple[int, ...], gen: torch.Generator) -> torch.Tensor:
+    """bf16 weights of `shape` with unit fan-in variance, drawn on `gen`'s device one expert at a time (no
+    fp32 copy of them all)."""
+    out = torch.empty(shape, dtype=torch.bfloat16, device=gen.device)
     for e in range(shape[0]):
-        out[e] = (torch.randn(shape[1:], generator=gen) * shape[-1] ** -0.5).to(torch.bfloat16)
+        out[e] = torch.randn(shape[1:], generator=gen, device=gen.device) * shape[-1] ** -0.5
     return out
 
 
@@ -97,11 +98,11 @@ class MoEBlock(nn.Module):
     """One MoE layer of a decode step: a bf16 router (a parameter, not a linear: routers stay unquantized),
     softmax top-k, the experts, the residual add."""
 
-    def __init__(self, shape: MoEShape, device: torch.device, gen: torch.Generator):
+    def __init__(self, shape: MoEShape, gen: torch.Generator):
         super().__init__()
         self.top_k = shape.top_k
-        self.router = nn.Parameter(_weights((1, shape.experts, shape.hidden), device, gen)[0], requires_grad=False)
-        self.experts = TorchExperts(shape.experts, shape.hidden, shape.inter, device, gen)
+        self.router = nn.Parameter(_weights((1, shape.experts, shape.hidden), gen)[0], requires_grad=False)
+        self.experts = TorchExperts(shape.experts, shape.hidden, shape.inter, gen)
         self.last_ids: torch.Tensor | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -145,15 +146,20 @@ class MoEResult(StepResult):
     steps: list[Row] = []
 
 
-def _codes(shape: tuple[int, ...], qdtype: torch.dtype, device: torch.device, gen: torch.Generator) -> torch.Tensor:
-    """Random codes of `shape` (one expert at a time, so no float copy of all of them is ever made)."""
-    out = torch.empty(shape, dtype=qdtype, device=device)
-    for e in range(shape[0]):
+def expert_codes(shape: MoEShape, proj: str, qdtype: torch.dtype, gen: torch.Generator
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random stacked weights of one projection on `gen`'s device: codes [E, N, K] (drawn one expert at a
+    time, so no float copy of all of them is made) and fp32 block scales [E, ceil(N/128), ceil(K/128)]."""
+    n, k = (2 * shape.inter, shape.hidden) if proj == "gate_up" else (shape.hidden, shape.inter)
+    device = gen.device
+    codes = torch.empty((shape.experts, n, k), dtype=qdtype, device=device)
+    for e in range(shape.experts):
         if qdtype == torch.int8:
-            out[e] = torch.randint(-127, 128, shape[1:], generator=gen, dtype=torch.int8)
+            codes[e] = torch.randint(-127, 128, (n, k), generator=gen, dtype=torch.int8, device=device)
         else:
-            out[e] = (torch.randn(shape[1:], generator=gen) * 64).clamp(-448, 448).to(qdtype)
-    return out
+            codes[e] = (torch.randn((n, k), generator=gen, device=device) * 64).clamp(-448, 448)
+    scales = torch.rand(shape.experts, math.ceil(n / 128), math.ceil(k / 128), generator=gen, device=device) + 0.5
+    return codes, scales
 
 
 def _expert_loop(a, a_s, b, b_s, offsets: list[int]) -> Callable[[], object]:
@@ -167,15 +173,14 @@ def _expert_loop(a, a_s, b, b_s, offsets: list[int]) -> Callable[[], object]:
     return loop
 
 
-def _grouped_records(shape: MoEShape, proj: str, tokens: int, routing: str, fmt: str, qdtype: torch.dtype,
-                     device: torch.device, gen: torch.Generator) -> list[Record]:
-    """The grouped GEMM rows of one model × projection × T × routing × format, timed interleaved."""
-    H, I, E, top = shape.hidden, shape.inter, shape.experts, shape.top_k
-    n, k = (2 * I, H) if proj == "gate_up" else (H, I)
+def _grouped_records(shape: MoEShape, tokens: int, routing: str, fmt: str, b: torch.Tensor, b_s: torch.Tensor,
+                     gen: torch.Generator) -> list[Record]:
+    """The grouped GEMM rows of one model's projection (`expert_codes`: b [E, N, K], b_s) × T × routing ×
+    format, timed interleaved; the routing and the activations drawn with `gen` (the CPU's)."""
+    E, n, k = b.shape
+    top, qdtype, device = shape.top_k, b.dtype, b.device
     ids = route(tokens, E, top, routing, gen).to(device)
     x = torch.randn(tokens, k, generator=gen).to(device, torch.bfloat16)
-    b = _codes((E, n, k), qdtype, device, gen)
-    b_s = (torch.rand(E, math.ceil(n / 128), math.ceil(k / 128), generator=gen) + 0.5).to(device)
     a, a_s, offsets, rows = ops.moe_permute(x, ids, E, dtype=qdtype)
     rows_n = tokens * top
     flops = baselines.gemm_flops(rows_n, n, k)
@@ -267,26 +272,28 @@ def run_moe(cfg: MoEConfig | None = None, *, device: str | torch.device | None =
     cfg = cfg if cfg is not None else MoEConfig()
     dev = default_device(device)
     result = MoEResult.begin(dev, copy_gbps, command, config=cfg)
-    gen = torch.Generator().manual_seed(cfg.seed)
+    gen, weights_gen = torch.Generator().manual_seed(cfg.seed), torch.Generator(dev).manual_seed(cfg.seed)
     if cfg.ops and dev.type != "cuda":
         result.notes.append("grouped GEMM rows skipped: they are timed with CUDA events on a GPU")
     elif cfg.ops:
         for name in cfg.models:
             shape = MOE_MODELS[name].scaled(cfg.scale)
             for proj in ("gate_up", "down"):
-                for tokens in cfg.tokens:
-                    for routing in cfg.routings:
-                        for fmt, qdtype in (("fp8_e4m3", torch.float8_e4m3fn), ("int8", torch.int8)):
-                            result.records += _grouped_records(shape, proj, tokens, routing, fmt, qdtype, dev, gen)
+                for fmt, qdtype in (("fp8_e4m3", torch.float8_e4m3fn), ("int8", torch.int8)):
+                    b, b_s = expert_codes(shape, proj, qdtype, weights_gen)
+                    for tokens in cfg.tokens:
+                        for routing in cfg.routings:
+                            result.records += _grouped_records(shape, tokens, routing, fmt, b, b_s, gen)
                             log(f"{name} {proj} T={tokens} {routing} {fmt}")
-                            torch.cuda.empty_cache()
                             if checkpoint:
                                 checkpoint(result)
+                    del b, b_s  # DeepSeek-V3's gate_up codes are 7.5 GB: freed before the next are drawn
+                    torch.cuda.empty_cache()
     if cfg.layers:
         shape = MOE_MODELS[cfg.step_model].scaled(cfg.scale)
         torch.manual_seed(cfg.seed)
         with torch.no_grad():
-            base = nn.Sequential(*(MoEBlock(shape, dev, gen) for _ in range(cfg.layers)))
+            base = nn.Sequential(*(MoEBlock(shape, weights_gen) for _ in range(cfg.layers)))
         done = progress(log, checkpoint and (lambda: checkpoint(result)))
         measure(result.steps, base, cfg.batches, _step_factory(shape), tokens=cfg.steps, warmup=cfg.warmup,
                 copy_gbps=result.copy_gbps, done=done(f"{cfg.step_model} x{cfg.layers}"))
