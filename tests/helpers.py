@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 import functools
+import os
 
 import numpy as np
+import pytest
 import torch
 
 import oracle
 from quantcore import ops
 from quantcore.definitions.tolerances import REQUANT_SCALE_RTOL, activation_within, requant_within_one_step
+
+# The Triton interpreter's tests: where there is no GPU, conftest turns the interpreter on before anything
+# imports Triton; with a GPU the GPU suite runs the same kernels compiled.
+INTERPRETER_ONLY = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                                      reason="CPU interpreter tests; the GPU suite runs these kernels on a device")
 
 
 def randn(shape, dtype=torch.float32, gen=None, scale=1.0, device="cpu"):
@@ -238,3 +245,18 @@ def assert_gemm_rows_agree(got: torch.Tensor, want: torch.Tensor, what: str) -> 
         torch.cuda.get_device_capability(got.device) >= (8, 9)
     assert fp8_mma, f"{what}: {int((got.view(view) != want.view(view)).sum())} elements differ"
     assert rel_error(got, want) <= gemm_tolerance("fp8_e4m3", got.dtype, exact_accumulation=False), what
+
+
+@pytest.fixture
+def whole_k(monkeypatch):
+    """scaled_mm with K whole (never split), as the grouped kernels run it: their experts' rows are then
+    comparable with scaled_mm's bit for bit. Use with `pytest.mark.usefixtures("whole_k")`."""
+    from quantcore import registry
+    from quantcore.backends.cupy import launch as cupy_launch
+    from quantcore.backends.triton import configs
+
+    monkeypatch.setattr(configs, "_split", lambda profile, tiles, kbs, *args: (1, kbs))
+    monkeypatch.setattr(cupy_launch, "gemm_splits", lambda M, N, K, block_k, tile, sms: (-(-K // block_k), 1))
+    registry.reset()
+    yield
+    registry.reset()

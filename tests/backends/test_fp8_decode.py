@@ -18,9 +18,6 @@ import pytest
 import torch
 
 # As in test_triton_kernels: interpreted kernels in this process only where there is no GPU.
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported anywhere
-
 pytest.importorskip("triton")
 from quantcore.backends.triton.kernels import fp8  # noqa: E402
 

@@ -10,18 +10,13 @@ must come back untouched.
 
 from __future__ import annotations
 
-import os
-
 import torch
-
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported anywhere
 
 import pytest  # noqa: E402
 
 triton = pytest.importorskip("triton")
 
-from helpers import randn  # noqa: E402
+from helpers import INTERPRETER_ONLY, randn  # noqa: E402
 from quantcore import InvalidInputError  # noqa: E402
 from quantcore.backends import torch as ref  # noqa: E402
 from quantcore.backends.torch import grouped as ref_grouped  # noqa: E402
@@ -29,8 +24,7 @@ from quantcore.backends.triton import configs, launch  # noqa: E402
 from quantcore.backends.triton import grouped  # noqa: E402
 from quantcore.capability import SIMULATED  # noqa: E402
 
-pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
-                                reason="CPU interpreter tests; the GPU suite runs these kernels on a device")
+pytestmark = INTERPRETER_ONLY
 
 FP8, I8 = torch.float8_e4m3fn, torch.int8
 TOL = {FP8: 1e-5, I8: 1e-6}

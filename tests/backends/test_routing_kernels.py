@@ -6,27 +6,21 @@ Outputs and workspaces start poisoned, so rows the kernels do not own must come 
 
 from __future__ import annotations
 
-import os
-
 import torch
-
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported anywhere
 
 import pytest  # noqa: E402
 
 triton = pytest.importorskip("triton")
 
 import quantcore  # noqa: E402
-from helpers import randn  # noqa: E402
+from helpers import INTERPRETER_ONLY, randn  # noqa: E402
 from quantcore.backends.torch import routing as ref  # noqa: E402
 from quantcore.backends.triton import routing  # noqa: E402
 from quantcore.capability import profile_for  # noqa: E402
 from quantcore.definitions.tolerances import rel_error  # noqa: E402
 from quantcore.nn import QuantExperts  # noqa: E402
 
-pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
-                                reason="CPU interpreter tests; the GPU suite runs these kernels on a device")
+pytestmark = INTERPRETER_ONLY
 
 FP8, I8 = torch.float8_e4m3fn, torch.int8
 E, T, TOP = 4, 5, 2

@@ -18,9 +18,6 @@ import torch
 # Triton decides at @jit time whether kernels are interpreted, for the whole process: turn the
 # interpreter on only where there is no GPU, or collecting this module would put the GPU suite's
 # Triton kernels on the interpreter too.
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported anywhere
-
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
@@ -33,7 +30,7 @@ import properties  # noqa: E402
 from binding import LaunchSpy, check_binding, kernel_mma, simulate_on_cpu, spy_triton_gemms  # noqa: E402
 
 from helpers import (  # noqa: E402
-    DIFFERENTIABLE, TAIL_EPS, activation_inputs, assert_same_q, assert_same_scale, check_activation,
+    DIFFERENTIABLE, INTERPRETER_ONLY, TAIL_EPS, activation_inputs, assert_same_q, assert_same_scale, check_activation,
     judge_quantized_gelu, outputs_of_every_op_on_grad_inputs, powers_of_two, quantizer_scales, quantizer_values,
     randn, reference_quant_linear, tail_blocks, tail_gemm_operands)
 from quantcore import InvalidInputError, definitions, ops, registry  # noqa: E402
@@ -49,8 +46,7 @@ from quantcore.backends.triton.kernels.quant import (  # noqa: E402
 from quantcore.capability import SIMULATED, cpu_profile  # noqa: E402
 
 pytestmark = [
-    pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
-                       reason="CPU interpreter tests; the GPU suite runs these kernels on a device"),
+    INTERPRETER_ONLY,
     pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning"),
     pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning"),
 ]

@@ -5,22 +5,17 @@ its masked rows. Few, small cases: the interpreter runs numpy per program."""
 
 from __future__ import annotations
 
-import os
-
 import torch
-
-if not torch.cuda.is_available():  # as in test_triton_kernels: interpreted kernels only where there is no GPU
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported anywhere
 
 import pytest  # noqa: E402
 
 pytest.importorskip("triton")
-from helpers import assert_same_q, assert_same_scale, judge_silu_mul, norm_inputs, randn  # noqa: E402
+from helpers import (INTERPRETER_ONLY, assert_same_q, assert_same_scale, judge_silu_mul, norm_inputs,  # noqa: E402
+                     randn)
 from quantcore import ops  # noqa: E402
 
 pytestmark = [
-    pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
-                       reason="CPU interpreter tests; the GPU suite runs these kernels on a device"),
+    INTERPRETER_ONLY,
     pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning"),
     pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning"),
 ]

@@ -5,7 +5,7 @@ and 64 tokens (and 512 for the contiguous routing):
 - the routing ops bit for bit the torch reference on the same GPU (codes, scales, offsets / masked_m, rows;
   the weighted sum's bits), as the contract says (integer sort, act_quant's numerics, a fixed fp32 order);
 - the grouped GEMMs, fed by the permute, bit for bit `ops.scaled_mm` on the same backend per expert (K
-  unsplit, as the grouped kernels run it: `unsplit`), both layouts;
+  unsplit, as the grouped kernels run it: `helpers.whole_k`), both layouts;
 - QuantExperts: the masked and the contiguous layouts give the same bits, within bf16 reach of the layer on
   the reference; the FP8 experts on a simulated sm_80 run the w8a16 variants; a decode step (masked) captured
   in a CUDA graph and replayed with new tokens and routing gives what an eager forward gives.
@@ -23,15 +23,14 @@ import torch
 
 import quantcore
 from quantcore import capability, definitions, ops, registry
-from quantcore.backends.cupy import launch as cupy_launch
-from quantcore.backends.triton import configs
 from quantcore.definitions.tolerances import rel_error
 from quantcore.nn import QuantExperts
 
-from helpers import assert_gemm_rows_agree
+from helpers import assert_gemm_rows_agree, whole_k  # noqa: F401 (a fixture: pytestmark uses it)
 from test_parity import poison, rand
 
-pytestmark = [pytest.mark.gpu, pytest.mark.filterwarnings("ignore::quantcore.NumericsWarning")]
+pytestmark = [pytest.mark.gpu, pytest.mark.filterwarnings("ignore::quantcore.NumericsWarning"),
+              pytest.mark.usefixtures("whole_k")]
 
 FP8, I8 = torch.float8_e4m3fn, torch.int8
 BACKENDS = ["triton", "cupy"]
@@ -39,16 +38,6 @@ BACKENDS = ["triton", "cupy"]
 # workers fit one GPU (its stacked FP8 weights alone would take 7 GiB a worker).
 MODELS = {"deepseek-v3": (7168, 2048, 32), "qwen3-30b-a3b": (2048, 768, 128)}
 TOP = 8
-
-
-@pytest.fixture(autouse=True)
-def unsplit(monkeypatch):
-    """scaled_mm with K whole, as the grouped kernels run it."""
-    monkeypatch.setattr(configs, "_split", lambda profile, tiles, kbs, *args: (1, kbs))
-    monkeypatch.setattr(cupy_launch, "gemm_splits", lambda M, N, K, block_k, tile, sms: (-(-K // block_k), 1))
-    registry.reset()
-    yield
-    registry.reset()
 
 
 def _bits(t):

@@ -4,7 +4,7 @@ routing (empty experts, one row, decode-sized, past the decode kernel's 64 rows 
 masked layout; and the masked launch captured in a CUDA graph, replayed on new counts and activations.
 
 The grouped kernels never split K, and scaled_mm splits it where its output tiles leave SMs idle (summing
-the same K blocks in another order), so scaled_mm runs unsplit here (`unsplit`).
+the same K blocks in another order), so scaled_mm runs unsplit here (`helpers.whole_k`).
 
 Run on a GPU machine: `python3 -m pytest -m gpu tests/gpu/test_grouped_gpu.py`.
 """
@@ -17,31 +17,19 @@ import pytest
 import torch
 
 import quantcore
-from quantcore import ops, registry
+from quantcore import ops
 from quantcore.backends import torch as ref
-from quantcore.backends.cupy import launch as cupy_launch
-from quantcore.backends.triton import configs
 from quantcore.capability import profile_for
 
-from helpers import assert_gemm_rows_agree
+from helpers import assert_gemm_rows_agree, whole_k  # noqa: F401 (a fixture: pytestmark uses it)
 from test_parity import poison, rand
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("whole_k")]
 
 FP8, I8 = torch.float8_e4m3fn, torch.int8
 BACKENDS = ["triton", "cupy"]
 # Rows per expert: empty, one, decode-sized, 64 / 65 (the decode kernels' bound), past 512 (the TMA tiles').
 COUNTS = [0, 1, 3, 17, 64, 65, 128, 300, 7, 0, 513, 2, 40, 90, 200, 33]
-
-
-@pytest.fixture(autouse=True)
-def unsplit(monkeypatch):
-    """scaled_mm with K whole, as the grouped kernels run it."""
-    monkeypatch.setattr(configs, "_split", lambda profile, tiles, kbs, *args: (1, kbs))
-    monkeypatch.setattr(cupy_launch, "gemm_splits", lambda M, N, K, block_k, tile, sms: (-(-K // block_k), 1))
-    registry.reset()
-    yield
-    registry.reset()
 
 
 def _grouped(backend):

@@ -12,8 +12,6 @@ Run on a GPU machine: `python3 -m pytest -m gpu tests/gpu/test_producers_gpu.py`
 
 from __future__ import annotations
 
-import contextlib
-
 import pytest
 import torch
 
@@ -22,30 +20,18 @@ pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
-import quantcore  # noqa: E402
-from quantcore import UnsupportedError, ops, registry  # noqa: E402
+from quantcore import ops, registry  # noqa: E402
 from quantcore.backends.torch.producers import rms_norm, silu_mul  # noqa: E402
 from quantcore.definitions.tolerances import REQUANT_SCALE_RTOL  # noqa: E402
 from quantcore.nn import QuantizedActivation, QuantLinear  # noqa: E402
 
-from test_parity import poison, rand, same_q, same_scale  # noqa: E402
+from test_parity import rand, run, same_q, same_scale  # noqa: E402
 
 FP8, I8 = torch.float8_e4m3fn, torch.int8
 PROFILES = [None, "sm80"]
 NORM_M = (1, 7, 64, 4096)
 NORM_H = (4096, 7168, 200, 5120)
 GATED_I = (14336, 18432, 2048, 200)
-
-
-def run(backend, profile, fn, *args, **kwargs):
-    """`fn(*args, backend=backend)` under a simulated `profile`, the outputs poisoned first; skip where it
-    cannot run there."""
-    poison()
-    with quantcore.simulate(profile) if profile else contextlib.nullcontext():
-        try:
-            return fn(*args, backend=backend, **kwargs)
-        except UnsupportedError as err:
-            pytest.skip(f"{backend} on {profile or 'this GPU'}: {err.reasons}")
 
 
 def assert_same(out, ref):
