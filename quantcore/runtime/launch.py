@@ -87,6 +87,15 @@ def transposed(new: Callable[[], torch.Tensor]) -> Callable[[], torch.Tensor]:
     return t
 
 
+def quantized_outputs(M: int, K: int, group_size: int, qdtype: torch.dtype, scale_m_major: bool,
+                      device: torch.device) -> dict[str, Callable[[], torch.Tensor]]:
+    """The allocators `_q` and `_scale` of a quantizing launch's (q [M, K] qdtype, scale [M, ceil(K/G)] fp32),
+    the scale M-major (act_quant's `scale_layout="m_major"`) when asked."""
+    kb = -(-K // group_size)
+    scale = allocator((kb, M) if scale_m_major else (M, kb), torch.float32, device)
+    return {"_q": allocator((M, K), qdtype, device), "_scale": transposed(scale) if scale_m_major else scale}
+
+
 def compose(params: str, outputs: dict[str, Callable[[], Any]], statement: str, namespace: dict[str, Any],
             result: str, launches: Callable[[], Any] | None = None) -> Callable[..., Any]:
     """A prepared `run` compiled from source, one Python frame between the op's function and the launch:

@@ -9,17 +9,10 @@ import math
 
 import torch
 
-from ...runtime.launch import allocator, by_address, prepared, transposed
+from ...runtime.launch import allocator, by_address, prepared, quantized_outputs
 from .launch import (_CTYPE, _QTYPE, _QUANT_THREADS, _kernel, _nothing, _quantizer, _row_stride, _run, _team,
                      _vector_width)
 from .launcher import POINTER, f32, i32, i64
-
-
-def _quantized_outputs(M: int, K: int, group_size: int, qdtype, scale_m_major: bool, device) -> dict:
-    """The allocators of (q [M, K], scale [M, ceil(K/G)]), the scale M-major as act_quant's when asked."""
-    kb = math.ceil(K / group_size)
-    scale = allocator((kb, M) if scale_m_major else (M, kb), torch.float32, device)
-    return {"_q": allocator((M, K), qdtype, device), "_scale": transposed(scale) if scale_m_major else scale}
 
 
 def norm_passes(H: int, vec: int) -> int:
@@ -52,11 +45,11 @@ def rms_norm_kernel_name(x_dtype, w_dtype, qdtype, vec: int, passes: int, residu
 
 @prepared
 def rms_norm_quant(x, weight, residual, *, eps, qdtype, group_size, ue8m0, quant_eps, scale_m_major, profile):
-    """RMSNorm of x [M, H] (bf16/fp16/fp32, row stride arbitrary) with weight [H], then act_quant per
-    1×group_size -> (q [M, H] qdtype, scale [M, ceil(H/G)] fp32: M-major with `scale_m_major`), and with
-    residual [M, H] (x's dtype) the norm reads x + residual and returns it third, [M, H] contiguous."""
+    """The contract's `rms_norm_quant` (docs/backend-contract.md) in one launch of `rms_norm_kernel_name`'s
+    instantiation, a block per row: its groups quantized from the registers the sum read where they fit
+    (`group_lanes`), else by the block quantizer reading the row again."""
     (M, H), device = x.shape, x.device
-    outputs = _quantized_outputs(M, H, group_size, qdtype, scale_m_major, device)
+    outputs = quantized_outputs(M, H, group_size, qdtype, scale_m_major, device)
     if residual is not None:
         outputs["_residual"] = allocator((M, H), x.dtype, device)
     launch = _nothing
@@ -91,7 +84,7 @@ def silu_mul_quant(gate_up, masked_m, *, qdtype, group_size, ue8m0, eps, scale_m
     (M, width), device = gate_up.shape, gate_up.device
     I = width // 2
     kb = math.ceil(I / group_size)
-    outputs = _quantized_outputs(M, I, group_size, qdtype, scale_m_major, device)
+    outputs = quantized_outputs(M, I, group_size, qdtype, scale_m_major, device)
     launch = _nothing
     if M:
         ld = _row_stride(gate_up)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 import triton
 
-from ...runtime.launch import allocator, by_address, compose, prepared, transposed
+from ...runtime.launch import allocator, by_address, compose, prepared, quantized_outputs
 from . import configs
 from .direct import Launcher
 from .kernels.producers import rms_norm_quant_kernel, silu_mul_quant_kernel
@@ -18,20 +18,12 @@ from .kernels.quant import scales_may_be_tiny
 from .launch import _KIND, _hw_fp8
 
 
-def _quantized_outputs(M: int, K: int, group_size: int, qdtype, scale_m_major: bool, device) -> dict:
-    """The allocators of (q [M, K], scale [M, ceil(K/G)]), the scale M-major as act_quant's when asked."""
-    kb = triton.cdiv(K, group_size)
-    scale = allocator((kb, M) if scale_m_major else (M, kb), torch.float32, device)
-    return {"_q": allocator((M, K), qdtype, device), "_scale": transposed(scale) if scale_m_major else scale}
-
-
 @prepared
 def rms_norm_quant(x, weight, residual, *, eps, qdtype, group_size, ue8m0, quant_eps, scale_m_major, profile):
-    """RMSNorm of x [M, H] (bf16/fp16/fp32, row stride arbitrary) with weight [H], then act_quant per
-    1×group_size -> (q [M, H] qdtype, scale [M, ceil(H/G)] fp32: M-major with `scale_m_major`), and with
-    residual [M, H] (x's dtype) the norm reads x + residual and returns it third, [M, H] contiguous."""
+    """The contract's `rms_norm_quant` (docs/backend-contract.md) in one launch: a program per row, the row
+    held as groups of the block quantizer's tile."""
     (M, H), device = x.shape, x.device
-    outputs = _quantized_outputs(M, H, group_size, qdtype, scale_m_major, device)
+    outputs = quantized_outputs(M, H, group_size, qdtype, scale_m_major, device)
     if residual is not None:
         outputs["_residual"] = allocator((M, H), x.dtype, device)
     params, result = "x, weight, residual=None", ", ".join(outputs)
@@ -67,7 +59,7 @@ def silu_mul_quant(gate_up, masked_m, *, qdtype, group_size, ue8m0, eps, scale_m
     expert's count are left unwritten."""
     (M, width), device = gate_up.shape, gate_up.device
     I = width // 2
-    outputs = _quantized_outputs(M, I, group_size, qdtype, scale_m_major, device)
+    outputs = quantized_outputs(M, I, group_size, qdtype, scale_m_major, device)
     params = "gate_up, masked_m=None"
     if M == 0:
         return by_address(compose(params, outputs, "", {}, "_q, _scale"))
