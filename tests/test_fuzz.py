@@ -1,5 +1,6 @@
 """Bad inputs drawn by hypothesis against the public surface: every op of `quantcore.definitions.all_ops()`
-through `quantcore.ops`, `QuantLinear`, `quantize_model` and `load_fp8_checkpoint` on state dicts. Only
+through `quantcore.ops`, `QuantLinear`, `QuantExperts`, `quantize_model` and `load_fp8_checkpoint` on state
+dicts. Only
 `QuantcoreError`s may come out (and `TORCH_ERRORS`, torch's own, each for a reason quantcore cannot
 see first); a view that holds the same values as a plain tensor (negated, strided, transposed, offset)
 must give the plain tensor's result. Draws: wrong dtypes, shapes, devices ("meta"), layouts (sparse,
@@ -23,7 +24,7 @@ from hypothesis import strategies as st  # noqa: E402
 from torch import nn  # noqa: E402
 
 from quantcore import QuantcoreError, definitions, ops, registry  # noqa: E402
-from quantcore.nn import QuantLinear, load_fp8_checkpoint, quantize_model  # noqa: E402
+from quantcore.nn import QuantExperts, QuantLinear, load_fp8_checkpoint, quantize_model  # noqa: E402
 
 
 
@@ -283,3 +284,51 @@ def test_load_fp8_checkpoint_on_state_dicts(data):
     state = dict(source.state_dict())
     strict = _state_dict_mutations(state, data)
     _judge(outcome(lambda: load_fp8_checkpoint(target, state, strict=strict)), f"load_fp8_checkpoint({sorted(state)})")
+
+
+# ---------------------------------------------------------------- experts
+
+@fuzz(80)
+@given(data=st.data())
+def test_quant_experts_construction(data):
+    sizes = [data.draw(st.sampled_from(SIZES + (2, 64)), label=name) for name in ("experts", "hidden", "inter")]
+    options = data.draw(st.fixed_dictionaries({}, optional={
+        "dtype": st.sampled_from(["auto", "fp8", "int8", "fp4", torch.float16, F8, None, 5]),
+        "block_size": st.sampled_from(BAD_VALUES + ((16, 16),)),
+        "scale_fmt": st.sampled_from(["fp32", "ue8m0", "e8m0", None]),
+        "activation": st.sampled_from(["silu", "gelu", "relu", None, 1]),
+        "device": st.sampled_from(["meta", "cuda", "gpu", -1, torch.device("meta")]),
+    }), label="options")
+    options.setdefault("device", "meta")  # sizes that fit an address space but not this machine are torch's
+    _judge(outcome(lambda: QuantExperts(*sizes, **options)), f"QuantExperts({sizes}, {options})")
+
+
+def _experts() -> QuantExperts:
+    gen = torch.Generator().manual_seed(0)
+    return QuantExperts.from_stacked(torch.randn(4, 64, 64, generator=gen), torch.randn(4, 64, 32, generator=gen),
+                                     dtype=torch.int8, block_size=(16, 32))
+
+
+@fuzz(60)
+@given(data=st.data())
+def test_quant_experts_forward(data):
+    layer = _experts()
+    args = {"x": torch.randn(5, 64), "topk_ids": torch.tensor([[0, 1], [1, 2], [2, 3], [3, 0], [0, 2]]),
+            "topk_weights": torch.rand(5, 2)}
+    layer(*args.values())
+    name = data.draw(st.sampled_from(list(args)), label="argument")
+    how = data.draw(st.sampled_from([*BAD_TENSORS, "ids out of range"]), label="mutation")
+    if how == "ids out of range":
+        args["topk_ids"] = args["topk_ids"] + data.draw(st.sampled_from([-5, 4, 2**40]), label="shift")
+    else:
+        args[name] = BAD_TENSORS[how](args[name], data.draw)
+    _judge(outcome(lambda: layer(*args.values())), f"QuantExperts forward, {name} {how}")
+
+
+@fuzz(60)
+@given(data=st.data())
+def test_quant_experts_state_dicts(data):
+    state = dict(_experts().state_dict())
+    strict = _state_dict_mutations(state, data)
+    target = _experts()
+    _judge(outcome(lambda: target.load_state_dict(state, strict=strict is True)), f"QuantExperts.load({sorted(state)})")

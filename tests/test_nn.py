@@ -209,7 +209,8 @@ def test_forward_error_names_the_layer(gen):
         QuantLinear(64, 32)([1.0] * 64)
     with pytest.raises(InvalidInputError, match="QuantLinear: input must be a dense torch.Tensor .* got a nested"):
         QuantLinear(64, 32)(torch.nested.nested_tensor([randn((2, 64), gen=gen)] * 2))
-    with pytest.raises(InvalidInputError, match="quant_linear: x has layout torch.sparse_csr"):
+    with pytest.raises(InvalidInputError, match=r"QuantLinear: input must be a dense .* got a torch.sparse_csr tensor; "
+                                                r"call \.to_dense\(\) first"):
         QuantLinear(64, 32)(randn((2, 64), gen=gen).to_sparse_csr())
 
 

@@ -32,7 +32,7 @@ from ..backends.torch.activation import activate
 from ..definitions import checks
 from ..errors import InvalidInputError
 from ..formats import DEFAULT_BLOCK, dtype_name
-from .params import QuantParams, frozen, resolve_dtype
+from .params import QuantParams, dense_shape, frozen, resolve_dtype
 
 _LAYER = "QuantExperts"
 GATED_ACTIVATIONS = ("silu", "gelu", "gelu_tanh")
@@ -133,6 +133,9 @@ class QuantExperts(QuantParams):
         checks.scale_fmt(_LAYER, scale_fmt)
         self.scale_fmt = scale_fmt
         self.activation = checks.choice(_LAYER, "activation", activation, GATED_ACTIVATIONS)
+        if num_experts * 2 * intermediate_size * max(hidden_size, 4) > checks.INT64_MAX:
+            raise InvalidInputError(f"{_LAYER}: {num_experts} experts of {hidden_size} x {intermediate_size} have more "
+                                    "bytes than torch can address (2**63 - 1); pass sizes whose product is smaller")
         qdtype = resolve_dtype(dtype, torch.get_default_device() if device is None else device, _LAYER)
         E, H, I = num_experts, hidden_size, intermediate_size
         bn, bk = self.block_size
@@ -237,7 +240,9 @@ class QuantExperts(QuantParams):
     def forward(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
         """x [..., H] bf16/fp16/fp32, topk_ids [..., k] int32/int64, topk_weights [..., k] float -> [..., H] in
         x's dtype."""
-        shape = x.shape
+        shape = dense_shape(_LAYER, x, "x", "[..., hidden_size]")
+        dense_shape(_LAYER, topk_ids, "topk_ids", "[..., k]")
+        dense_shape(_LAYER, topk_weights, "topk_weights", "[..., k]")
         if not shape or shape[-1] != self.hidden_size:
             raise InvalidInputError(f"{_LAYER}: input has {shape[-1] if shape else 'no'} features in its last dim "
                                     f"(shape {tuple(shape)}); this layer expects hidden_size={self.hidden_size}")

@@ -28,7 +28,7 @@ from ..errors import InvalidInputError
 from ..formats import DEFAULT_BLOCK, dtype_name
 from ..runtime.dispatch import Site
 from .experts import QuantExperts, is_stacked_experts
-from .params import QuantParams, frozen, resolve_dtype
+from .params import QuantParams, dense_shape, frozen, resolve_dtype
 from .producers import QuantizedActivation, QuantRMSNorm, QuantSiLUMul
 
 _LAYER = "QuantLinear"  # how errors name the module
@@ -219,14 +219,6 @@ class QuantLinear(QuantParams):
             return "the quantized weight [out_features, in_features]"
         return (f"one fp32 scale per {self._block_size[0]}x{self._block_size[1]} block of the weight; build the layer "
                 "with the checkpoint's block_size")
-
-
-def dense_shape(layer: str, x: Any) -> torch.Size:
-    """The shape of a layer's input `x`, refusing what has none: a non-tensor, or a nested tensor."""
-    if not isinstance(x, torch.Tensor) or x.is_nested:
-        got = "a nested tensor" if isinstance(x, torch.Tensor) else type(x).__name__
-        raise InvalidInputError(f"{layer}: input must be a dense torch.Tensor [..., in_features], got {got}")
-    return x.shape
 
 
 def replace_linears(model: nn.Module, chosen: Callable[[str], bool],

@@ -28,6 +28,17 @@ def resolve_dtype(dtype: Any, device: torch.device | str, layer: str = "QuantLin
     return checks.quant_format(layer, "dtype", named.dtype if named else dtype, torch.device(device)).dtype
 
 
+def dense_shape(layer: str, x: Any, name: str = "input", expected: str = "[..., in_features]") -> torch.Size:
+    """The shape of a layer's argument `x` (`name`, shaped `expected`), refusing what has no dense one: a
+    non-tensor, a nested tensor, a sparse or mkldnn one (a layer reshapes its input before its ops see it)."""
+    if not isinstance(x, torch.Tensor) or x.is_nested or x.layout != torch.strided:
+        got = ("a nested tensor" if x.is_nested else f"a {x.layout} tensor") if isinstance(x, torch.Tensor) \
+            else type(x).__name__
+        hint = "; call .to_dense() first" if isinstance(x, torch.Tensor) and not x.is_nested else ""
+        raise InvalidInputError(f"{layer}: {name} must be a dense torch.Tensor {expected}, got {got}{hint}")
+    return x.shape
+
+
 def frozen(t: torch.Tensor) -> nn.Parameter:
     """`t` as a parameter that takes no gradient (quantized codes and scales are not trained)."""
     return nn.Parameter(t, requires_grad=False)

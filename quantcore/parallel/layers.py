@@ -32,7 +32,7 @@ from torch import nn
 from ..errors import InvalidInputError
 from ..formats import DEFAULT_BLOCK, dtype_name
 from ..nn import QuantLinear
-from ..nn.layers import dense_shape
+from ..nn.params import dense_shape
 from ..definitions import checks
 
 _DIM_NAMES = ("out_features N", "in_features K")
