@@ -7,12 +7,15 @@
   QuantLinears they feed (`QuantizedActivation`): the fused `rms_norm_quant` and `silu_mul_quant`.
 - `experts.py`: `QuantExperts`, a mixture-of-experts layer's gated-MLP experts with stacked block-quantized
   weights (routing, grouped GEMMs and the weighted sum as quantcore ops; masked or contiguous layout).
+- `params.py`: what both quantized layers share (frozen codes and scales no dtype cast touches, checked
+  state-dict loads, `resolve_dtype`).
 - `warmup.py`: `warmup(model, batch_sizes)`, the compiles and plans of a server's first requests, ahead.
 - `checkpoint.py`: `load_checkpoint` / `save_checkpoint` for checkpoint folders (config.json +
   safetensors shards) in the DeepSeek-V3 / transformers `fp8` and the `compressed-tensors` flavours,
   `quantize_from_config`, and `load_fp8_checkpoint` for bare safetensors files or a state dict.
 - `schemes.py`: reading and writing `quantization_config`; `files.py`: `SafetensorsFiles`, tensors (or
-  slices of them) by name from a file or a folder of shards.
+  slices of them) by name from a file or a folder of shards; `expert_files.py`: experts stored per expert
+  or stacked, read into and written from `QuantExperts`.
 
 The tensor-parallel layers (`ColumnParallelQuantLinear`, `RowParallelQuantLinear`, `shard_model`,
 `load_tp_checkpoint`) are in `quantcore.parallel`, which builds on these.
