@@ -53,10 +53,9 @@ def rms_norm_quant(x, weight, residual, *, eps, qdtype, group_size, ue8m0, quant
 
 @prepared
 def silu_mul_quant(gate_up, masked_m, *, qdtype, group_size, ue8m0, eps, scale_m_major, profile):
-    """silu(gate)·up of gate_up [M, 2I] (bf16/fp16/fp32, row stride arbitrary; gate the first I columns) in
-    fp32, act_quant per 1×group_size -> (q [M, I] qdtype, scale [M, ceil(I/G)] fp32, M-major with
-    `scale_m_major`). masked_m: None, or int32 [E] with M = E·max_m rows, expert by expert: rows past an
-    expert's count are left unwritten."""
+    """The contract's `silu_mul_quant` (docs/backend-contract.md) in one launch on the block quantizer's
+    tiling of [M, I] (`configs.block_tiling`); with masked_m, rows past an expert's count are neither read
+    nor written."""
     (M, width), device = gate_up.shape, gate_up.device
     I = width // 2
     outputs = quantized_outputs(M, I, group_size, qdtype, scale_m_major, device)
