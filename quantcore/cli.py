@@ -95,6 +95,7 @@ def _parser() -> argparse.ArgumentParser:
     moe.add_argument("--moe-step-model", choices=MOE_MODELS, help="the decode steps' model (default qwen3-30b-a3b)")
     moe.add_argument("--moe-layers", type=_positive, metavar="N", help="MoE layers a decode step (default 4)")
     moe.add_argument("--moe-batch", type=_positive, nargs="+", metavar="B", help="decode batches (default 1 8 64)")
+    moe.add_argument("--moe-steps", type=_positive, metavar="N", help="timed decode steps per loop (default 64)")
     moe.add_argument("--moe-scale", type=_positive, metavar="D",
                      help="divide every size by D (default 1: the models' own)")
     return parser
@@ -110,7 +111,7 @@ _STACKS_FLAGS = {"--stacks-m": "stacks_m", "--stacks-layers": "stacks_layers", "
 _MOE_FLAGS = {"--moe-tokens": "moe_tokens", "--moe-routing": "moe_routing", "--moe-no-ops": "moe_no_ops",
               "--moe-no-steps": "moe_no_steps",
               "--moe-step-model": "moe_step_model", "--moe-layers": "moe_layers", "--moe-batch": "moe_batch",
-              "--moe-scale": "moe_scale"}
+              "--moe-steps": "moe_steps", "--moe-scale": "moe_scale"}
 _STEP_FLAGS = {"e2e": ("--e2e", _E2E_FLAGS), "stacks": ("--stacks", _STACKS_FLAGS), "moe": ("--moe", _MOE_FLAGS)}
 
 
@@ -294,7 +295,7 @@ def _step_run(args: argparse.Namespace, command: str, save, kind: str) -> int:
         sizes = {"models": args.moe or None, "tokens": args.moe_tokens, "routings": args.moe_routing,
                  "ops": False if args.moe_no_ops else None, "step_model": args.moe_step_model,
                  "layers": 0 if args.moe_no_steps else args.moe_layers, "batches": args.moe_batch,
-                 "scale": args.moe_scale}
+                 "steps": args.moe_steps, "scale": args.moe_scale}
     others = {flag: flags for k, (flag, flags) in _STEP_FLAGS.items() if k != kind}
     if _refused(args, name, {"the op bench": _OP_FLAGS, **others}):
         return 2

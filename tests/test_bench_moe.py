@@ -102,7 +102,7 @@ def test_every_contender_of_a_grouped_gemm_row_is_built_and_runs(monkeypatch):
 def test_the_run_end_to_end_through_the_command_line(tmp_path, capsys):
     path = tmp_path / "moe.json"
     assert main(["bench", "--moe", "qwen3-30b-a3b", "--moe-scale", "16", "--moe-layers", "1", "--moe-batch", "1", "2",
-                 "--json", str(path)]) == 0
+                 "--moe-steps", "1", "--json", str(path)]) == 0
     printed = capsys.readouterr().out
     saved = moe.MoEResult.model_validate_json(path.read_text())
     assert saved.kind == "moe" and saved.records == []
