@@ -18,18 +18,21 @@ from torch import nn
 from ..definitions import checks
 from ..errors import InvalidInputError
 from ..runtime import native
+from .experts import QuantExperts
 from .layers import QuantLinear
 
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)
 
 
 def warmup(model: nn.Module, batch_sizes: Iterable[int] = DEFAULT_BATCH_SIZES, *, dtype: torch.dtype = torch.bfloat16,
-           inputs: Callable[[int], Any] | None = None, wait_native: bool = True) -> dict[int, float]:
+           inputs: Callable[[int], Any] | None = None, wait_native: bool = True, top_k: int = 8) -> dict[int, float]:
     """Compile and plan ahead what `model`'s first forward at each of `batch_sizes` rows would, and return
     the seconds each batch size took.
 
     Without `inputs`, each distinct `QuantLinear` of the model (by shapes, formats and device: equal
-    layers share their kernels and plans) runs on random `dtype` rows [M, in_features]; the model's own
+    layers share their kernels and plans) runs on random `dtype` rows [M, in_features], and each distinct
+    `QuantExperts` on M random tokens routed to `top_k` experts each (the model's num_experts_per_tok:
+    M·top_k picks the layout and the grouped GEMMs' rows); the model's own
     input shapes (a decode step's [B, 1, K]) then still make their plans on their first call, a few
     milliseconds with every kernel compiled. With `inputs`, `model(*inputs(M))` (or `model(**inputs(M))`
     for a dict) runs instead, under `torch.no_grad()`: every kernel and plan of those calls. `wait_native`:
@@ -39,8 +42,12 @@ def warmup(model: nn.Module, batch_sizes: Iterable[int] = DEFAULT_BATCH_SIZES, *
     if not isinstance(model, nn.Module):
         raise InvalidInputError(f"warmup: expected an nn.Module, got {type(model).__name__}")
     sizes = [checks.positive_int("warmup", "batch_sizes[i]", m) for m in batch_sizes]
+    checks.positive_int("warmup", "top_k", top_k)
     layers = {_kind(layer): layer for layer in model.modules() if isinstance(layer, QuantLinear)}
-    cuda = any(layer.weight.is_cuda for layer in layers.values())
+    experts = {(layer.extra_repr(), layer.gate_up_proj.device): layer for layer in model.modules()
+               if isinstance(layer, QuantExperts)}
+    cuda = any(p.is_cuda for p in (*(layer.weight for layer in layers.values()),
+                                   *(layer.gate_up_proj for layer in experts.values())))
     # Loaded from the cache, or its build started to run beside the kernels' compiles below.
     building = cuda and wait_native and native.enabled() and native.module() is None
 
@@ -51,6 +58,13 @@ def warmup(model: nn.Module, batch_sizes: Iterable[int] = DEFAULT_BATCH_SIZES, *
         for layer in layers.values() if inputs is None else ():
             x = torch.randn(m, layer.in_features, dtype=dtype, device=layer.weight.device)
             layer._gemm(x, layer._parameters["bias"], layer.out_dtype or dtype)
+        for layer in experts.values() if inputs is None else ():
+            device, k = layer.gate_up_proj.device, min(top_k, layer.num_experts)
+            # Token t routed to experts t·k … t·k + k - 1 (mod E): distinct per token, spread over all of them;
+            # int64 ids as torch.topk gives them, weights in the activations' dtype (their dtypes pick kernels).
+            ids = torch.arange(m * k, device=device).view(m, k) % layer.num_experts
+            layer(torch.randn(m, layer.hidden_size, dtype=dtype, device=device), ids,
+                  torch.full((m, k), 1 / k, dtype=dtype, device=device))
         if cuda:
             torch.cuda.synchronize()
 
