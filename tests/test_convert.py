@@ -149,3 +149,28 @@ def test_convert_fp8_to_int8_converts_every_fp8_layer_in_place_and_reports_its_e
     assert float((after - before).norm() / before.norm()) < 5e-2
     with pytest.raises(InvalidInputError, match="convert_fp8_to_int8: expected an nn.Module"):
         convert_fp8_to_int8("model")
+
+
+def test_convert_fp8_to_int8_converts_experts_per_expert():
+    """A QuantExperts' stacked FP8 weights become INT8 expert by expert, as fp8_to_int8_blocks converts each
+    expert's matrix; the errors are named per expert and projection; the layer then runs its INT8 path."""
+    from torch import nn
+
+    from quantcore.nn import QuantExperts, convert_fp8_to_int8
+
+    gen = torch.Generator().manual_seed(1)
+    layer = QuantExperts.from_stacked(torch.randn(3, 256, 128, generator=gen), torch.randn(3, 128, 128, generator=gen),
+                                      dtype=torch.float8_e4m3fn)
+    model = nn.ModuleDict({"experts": layer})
+    x, ids, w = torch.randn(4, 128, generator=gen), torch.tensor([[0, 1], [1, 2], [2, 0], [0, 2]]), torch.rand(4, 2)
+    before = layer(x, ids, w)
+    fp8 = {name: layer._parameters[name].clone() for name in layer.quant_params()}
+    errors = convert_fp8_to_int8(model)
+    assert sorted(errors) == [f"experts.{e}.{p}" for e in range(3) for p in ("down_proj", "gate_up_proj")]
+    for e in range(3):
+        q, s, err = convert.fp8_to_int8_blocks(fp8["down_proj"][e], fp8["down_proj_scale_inv"][e])
+        assert torch.equal(layer.down_proj[e], q) and torch.equal(layer.down_proj_scale_inv[e], s)
+        assert errors[f"experts.{e}.down_proj"] == err
+    assert layer.gate_up_proj.dtype == torch.int8 and not layer.gate_up_proj.requires_grad
+    after = layer(x, ids, w)
+    assert float((after - before).norm() / before.norm()) < 5e-2

@@ -333,8 +333,10 @@ def quantize_model(model: nn.Module, *, dtype: Any = "auto", skip: Iterable[str]
 
 
 def convert_fp8_to_int8(model: nn.Module) -> dict[str, RequantError]:
-    """Convert every FP8 `QuantLinear` of `model` in place to INT8 blocks of the same block size, and
-    return each converted layer's error (`quantcore.convert.RequantError`) by module name.
+    """Convert every FP8 `QuantLinear` and `QuantExperts` of `model` in place to INT8 blocks of the same
+    block size, and return each converted weight's error (`quantcore.convert.RequantError`) by name: a
+    linear's by its module name, an experts layer's per expert and projection as checkpoints name them
+    (`<experts>.<e>.gate_up_proj`, `<experts>.<e>.down_proj`).
 
     For GPUs without FP8 tensor cores (sm_80, sm_86), where the INT8 GEMM is the fast path and FP8 runs
     decoded to fp16: load the FP8 checkpoint, then convert. Each block is re-quantized from its exact
@@ -350,4 +352,11 @@ def convert_fp8_to_int8(model: nn.Module) -> dict[str, RequantError]:
         if isinstance(layer, QuantLinear) and layer.weight.dtype == torch.float8_e4m3fn:
             q, scale, errors[name] = fp8_to_int8_blocks(layer.weight, layer.weight_scale_inv, block_size=layer.block_size)
             layer.weight, layer.weight_scale_inv = frozen(q), frozen(scale)
+        elif isinstance(layer, QuantExperts) and layer.gate_up_proj.dtype == torch.float8_e4m3fn:
+            for codes, scales in layer.QUANT_PAIRS:
+                w, s = layer._parameters[codes], layer._parameters[scales]
+                converted = [fp8_to_int8_blocks(w[e], s[e], block_size=layer.block_size) for e in range(w.shape[0])]
+                errors.update((f"{name}.{e}.{codes}", err) for e, (_, _, err) in enumerate(converted))
+                setattr(layer, codes, frozen(torch.stack([q for q, _, _ in converted])))
+                setattr(layer, scales, frozen(torch.stack([sc for _, sc, _ in converted])))
     return errors
