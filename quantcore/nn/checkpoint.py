@@ -222,8 +222,8 @@ def load_checkpoint(model: nn.Module | None, folder: str | os.PathLike, *, devic
     load into the `QuantExperts` at `<experts>`, or into one that replaces a stacked float experts
     module there (transformers >= 5's), each tensor copied into its slice as its shard is read
     (`quantcore.nn.expert_files`); a model whose experts are separate modules (an nn.ModuleList of
-    MLPs) gets a QuantLinear per expert projection instead. Shards are read one at a time onto `device` and loaded (a layer's weight
-    and scale together); `assign` (None: True when the model has meta tensors, e.g. built under
+    MLPs) gets a QuantLinear per expert projection instead. Shards are read one at a time onto
+    `device` and loaded (a layer's weight and scale together); `assign` (None: True when the model has meta tensors, e.g. built under
     `with torch.device("meta"):`) takes the checkpoint's tensors as the parameters instead of
     copying. strict: raise `InvalidInputError` listing keys the model and checkpoint do not share
     (about keys only: missing shard files, shards outside the folder or a numbered series with a gap
@@ -465,11 +465,11 @@ def save_checkpoint(model: nn.Module, folder: str | os.PathLike, *, format: str 
     """Write `model` as a Hugging Face checkpoint folder that transformers and vLLM load; returns the folder.
 
     model: its QuantLinears and QuantExperts (FP8 e4m3, one block size and scale format for all) are
-    written as `<layer>.weight` plus the block scale (experts per expert:
-    `<experts>.<e>.gate_proj|up_proj|down_proj.weight`, as DeepSeek-V3 and Qwen3-MoE store them) — `weight_scale_inv` for format "fp8" (DeepSeek-V3 /
-    transformers `FineGrainedFP8Config` / vLLM `Fp8Config`), `weight_scale` for "compressed-tensors"
-    (FP8_BLOCK-style group, dynamic 1×Bk activation groups) — every other tensor of its state dict
-    as it is. Its remaining `nn.Linear`s are listed as kept in float (`modules_to_not_convert` and
+    written as `<layer>.weight` plus the block scale (experts per expert,
+    `<experts>.<e>.gate_proj|up_proj|down_proj.weight`, as DeepSeek-V3 and Qwen3-MoE store them):
+    `weight_scale_inv` for format "fp8" (DeepSeek-V3 / transformers `FineGrainedFP8Config` / vLLM
+    `Fp8Config`), `weight_scale` for "compressed-tensors" (FP8_BLOCK-style group, dynamic 1×Bk
+    activation groups); every other tensor of its state dict as it is. Its remaining `nn.Linear`s are listed as kept in float (`modules_to_not_convert` and
     `ignored_layers`, or `ignore`). A tensor shared by several names is written once.
     folder: gets `config.json` (`config`, default `model.config.to_dict()` when the model has one,
     else {}, with its `quantization_config` set), safetensors shards of at most `max_shard_size`

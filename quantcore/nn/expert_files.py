@@ -217,7 +217,8 @@ def expert_tensors(prefix: str, experts: QuantExperts, scale_name: str, scale_dt
             else:
                 rows, scale_rows = parts[proj]
                 codes, scales = experts.gate_up_proj[e, rows], experts.gate_up_proj_scale_inv[e, scale_rows]
-            out += [(f"{prefix}.{e}.{proj}.weight", codes), (f"{prefix}.{e}.{proj}.{scale_name}", scales.to(scale_dtype))]
+            name = f"{prefix}.{e}.{proj}"
+            out += [(f"{name}.weight", codes), (f"{name}.{scale_name}", scales.to(scale_dtype))]
     return out
 
 

@@ -14,9 +14,10 @@ ordinary modules of the model) and runs five ops, each on the backend the regist
 `silu_mul_quant` (SiLU(gate) times up in fp32, quantized; another activation: computed, then `act_quant`)
 -> `grouped_mm` (down) -> `moe_unpermute` (the weighted sum in slot order). Two layouts, chosen by the
 routed row count (`QuantExperts.path`): masked (per-expert slabs of max_m rows, `moe_permute_masked` /
-`grouped_mm_masked`) for decode, contiguous for larger batches. Both give each expert's rows the same bits, and both read the routing on the device only, so a
-forward can be captured in a CUDA graph and replayed with new routing; under `torch.compile` it is the
-`torch.ops.quantcore` custom ops (exact fakes: the shapes depend on T, k, E and max_m alone).
+`grouped_mm_masked`) for decode, contiguous for larger batches. Both give each expert's rows the same
+bits, and both read the routing on the device only, so a forward can be captured in a CUDA graph and
+replayed with new routing; under `torch.compile` it is the `torch.ops.quantcore` custom ops (exact fakes:
+the shapes depend on T, k, E and max_m alone).
 """
 
 from __future__ import annotations
