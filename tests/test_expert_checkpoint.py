@@ -331,3 +331,24 @@ def test_quantize_from_config_converts_the_experts_its_rules_quantize():
         empty = MoE(StackedExperts())
     quantize_from_config(empty, DEEPSEEK)
     assert empty.model.layers[0].mlp.experts.gate_up_proj.is_meta
+
+
+def test_mixtral_style_expert_names_load(tmp_path):
+    """MiniMax-M2's and Mixtral's per-expert names: w1 the gate, w3 the up, w2 the down projection."""
+    source = quantized_moe()
+    renamed = {".gate_proj.": ".w1.", ".up_proj.": ".w3.", ".down_proj.": ".w2."}
+
+    def mixtral(name: str) -> str:
+        for old, new in renamed.items():
+            name = name.replace(old, new)
+        return name
+    tensors = {mixtral(k) if ".experts." in k else k: v for k, v in source_tensors(source).items()}
+    assert f"{EXPERTS}.3.w3.weight" in tensors
+    model = meta_moe()
+    assert load_checkpoint(model, write_folder(tmp_path / "w", tensors, DEEPSEEK)) == ([], [])
+    assert_same_experts(model.model.layers[0].mlp.experts, source.model.layers[0].mlp.experts)
+    mixed = dict(tensors)
+    mixed[f"{EXPERTS}.0.up_proj.weight"] = mixed.pop(f"{EXPERTS}.0.w3.weight")
+    mixed[f"{EXPERTS}.0.up_proj.weight_scale_inv"] = mixed.pop(f"{EXPERTS}.0.w3.weight_scale_inv")
+    with pytest.raises(InvalidInputError, match="both gate_proj/up_proj/down_proj and w1/w3/w2 names"):
+        load_checkpoint(meta_moe(), write_folder(tmp_path / "mixed", mixed, DEEPSEEK))

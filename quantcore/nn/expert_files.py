@@ -1,9 +1,10 @@
 """Expert weights in checkpoint folders, read into and written from `QuantExperts`.
 
 Checkpoints store a mixture-of-experts layer's experts in one of two ways, and `load_checkpoint` reads both:
-- per expert, as DeepSeek-V3's, Qwen3-MoE's and MiniMax's FP8 folders do and transformers' and vLLM's
-  loaders read them: `<experts>.<e>.gate_proj|up_proj|down_proj.weight` ([I, H], [I, H], [H, I] codes)
-  with the block scale beside each (`weight_scale_inv` or `weight_scale`). `save_checkpoint` writes this.
+- per expert, as DeepSeek-V3's and Qwen3-MoE's FP8 folders do and transformers' and vLLM's loaders read
+  them: `<experts>.<e>.gate_proj|up_proj|down_proj.weight` ([I, H], [I, H], [H, I] codes; Mixtral's and
+  MiniMax-M2's `w1|w3|w2`) with the block scale beside each (`weight_scale_inv` or `weight_scale`).
+  `save_checkpoint` writes this, with the gate_proj/up_proj/down_proj names.
 - stacked, as `QuantExperts` and transformers' FP8 experts modules hold them: `<experts>.gate_up_proj`
   [E, 2I, H] and `<experts>.down_proj` [E, H, I] with `<name>_scale_inv` (or `<name>_scale`) beside each.
 Either is copied into a `QuantExperts` at `<experts>` (a stacked float experts module there is replaced by
@@ -30,13 +31,15 @@ from .params import frozen
 from .schemes import LayerFormat, Scheme
 
 PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
+# The same three as Mixtral's and MiniMax-M2's checkpoints name them: w1 the gate, w3 the up, w2 the down.
+NAMINGS = (PROJECTIONS, ("w1", "w3", "w2"))
 STACKED = ("gate_up_proj", "down_proj")
 _SCALE_SUFFIXES = ("_scale_inv", "_scale")
-_PER_EXPERT = re.compile(r"(?P<experts>.+)\.(?P<e>\d+)\.(?P<proj>gate_proj|up_proj|down_proj)")
+_PER_EXPERT = re.compile(r"(?P<experts>.+)\.(?P<e>\d+)\.(?P<proj>gate_proj|up_proj|down_proj|w1|w2|w3)")
 
 
 def per_expert(layer: str) -> tuple[str, int, str] | None:
-    """(experts module name, expert index, projection) of a per-expert linear's name, else None."""
+    """(experts module name, expert index, projection as stored) of a per-expert linear's name, else None."""
     m = _PER_EXPERT.fullmatch(layer)
     return (m["experts"], int(m["e"]), m["proj"]) if m else None
 
@@ -171,10 +174,15 @@ def _per_expert_plan(prefix: str, module: nn.Module, layers: dict[str, tuple[int
         raise InvalidInputError(f"load_checkpoint: the checkpoint stores experts up to {beyond[-1]} under {prefix!r}, "
                                 f"whose layer has {E}; build it with num_experts={beyond[-1] + 1}")
     scale_leaf = next(iter(layers.values()))[3].rpartition(".")[2]
+    namings = {names for names in NAMINGS for _, proj, _, _ in layers.values() if proj in names}
+    if len(namings) > 1:
+        raise InvalidInputError(f"load_checkpoint: the experts of {prefix!r} are stored under both gate_proj/up_proj/"
+                                "down_proj and w1/w3/w2 names; a checkpoint uses one of the two")
+    names = dict(zip(PROJECTIONS, namings.pop()))
     slots, scales = {}, set()
     for e in range(E):
         for proj in PROJECTIONS:
-            stored = f"{prefix}.{e}.{proj}"
+            stored = f"{prefix}.{e}.{names[proj]}"
             scale_name = layers[stored][3] if stored in layers else f"{stored}.{scale_leaf}"
             for what, name in (("weight", f"{stored}.weight"), ("scale", scale_name)):
                 param = "down_proj" if proj == "down_proj" else "gate_up_proj"
