@@ -61,6 +61,13 @@ class MoE(nn.Module):
         return mlp.experts(x, ids, weights.to(x.dtype)) + mlp.shared(x)
 
 
+def expert_mlp(make=lambda n_in, n_out: nn.Linear(n_in, n_out, bias=False), inner=I) -> nn.Module:
+    """One expert as DeepSeek-V3's modeling code keeps it: gate_proj, up_proj (H -> I), down_proj (I -> H)."""
+    mlp = nn.Module()
+    mlp.gate_proj, mlp.up_proj, mlp.down_proj = make(H, inner), make(H, inner), make(inner, H)
+    return mlp
+
+
 def float_weights(seed=0):
     gen = torch.Generator().manual_seed(seed)
     return randn((E, 2 * I, H), gen=gen) * H ** -0.5, randn((E, H, I), gen=gen) * I ** -0.5
@@ -180,11 +187,7 @@ def test_experts_are_read_one_shard_at_a_time(tmp_path, monkeypatch):
 def test_a_model_whose_experts_are_separate_mlps_gets_a_quant_linear_per_projection(tmp_path):
     source = quantized_moe()
     folder = write_folder(tmp_path, source_tensors(source), DEEPSEEK)
-    mlps = nn.ModuleList()
-    for _ in range(E):
-        mlp = nn.Module()
-        mlp.gate_proj, mlp.up_proj, mlp.down_proj = nn.Linear(H, I, False), nn.Linear(H, I, False), nn.Linear(I, H, False)
-        mlps.append(mlp)
+    mlps = nn.ModuleList([expert_mlp() for _ in range(E)])
     model = MoE(mlps)
     load_checkpoint(model, folder)
     layer = source.model.layers[0].mlp.experts
@@ -352,3 +355,27 @@ def test_mixtral_style_expert_names_load(tmp_path):
     mixed[f"{EXPERTS}.0.up_proj.weight_scale_inv"] = mixed.pop(f"{EXPERTS}.0.w3.weight_scale_inv")
     with pytest.raises(InvalidInputError, match="both gate_proj/up_proj/down_proj and w1/w3/w2 names"):
         load_checkpoint(meta_moe(), write_folder(tmp_path / "mixed", mixed, DEEPSEEK))
+
+
+def test_from_experts_stacks_quant_linears_bit_for_bit(tmp_path):
+    """A model that keeps a module per expert loads a per-expert checkpoint as QuantLinears; from_experts stacks
+    them as they are: the same codes and scales as quantizing the float experts stacked (I = 128 is a whole
+    number of blocks, so gate and up never share one)."""
+    gate_up, down = float_weights()
+    mlps = nn.ModuleList()
+    for e in range(E):
+        mlp = expert_mlp()
+        with torch.no_grad():
+            mlp.gate_proj.weight.copy_(gate_up[e, :I])
+            mlp.up_proj.weight.copy_(gate_up[e, I:])
+            mlp.down_proj.weight.copy_(down[e])
+        mlps.append(mlp)
+    expected = QuantExperts.from_experts(mlps, dtype=FP8)
+    quantize_model(mlps, dtype=FP8)
+    assert isinstance(mlps[0].up_proj, QuantLinear)
+    assert_same_experts(QuantExperts.from_experts(mlps), expected)
+    with pytest.raises(InvalidInputError, match="projections are of several kinds"):
+        QuantExperts.from_experts([mlps[0], expert_mlp()])
+    odd = expert_mlp(lambda n_in, n_out: QuantLinear(n_in, n_out, False, dtype=FP8), inner=96)
+    with pytest.raises(InvalidInputError, match="I = 96 rows, not a whole number of their 128-row blocks"):
+        QuantExperts.from_experts([odd])

@@ -87,6 +87,13 @@ def gated_activation(module: nn.Module) -> str:
     return _ACTIVATION_CLASSES[kind]
 
 
+def _quantized(module: Any) -> tuple | None:
+    """(codes dtype, block_size, scale_fmt) of a block-quantized linear (a QuantLinear), None otherwise."""
+    if isinstance(module, QuantParams) and module.QUANT_PAIRS == (("weight", "weight_scale_inv"),):
+        return module.weight.dtype, module.block_size, module.scale_fmt
+    return None
+
+
 class ExpertsPath(NamedTuple):
     """How a forward of `tokens` tokens routed to `top_k` experts each runs: `layout` "masked" or
     "contiguous", `max_m` the masked slabs' rows (None for contiguous), and `reason` in words."""
@@ -195,33 +202,59 @@ class QuantExperts(QuantParams):
     def from_experts(cls, experts: Iterable[nn.Module], *, dtype: Any = torch.float8_e4m3fn,
                      block_size: tuple[int, int] = DEFAULT_BLOCK, scale_fmt: str = "fp32",
                      activation: str = "silu") -> QuantExperts:
-        """Quantize a list of expert MLPs (e.g. an `nn.ModuleList`), each with `gate_proj` and `up_proj`
-        nn.Linear(H, I) and `down_proj` nn.Linear(I, H) without bias, as DeepSeek-V3's and Qwen3-MoE's
-        experts have them. The activation is not read from the modules: pass theirs."""
+        """Stack a list of expert MLPs (e.g. an `nn.ModuleList`), each with `gate_proj` and `up_proj` (H -> I)
+        and `down_proj` (I -> H) projections without bias, as DeepSeek-V3's and Qwen3-MoE's experts have them.
+
+        nn.Linear projections are quantized as `dtype`, `block_size` and `scale_fmt` say. `QuantLinear`s
+        (a per-expert checkpoint loaded into such a model) are stacked as they are, bit for bit, in their
+        own format (dtype, block_size and scale_fmt are then theirs; I must be a multiple of their Bn).
+        The activation is not read from the modules: pass theirs."""
         experts = list(experts)
         if not experts:
             raise InvalidInputError(f"{_LAYER}.from_experts: no experts given")
-        gate_up, down = [], []
+        projections = []
         for i, m in enumerate(experts):
             linears = [getattr(m, n, None) for n in ("gate_proj", "up_proj", "down_proj")]
-            if not all(isinstance(lin, nn.Linear) for lin in linears):
+            if not all(isinstance(lin, nn.Linear) or _quantized(lin) for lin in linears):
                 raise InvalidInputError(f"{_LAYER}.from_experts: expert {i} ({type(m).__name__}) needs gate_proj, "
-                                        "up_proj and down_proj nn.Linear submodules")
+                                        "up_proj and down_proj nn.Linear (or QuantLinear) submodules")
             if any(lin.bias is not None for lin in linears):
                 raise InvalidInputError(f"{_LAYER}.from_experts: expert {i} has a biased projection; QuantExperts "
                                         "keeps no biases (DeepSeek-V3's, Qwen3-MoE's and Mixtral's experts have none)")
-            gate, up, dn = (lin.weight.detach() for lin in linears)
+            gate, up, dn = (lin.weight for lin in linears)
             if gate.shape != up.shape or dn.shape != gate.shape[::-1]:
                 raise InvalidInputError(f"{_LAYER}.from_experts: expert {i} has gate {tuple(gate.shape)}, up "
                                         f"{tuple(up.shape)}, down {tuple(dn.shape)}; expected [I, H], [I, H], [H, I]")
-            gate_up.append(torch.cat([gate, up]))
-            down.append(dn)
-        shapes = {(t.shape, d.shape) for t, d in zip(gate_up, down)}
+            projections.append(linears)
+        shapes = {tuple(tuple(lin.weight.shape) for lin in linears) for linears in projections}
         if len(shapes) > 1:
             raise InvalidInputError(f"{_LAYER}.from_experts: the experts' shapes differ ({sorted(map(str, shapes))}); "
                                     "stacked experts share H and I")
-        return cls.from_stacked(torch.stack(gate_up), torch.stack(down), dtype=dtype, block_size=block_size,
-                                scale_fmt=scale_fmt, activation=activation)
+        kinds = {_quantized(lin) for linears in projections for lin in linears}
+        if len(kinds) > 1:
+            raise InvalidInputError(f"{_LAYER}.from_experts: the experts' projections are of several kinds "
+                                    f"({sorted(map(str, kinds))}): float nn.Linears, or QuantLinears of one dtype, "
+                                    "block_size and scale_fmt")
+        kind = kinds.pop()
+        if kind is None:
+            return cls.from_stacked(torch.stack([torch.cat([g.weight, u.weight]) for g, u, _ in projections]).detach(),
+                                    torch.stack([d.weight for _, _, d in projections]).detach(), dtype=dtype,
+                                    block_size=block_size, scale_fmt=scale_fmt, activation=activation)
+        qdtype, block, fmt = kind
+        I, H = projections[0][0].weight.shape
+        if I % block[0]:
+            raise InvalidInputError(f"{_LAYER}.from_experts: the experts' QuantLinears have I = {I} rows, not a whole "
+                                    f"number of their {block[0]}-row blocks, so the gate's and the up projection's "
+                                    "scales cannot be stacked; pass the float experts to quantize them stacked")
+        module = cls(len(projections), H, I, dtype=qdtype, block_size=block, scale_fmt=fmt, activation=activation,
+                     device=projections[0][0].weight.device)
+        for codes, scales in cls.QUANT_PAIRS:
+            parts = [[lin for lin in linears[:2]] if codes == "gate_up_proj" else [linears[2]]
+                     for linears in projections]
+            for name, attr in ((codes, "weight"), (scales, "weight_scale_inv")):
+                setattr(module, name, frozen(torch.stack([torch.cat([getattr(lin, attr) for lin in part])
+                                                          for part in parts]).detach()))
+        return module
 
     def path(self, tokens: int, top_k: int) -> ExpertsPath:
         """The layout a forward of `tokens` tokens with `top_k` experts each takes, and why: masked up to
