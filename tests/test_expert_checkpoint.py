@@ -379,3 +379,31 @@ def test_from_experts_stacks_quant_linears_bit_for_bit(tmp_path):
     odd = expert_mlp(lambda n_in, n_out: QuantLinear(n_in, n_out, False, dtype=FP8), inner=96)
     with pytest.raises(InvalidInputError, match="I = 96 rows, not a whole number of their 128-row blocks"):
         QuantExperts.from_experts([odd])
+
+
+def test_a_deepseek_v3_model_quantizes_saves_and_loads_back(tmp_path):
+    """transformers' DeepSeek-V3 (a dense first layer, then routed experts + a shared expert), tiny: quantize_model
+    gives its experts QuantExperts, save_checkpoint writes it, transformers reads it, and load_checkpoint into a
+    fresh model gives the same logits bit for bit."""
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    if not hasattr(transformers, "DeepseekV3Config") or int(transformers.__version__.split(".")[0]) < 5:
+        pytest.skip("transformers >= 5 stacks the experts")
+    config = transformers.DeepseekV3Config(
+        hidden_size=H, intermediate_size=2 * H, moe_intermediate_size=I, n_routed_experts=8, num_experts_per_tok=2,
+        n_shared_experts=1, num_hidden_layers=2, first_k_dense_replace=1, num_attention_heads=2, num_key_value_heads=2,
+        q_lora_rank=128, kv_lora_rank=128, qk_nope_head_dim=64, qk_rope_head_dim=64, v_head_dim=64, vocab_size=64,
+        n_group=2, topk_group=1, tie_word_embeddings=False)
+    torch.manual_seed(0)
+    model = transformers.DeepseekV3ForCausalLM(config).to(torch.bfloat16).eval()
+    # kv_a_proj_with_mqa's 128 + 64 rows are no whole number of blocks, which transformers refuses to load
+    quantize_model(model, dtype=FP8, skip=("lm_head", "gate", "kv_a_proj_with_mqa"))
+    assert isinstance(model.model.layers[1].mlp.experts, QuantExperts)
+    folder = save_checkpoint(model, tmp_path / "ds", config=config.to_dict())
+    transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16)
+    torch.manual_seed(1)
+    fresh = transformers.DeepseekV3ForCausalLM(config).to(torch.bfloat16).eval()
+    assert load_checkpoint(fresh, folder) == ([], [])
+    tokens = torch.tensor([[1, 2, 3, 4, 5, 6]])
+    with torch.no_grad():
+        assert torch.equal(fresh(tokens).logits, model(tokens).logits)
