@@ -29,7 +29,7 @@ from torch import nn
 
 from .. import ops
 from ..formats import DEFAULT_BLOCK
-from . import baselines, timing
+from . import baselines
 from .run import Record, attempt, contenders, timed_records
 from .shapes import MOE_MODELS, MOE_TOKENS, READ_CEILING, ROUTINGS, MoEShape
 from .steps import DTYPES, MODES, Row, StepResult, cell, default_device, known, mb, measure, notes_cell, progress
@@ -185,15 +185,16 @@ def _grouped_records(shape: MoEShape, tokens: int, routing: str, fmt: str, b: to
     rows_n = tokens * top
     flops = baselines.gemm_flops(rows_n, n, k)
     rec = dict(op="grouped_mm", fmt=fmt, shape=[tokens, n, k, E, top])
-    entries = [({**rec, "impl": name, "note": f"{routing} routing" + (f"; {note}" if note else "")}, fn)
-               for name, (fn, note) in contenders("grouped_mm", (a, a_s, b, b_s, offsets), {}, False).items()]
+
+    def ours(op: str, args: tuple, prefix: str = "") -> list[tuple[dict, Callable[[], object] | None]]:
+        return [({**rec, "impl": prefix + name, "note": f"{routing} routing" + (f"; {note}" if note else "")}, fn)
+                for name, (fn, note) in contenders(op, args, {}, False).items()]
+    entries = ours("grouped_mm", (a, a_s, b, b_s, offsets))
     if tokens <= MASKED_T:
         slab, slab_s, masked_m, _ = ops.moe_permute_masked(x, ids, E, tokens, dtype=qdtype)
-        entries += [({**rec, "impl": f"masked:{name}", "note": f"{routing} routing" + (f"; {note}" if note else "")},
-                     fn) for name, (fn, note) in contenders("grouped_mm_masked", (slab, slab_s, b, b_s, masked_m), {},
-                                                            False).items()]
+        entries += ours("grouped_mm_masked", (slab, slab_s, b, b_s, masked_m), "masked:")
     bounds = offsets.tolist()
-    dense, note = attempt(lambda: _dense(a, a_s, b[0], b_s[0]))
+    dense, note = attempt(_ready(lambda: ops.scaled_mm(a, a_s, b[0], b_s[0])))
     entries.append(({**rec, "impl": "dense-scaled_mm", "note": note or f"quantcore's scaled_mm, {rows_n} rows, "
                      "one expert's weight"}, dense))
     entries += _torch_baselines(rec, x, rows, ids, b, b_s, a, a_s, bounds, qdtype, routing)
@@ -214,9 +215,12 @@ def _grouped_records(shape: MoEShape, tokens: int, routing: str, fmt: str, b: to
     return records
 
 
-def _dense(a, a_s, b, b_s) -> Callable[[], object]:
-    ops.scaled_mm(a, a_s, b, b_s)  # compiles, and raises where it cannot run
-    return lambda: ops.scaled_mm(a, a_s, b, b_s)
+def _ready(fn: Callable[[], object]) -> Callable[[], Callable[[], object]]:
+    """`attempt`'s make of `fn`: called once (it compiles, and raises where it cannot run), then returned."""
+    def make():
+        fn()
+        return fn
+    return make
 
 
 def _torch_baselines(rec: dict, x, rows, ids, b, b_s, a, a_s, bounds: list[int], qdtype: torch.dtype,
@@ -229,16 +233,9 @@ def _torch_baselines(rec: dict, x, rows, ids, b, b_s, a, a_s, bounds: list[int],
     ends = torch.tensor(bounds[1:], dtype=torch.int32, device=x.device)
     a_bf16, b_bf16 = x[rows.clamp(min=0).long() // ids.shape[1]], b.to(torch.bfloat16)
     row_scales, col_scales = torch.ones(a.shape[0], device=x.device), torch.ones(b.shape[:2], device=x.device)
-
-    def grouped(fn: Callable[[], object]) -> Callable[[], Callable[[], object]]:
-        def make():
-            fn()  # raises where this torch cannot run it
-            return fn
-        return make
-
-    bf16, bf16_note = attempt(grouped(lambda: torch._grouped_mm(a_bf16, b_bf16.transpose(-2, -1), offs=ends)))
-    fp8, fp8_note = attempt(grouped(lambda: torch._scaled_grouped_mm(a, b.transpose(-2, -1), row_scales, col_scales,
-                                                                     offs=ends, out_dtype=torch.bfloat16)))
+    bf16, bf16_note = attempt(_ready(lambda: torch._grouped_mm(a_bf16, b_bf16.transpose(-2, -1), offs=ends)))
+    fp8, fp8_note = attempt(_ready(lambda: torch._scaled_grouped_mm(a, b.transpose(-2, -1), row_scales, col_scales,
+                                                                    offs=ends, out_dtype=torch.bfloat16)))
     loop, loop_note = attempt(lambda: _expert_loop(a, a_s, b, b_s, bounds))
     return [({**rec, "impl": "torch._grouped_mm-bf16", "note": bf16_note or f"{routing} routing"}, bf16),
             ({**rec, "impl": "torch._scaled_grouped_mm-rowwise", "note": fp8_note or f"{routing} routing"}, fp8),

@@ -103,6 +103,19 @@ def _counts(op: str, name: str, t, length: int, what: str) -> torch.Tensor:
     return checks.last_dim_contiguous(t)
 
 
+def _routed_rows(op: str, a, a_scale, block_size, dims: int, expected: str):
+    """The grouped GEMMs' activation checked: (a, its format, a_scale fp32, (Bn, Bk)); a has `dims` dims."""
+    a, fmt = checks.quantized(op, "a", a)
+    if a.dim() != dims:
+        raise checks.fail(op, f"a has shape {tuple(a.shape)}; expected {expected}")
+    return a, fmt, checks.tensor(op, "a_scale", a_scale, (F32,), empty_last=True), checks.block_pair(op, block_size)
+
+
+def _routed_scales(op: str, a_scale: torch.Tensor, lead: tuple[int, ...], K: int, bk: int) -> None:
+    checks.shape(op, "a_scale", a_scale, (*lead, math.ceil(K / bk)),
+                 f"one fp32 scale per 1x{bk} group of a's rows; quantize the activation with group_size={bk}")
+
+
 def grouped_mm(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor,
                expert_offsets: torch.Tensor, *, bias: torch.Tensor | None = None, activation: str | None = None,
                out_dtype: torch.dtype = torch.bfloat16, out_quant: torch.dtype | None = None,
@@ -123,16 +136,11 @@ def grouped_mm(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale:
     offsets[0]:offsets[E] are then left unspecified. On the CPU it is checked (InvalidInputError).
     """
     op = "grouped_mm"
-    a, fmt = checks.quantized(op, "a", a)
-    if a.dim() != 2:
-        raise checks.fail(op, f"a has shape {tuple(a.shape)}; expected [M, K]: the routed rows, sorted by expert "
-                              "(grouped_mm_masked takes [E, max_m, K])")
-    a_scale = checks.tensor(op, "a_scale", a_scale, (F32,), empty_last=True)
-    bn, bk = checks.block_pair(op, block_size)
+    a, fmt, a_scale, (bn, bk) = _routed_rows(op, a, a_scale, block_size, 2, "[M, K]: the routed rows, sorted by "
+                                             "expert (grouped_mm_masked takes [E, max_m, K])")
     M, K = a.shape
     E, N, b, b_scale, bias = _experts_weight(op, a, b, b_scale, bias, K, bn, bk)
-    checks.shape(op, "a_scale", a_scale, (M, math.ceil(K / bk)),
-                 f"one fp32 scale per 1x{bk} group of a's rows; quantize the activation with group_size={bk}")
+    _routed_scales(op, a_scale, (M,), K, bk)
     offsets = _counts(op, "expert_offsets", expert_offsets, E + 1,
                       f"E + 1 = {E + 1} row boundaries for b's {E} experts")
     checks.same_device(op, a=a, a_scale=a_scale, b=b, b_scale=b_scale, expert_offsets=offsets, bias=bias)
@@ -171,19 +179,14 @@ def grouped_mm_masked(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b
     unspecified (the GPU kernels leave it unwritten). masked_m is read on the device only, never checked.
     """
     op = "grouped_mm_masked"
-    a, fmt = checks.quantized(op, "a", a)
-    if a.dim() != 3:
-        raise checks.fail(op, f"a has shape {tuple(a.shape)}; expected [E, max_m, K] (grouped_mm takes the "
-                              "contiguous [M, K] layout)")
-    a_scale = checks.tensor(op, "a_scale", a_scale, (F32,), empty_last=True)
-    bn, bk = checks.block_pair(op, block_size)
+    a, fmt, a_scale, (bn, bk) = _routed_rows(op, a, a_scale, block_size, 3, "[E, max_m, K] (grouped_mm takes "
+                                             "the contiguous [M, K] layout)")
     Ea, max_m, K = a.shape
     E, N, b, b_scale, bias = _experts_weight(op, a, b, b_scale, bias, K, bn, bk)
     if Ea != E:
         raise checks.fail(op, f"a has rows for {Ea} experts (shape {tuple(a.shape)}) but b holds {E}; a must be "
                               "[E, max_m, K] with b's E")
-    checks.shape(op, "a_scale", a_scale, (E, max_m, math.ceil(K / bk)),
-                 f"one fp32 scale per 1x{bk} group of a's rows; quantize the activation with group_size={bk}")
+    _routed_scales(op, a_scale, (E, max_m), K, bk)
     masked_m = _counts(op, "masked_m", masked_m, E, "one row count per expert")
     checks.same_device(op, a=a, a_scale=a_scale, b=b, b_scale=b_scale, masked_m=masked_m, bias=bias)
     epilogue = _epilogue(op, fmt, activation, out_dtype, out_quant, out_group_size, out_scale_fmt, eps, a.device)
