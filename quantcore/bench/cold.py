@@ -6,8 +6,8 @@ imported before the clock starts.
 
 Printed per process: `quantize` (quantize_model of the model: the weight quantizer's compile), `first
 forward` (its first forward, one row), each new batch size's first forward and `steady` (a forward of a
-kept batch size), then how kept plans are launched at its end (the native build runs beside these in a
-cold process).
+kept batch size), the Triton kernels in the cache after each step (in a cold process, those compiled so
+far), then how kept plans are launched at its end (the native build runs beside these in a cold process).
 """
 
 from __future__ import annotations
@@ -21,29 +21,33 @@ import tempfile
 
 # The child: one process's timings as one JSON line.
 _CHILD = r"""
-import json, sys, time
+import json, os, pathlib, sys, time
 import torch, triton, quantcore
 from quantcore.nn import quantize_model
 from quantcore.runtime import native
 hidden, layers, sizes = int(sys.argv[1]), int(sys.argv[2]), [int(m) for m in sys.argv[3].split(",")]
 
-def timed(fn):
+compiled = {}
+def timed(fn, name=None):
     start = time.perf_counter()
     fn()
     torch.cuda.synchronize()
+    if name:  # the Triton kernels in the cache after this step, new ones compiled by it
+        compiled[name] = len(list(pathlib.Path(os.environ["TRITON_CACHE_DIR"]).glob("*/*.cubin")))
     return time.perf_counter() - start
 
 torch.manual_seed(0)
 mlp = torch.nn.Sequential(*[torch.nn.Linear(hidden, hidden) for _ in range(layers)]).cuda().to(torch.bfloat16)
 out = {}
 with torch.no_grad():
-    out["quantize"] = timed(lambda: quantize_model(mlp, skip=()))
+    out["quantize"] = timed(lambda: quantize_model(mlp, skip=()), "quantize")
     x = {m: torch.randn(m, hidden, device="cuda", dtype=torch.bfloat16) for m in sizes}
-    out["first forward"] = timed(lambda: mlp(x[sizes[0]]))
+    out["first forward"] = timed(lambda: mlp(x[sizes[0]]), "first forward")
     for m in sizes[1:]:
-        out[f"M={m} first"] = timed(lambda: mlp(x[m]))
+        out[f"M={m} first"] = timed(lambda: mlp(x[m]), f"M={m} first")
     out["steady"] = min(timed(lambda: mlp(x[sizes[0]])) for _ in range(20))
 out["launch path"] = native.status("cuda")
+out["Triton kernels in the cache after each step"] = compiled
 print(json.dumps(out))
 """
 
@@ -71,11 +75,12 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="quantcore-cold-") as cache:
         runs = {"cold": measure(args.hidden, args.layers, sizes, cache)}
         runs["warm"] = measure(args.hidden, args.layers, sizes, cache)
-    keys = [k for k in runs["cold"] if k != "launch path"]
+    keys = [k for k, v in runs["cold"].items() if isinstance(v, float)]
     print("| | " + " | ".join(keys) + " |\n|---|" + "---|" * len(keys))
     for name, r in runs.items():
         print(f"| {name} s | " + " | ".join(f"{r[k]:.3f}" for k in keys) + " |")
     for name, r in runs.items():
+        print(f"{name}: Triton kernels in the cache after each step: {r['Triton kernels in the cache after each step']}")
         print(f"{name}: kept plans at the end: {r['launch path']}")
     if args.json:
         with open(args.json, "w") as f:
