@@ -350,5 +350,5 @@ def _forget() -> None:
     """Forget the tuned GEMM configurations and the derived tile choices (`registry.reset()`): after a
     change of tables, environment or a simulated profile, they are derived afresh."""
     _tuned.clear()
-    for cached in (_table, gemm_candidates, decode_config, block_tiling, tile_2d):
+    for cached in (_table, gemm_candidates, decode_config, block_tiling, tile_2d, norm_rows):
         cached.cache_clear()
