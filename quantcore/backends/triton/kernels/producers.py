@@ -62,9 +62,10 @@ def rms_norm_quant_kernel(x_ptr, w_ptr, res_ptr, q_ptr, scale_ptr, new_res_ptr, 
         flat = _norm_input(x_ptr, res_ptr, row * stride_x + offs, row * stride_res + offs, (row < M) & (offs < H),
                            SRC, RESIDUAL)
         total = pairwise_sum(flat * flat, LEVELS)
-    # IEEE division and square root on tensors (tl.div_rn takes no scalars); 0 + H is H exactly.
+    # IEEE division and square root on tensors (tl.div_rn takes no scalars); 0 + H is H exactly (H, not
+    # H.to(): the JIT passes H = 1 as a Python int).
     zero = tl.zeros_like(total)
-    mean_square = tl.div_rn(total, zero + H.to(tl.float32))
+    mean_square = tl.div_rn(total, zero + H)
     rstd = tl.reshape(tl.div_rn(zero + 1.0, tl.sqrt_rn(mean_square + eps)), (ROWS, 1, 1, 1))
     normed = round_to(v * rstd, SRC)
     # Masked lanes are 0 here without a select: their x and weight loaded as 0 and rstd is finite (also on rows
