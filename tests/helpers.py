@@ -34,25 +34,26 @@ DIFFERENTIABLE = ("scaled_mm", "quant_linear")
 def outputs_of_every_op_on_grad_inputs(backend: str) -> dict[str, tuple]:
     """Every op run on `backend` with each float input that it accepts requiring grad (values, scales,
     bias: all but the differentiable ops' codes and scales, which they refuse); the outputs per op, as
-    tuples. Small shapes with tails, so the Triton interpreter is quick too."""
+    tuples. Small shapes with tails, so the Triton interpreter is quick too; K blocks of 32, the least
+    that 8-bit tensor-core MMAs take."""
     gen = torch.Generator().manual_seed(7)
     x = randn((3, 40), gen=gen).requires_grad_()
     w = randn((24, 40), gen=gen).requires_grad_()
-    q, s = ops.act_quant(x.detach(), dtype=torch.int8, group_size=16, backend=backend)
-    wq, ws = ops.weight_quant(w.detach(), dtype=torch.int8, block_size=(16, 16), backend=backend)
+    q, s = ops.act_quant(x.detach(), dtype=torch.int8, group_size=32, backend=backend)
+    wq, ws = ops.weight_quant(w.detach(), dtype=torch.int8, block_size=(16, 32), backend=backend)
     s_grad, ws_grad = s.clone().requires_grad_(), ws.clone().requires_grad_()
     bias = randn((24,), gen=gen).requires_grad_()
-    mm = dict(block_size=(16, 16), bias=bias, activation="gelu", backend=backend)
+    mm = dict(block_size=(16, 32), bias=bias, activation="gelu", backend=backend)
     out = {
-        "act_quant": ops.act_quant(x, dtype=torch.int8, group_size=16, backend=backend),
-        "act_dequant": ops.act_dequant(q, s_grad, group_size=16, backend=backend),
-        "weight_quant": ops.weight_quant(w, block_size=(16, 16), backend=backend),
-        "weight_dequant": ops.weight_dequant(wq, ws_grad, block_size=(16, 16), backend=backend),
+        "act_quant": ops.act_quant(x, dtype=torch.int8, group_size=32, backend=backend),
+        "act_dequant": ops.act_dequant(q, s_grad, group_size=32, backend=backend),
+        "weight_quant": ops.weight_quant(w, block_size=(16, 32), backend=backend),
+        "weight_dequant": ops.weight_dequant(wq, ws_grad, block_size=(16, 32), backend=backend),
         "scaled_mm": ops.scaled_mm(q, s, wq, ws, out_dtype=torch.float32, **mm),
         "scaled_mm+requant": ops.scaled_mm(q, s_grad, wq, ws_grad, out_quant=torch.int8, out_group_size=16, **mm),
-        "quant_linear": ops.quant_linear(x, wq, ws, bias, block_size=(16, 16), backend=backend),
+        "quant_linear": ops.quant_linear(x, wq, ws, bias, block_size=(16, 32), backend=backend),
         "dequant_bias": ops.dequant_bias(x[:, :24], s_grad[:, 0], bias, bias, backend=backend),
-        "quantized_gelu": ops.quantized_gelu(q, s_grad, group_size=16, backend=backend),
+        "quantized_gelu": ops.quantized_gelu(q, s_grad, group_size=32, backend=backend),
     }
     return {op: o if isinstance(o, tuple) else (o,) for op, o in out.items()}
 

@@ -21,6 +21,9 @@ _BASE = dict(min_cc=(8, 0), requires=("triton",), interpreter=True)
 # The K block is the GEMM's K tile (a power of two for tl.arange; up to 256, whose 128x256-byte A and B
 # tiles fit one pipeline stage in every sm_80+ GPU's shared memory); a re-quantize group fits one N tile.
 _GEMM = dict(_BASE, block_k_multiple=16, block_k_pow2=True, block_k_max=256, out_group_max=256)
+# 8-bit operands on the tensor cores: the MMA's k is 32 for them, and tl.dot refuses a smaller K tile when it
+# compiles for the GPU (the interpreter does not), so a K block of 16 is for FP8 decoded to fp16 only.
+_MMA8 = dict(_GEMM, block_k_multiple=32)
 # The Gluon kernel (kernels/gluon_gemm.py): K blocks of 32 to 128 (wgmma's k is 32 for 8-bit operands;
 # a 128-byte row is the widest TMA box with 128-byte swizzling); a re-quantize group fits its N tile.
 _GLUON = dict(min_cc=(9, 0), requires=("triton",), fp8_mma=True, int8_mma=True, block_k_multiple=32,
@@ -36,9 +39,9 @@ IMPLS = (
          Constraints(**_BASE, formats=("bfloat16", "float16", "float32", "int32"))),
     # quant_linear runs the GEMM's kernels (its activation quantized in their prologue): the same variants.
     *(impl for op in ("scaled_mm", "quant_linear") for impl in (
-        Impl(op, "triton", f"triton.launch:{op}", GemmConstraints(**_GEMM, formats=("int8",), int8_mma=True),
+        Impl(op, "triton", f"triton.launch:{op}", GemmConstraints(**_MMA8, formats=("int8",), int8_mma=True),
              options=(("mma", "int8"),)),
-        Impl(op, "triton", f"triton.launch:{op}", GemmConstraints(**_GEMM, formats=("fp8_e4m3",), fp8_mma=True),
+        Impl(op, "triton", f"triton.launch:{op}", GemmConstraints(**_MMA8, formats=("fp8_e4m3",), fp8_mma=True),
              numerics=REDUCED_FP8_ACCUMULATION, options=(("mma", "fp8"),)),
         Impl(op, "triton", f"triton.launch:{op}", GemmConstraints(**_GEMM, formats=("fp8_e4m3",), max_cc=(8, 9)),
              variant="w8a16", fallback="FP8 decoded exactly to fp16, fp16 tensor-core MMA with fp32 accumulation",
@@ -46,9 +49,9 @@ IMPLS = (
     )),
     # The grouped (mixture-of-experts) GEMMs run the tiled GEMM's program per expert: its variants and tiles.
     *(impl for op in ("grouped_mm", "grouped_mm_masked") for impl in (
-        Impl(op, "triton", f"triton.grouped:{op}", GemmConstraints(**_GEMM, formats=("int8",), int8_mma=True),
+        Impl(op, "triton", f"triton.grouped:{op}", GemmConstraints(**_MMA8, formats=("int8",), int8_mma=True),
              options=(("mma", "int8"),)),
-        Impl(op, "triton", f"triton.grouped:{op}", GemmConstraints(**_GEMM, formats=("fp8_e4m3",), fp8_mma=True),
+        Impl(op, "triton", f"triton.grouped:{op}", GemmConstraints(**_MMA8, formats=("fp8_e4m3",), fp8_mma=True),
              numerics=REDUCED_FP8_ACCUMULATION, options=(("mma", "fp8"),)),
         Impl(op, "triton", f"triton.grouped:{op}", GemmConstraints(**_GEMM, formats=("fp8_e4m3",), max_cc=(8, 9)),
              variant="w8a16", fallback="FP8 decoded exactly to fp16, fp16 tensor-core MMA with fp32 accumulation",
