@@ -5,7 +5,8 @@ an H100 (`capability.cpu_profile`, so that validation, selection and the launch 
 Triton launcher compiles each launch for sm_90 (`GPUTarget("cuda", 90, 32)`, the JIT's own specialisation of
 the arguments) instead of running it. The interpreter tests run the same kernels' arithmetic but not the
 compiler, which refuses what the interpreter accepts: a tl.dot of 8-bit operands over a K tile under 32, a
-size of 1 that the JIT passes as a Python int. Outputs are never written here; correctness is the
+size of 1 that the JIT passes as a Python int; nor does it check a kernel's shared memory against the GPU's,
+which this does. Outputs are never written here; correctness is the
 interpreter tests' and the GPU suite's. The child runs without TRITON_INTERPRET, as in
 test_gluon_compile.py.
 """
@@ -135,7 +136,11 @@ def _child(case: str) -> list[dict]:
             binder = create_function_from_signature(self.fn.signature, self.fn.params, backend)
             bound, spec, options = binder(*args, **self.constants)
             options, signature, constexprs, attrs = self.fn._pack_args(backend, self.constants, bound, spec, options)
-            triton.compile(ASTSource(self.fn, signature, constexprs, attrs), target=target, options=options.__dict__)
+            k = triton.compile(ASTSource(self.fn, signature, constexprs, attrs), target=target,
+                               options=options.__dict__)
+            # A launch asking for more shared memory than a block may have fails on the GPU, not here.
+            if k.metadata.shared > h100.smem_per_block:
+                raise RuntimeError(f"{k.metadata.shared} bytes of shared memory, over the H100's {h100.smem_per_block}")
             kernels.append(self.fn.__name__)
         except Exception as exc:  # noqa: BLE001 - reported per call by the test
             errors.append(f"{self.fn.__name__} {self.constants}:\n{''.join(traceback.format_exception(exc))[-3000:]}")
