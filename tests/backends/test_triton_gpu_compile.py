@@ -1,9 +1,11 @@
-"""Every Triton kernel that the sm_90 selection launches compiles for sm_90, without a GPU.
+"""Every Triton kernel that the selection launches on an H100 (sm_90) and an A100 (sm_80) compiles for that
+GPU, without one.
 
 Each case calls public ops (`quantcore.ops`) on CPU tensors in a child process where the CPU is described as
-an H100 (`capability.cpu_profile`, so that validation, selection and the launch plans are the GPU's) and the
-Triton launcher compiles each launch for sm_90 (`GPUTarget("cuda", 90, 32)`, the JIT's own specialisation of
-the arguments) instead of running it. The interpreter tests run the same kernels' arithmetic but not the
+the GPU (`capability.cpu_profile` returns its simulated profile, so that validation, selection and the launch
+plans are the GPU's: FP8 tensor cores and TMA on sm_90; FP8 decoded to fp16 and FP8 encoded on its bits on
+sm_80) and the Triton launcher compiles each launch for it (`GPUTarget("cuda", 90 or 80, 32)`, the JIT's own
+specialisation of the arguments) instead of running it. The interpreter tests run the same kernels' arithmetic but not the
 compiler, which refuses what the interpreter accepts: a tl.dot of 8-bit operands over a K tile under 32, a
 size of 1 that the JIT passes as a Python int; nor does it check a kernel's shared memory against the GPU's,
 which this does. Outputs are never written here; correctness is the
@@ -52,8 +54,8 @@ def _quant(ops, torch):
 
 
 def _gemm(ops, torch, fmt):
-    """scaled_mm and quant_linear in `fmt` at the sizes that pick each kernel on sm_90: decode (M = 1…64, its
-    fused quantizing prologues), the tiled GEMM (M = 128, 512: TMA) with a re-quantized output, K and N tails."""
+    """scaled_mm and quant_linear in `fmt` at the sizes that pick each kernel: decode (M = 1…64, its fused
+    quantizing prologues), the tiled GEMM (M = 128, 512; TMA on sm_90) with a re-quantized output, K and N tails."""
     qdtype = getattr(torch, fmt)
     w = torch.randn(384, 1024, dtype=torch.bfloat16)
     wq, ws = ops.weight_quant(w, dtype=qdtype)
@@ -95,13 +97,17 @@ CASES = {"quant": _quant, "experts": _experts, **{f"gemm {fmt}": functools.parti
                                                   for fmt in ("float8_e4m3fn", "int8")}}
 
 
+ARCHS = ("sm90", "sm80")
+
+
 @pytest.mark.parametrize("case", list(CASES))
-def test_every_kernel_the_sm90_selection_launches_compiles(case):
+def test_every_kernel_the_selection_launches_compiles(case):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
     run = subprocess.run([sys.executable, __file__, case], env=env, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stderr[-6000:]
     calls = json.loads(run.stdout.strip().splitlines()[-1])
+    assert {c["call"].split()[0] for c in calls} == set(ARCHS)
     failed = {c["call"]: c["error"] for c in calls if c["error"]}
     assert not failed, "\n\n".join(f"{call}:\n{error}" for call, error in failed.items())
     # Every call reached Triton: no fallback, nothing selected elsewhere.
@@ -109,8 +115,8 @@ def test_every_kernel_the_sm90_selection_launches_compiles(case):
 
 
 def _child(case: str) -> list[dict]:
-    """Run CASES[case] with the CPU described as an H100 and each launch compiled for sm_90; per call its
-    name, the kernels compiled and the first compile error (None when all compiled)."""
+    """Run CASES[case] with the CPU described as each simulated GPU of ARCHS in turn and each launch compiled
+    for it; per call "<arch> <name>", the kernels compiled and the first compile error (None when all compiled)."""
     import traceback
 
     import torch
@@ -119,13 +125,11 @@ def _child(case: str) -> list[dict]:
     from triton.compiler import ASTSource, make_backend
     from triton.runtime.jit import create_function_from_signature
 
-    from quantcore import capability, ops, priority
+    from quantcore import capability, ops, priority, registry
     from quantcore.backends.triton import direct
 
-    h100 = capability.simulated_profile("sm90").model_copy(update={"sm_count": 132, "smem_per_block": 232448})
-    capability.cpu_profile = lambda: h100
-    target = GPUTarget("cuda", 90, 32)
-    backend = make_backend(target)
+    gpu = {}  # the GPU described now: its profile, compile target and Triton backend
+    capability.cpu_profile = lambda: gpu["profile"]
     kernels: list[str] = []
     errors: list[str] = []
 
@@ -133,31 +137,38 @@ def _child(case: str) -> list[dict]:
         args = tuple(args) + self.fixed
         args = [direct._kernel_view(a) for a in (self._described(args) if self.descriptors else args)]
         try:
-            binder = create_function_from_signature(self.fn.signature, self.fn.params, backend)
+            binder = create_function_from_signature(self.fn.signature, self.fn.params, gpu["backend"])
             bound, spec, options = binder(*args, **self.constants)
-            options, signature, constexprs, attrs = self.fn._pack_args(backend, self.constants, bound, spec, options)
-            k = triton.compile(ASTSource(self.fn, signature, constexprs, attrs), target=target,
+            options, signature, constexprs, attrs = self.fn._pack_args(gpu["backend"], self.constants, bound, spec,
+                                                                       options)
+            k = triton.compile(ASTSource(self.fn, signature, constexprs, attrs), target=gpu["target"],
                                options=options.__dict__)
             # A launch asking for more shared memory than a block may have fails on the GPU, not here.
-            if k.metadata.shared > h100.smem_per_block:
-                raise RuntimeError(f"{k.metadata.shared} bytes of shared memory, over the H100's {h100.smem_per_block}")
+            limit = gpu["profile"].smem_per_block
+            if k.metadata.shared > limit:
+                raise RuntimeError(f"{k.metadata.shared} bytes of shared memory, over {gpu['profile'].name}'s {limit}")
             kernels.append(self.fn.__name__)
         except Exception as exc:  # noqa: BLE001 - reported per call by the test
             errors.append(f"{self.fn.__name__} {self.constants}:\n{''.join(traceback.format_exception(exc))[-3000:]}")
 
     direct.Launcher._launch = compile_instead
-    torch.manual_seed(0)
-    calls, steps = [], CASES[case](ops, torch)
-    with priority("triton"):
-        result = None
-        while True:
-            try:
-                name, result = steps.send(result) if calls else next(steps)
-            except StopIteration:
-                break
-            calls.append(dict(call=name, kernels=list(kernels), error=errors[0] if errors else None))
-            kernels.clear()
-            errors.clear()
+    calls = []
+    for arch in ARCHS:
+        target = GPUTarget("cuda", int(arch[2:]), 32)
+        gpu.update(profile=capability.simulated_profile(arch), target=target, backend=make_backend(target))
+        registry.reset()  # plans and selections made for the GPU described before
+        torch.manual_seed(0)
+        steps, result, first = CASES[case](ops, torch), None, True
+        with priority("triton"):
+            while True:
+                try:
+                    name, result = next(steps) if first else steps.send(result)
+                except StopIteration:
+                    break
+                first = False
+                calls.append(dict(call=f"{arch} {name}", kernels=list(kernels), error=errors[0] if errors else None))
+                kernels.clear()
+                errors.clear()
     return calls
 
 
