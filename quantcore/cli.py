@@ -98,6 +98,10 @@ def _parser() -> argparse.ArgumentParser:
     moe.add_argument("--moe-steps", type=_positive, metavar="N", help="timed decode steps per loop (default 64)")
     moe.add_argument("--moe-scale", type=_positive, metavar="D",
                      help="divide every size by D (default 1: the models' own)")
+    moe.add_argument("--moe-masked-max-rows", type=_non_negative, metavar="R",
+                     help="the decode steps' QuantExperts run the masked layout up to R routed rows (tokens x "
+                          "top-k), the contiguous one above (0: always contiguous; default: "
+                          "quantcore.nn.experts.MASKED_MAX_ROWS): one run per layout compares them")
     return parser
 
 
@@ -111,7 +115,7 @@ _STACKS_FLAGS = {"--stacks-m": "stacks_m", "--stacks-layers": "stacks_layers", "
 _MOE_FLAGS = {"--moe-tokens": "moe_tokens", "--moe-routing": "moe_routing", "--moe-no-ops": "moe_no_ops",
               "--moe-no-steps": "moe_no_steps",
               "--moe-step-model": "moe_step_model", "--moe-layers": "moe_layers", "--moe-batch": "moe_batch",
-              "--moe-steps": "moe_steps", "--moe-scale": "moe_scale"}
+              "--moe-steps": "moe_steps", "--moe-scale": "moe_scale", "--moe-masked-max-rows": "moe_masked_max_rows"}
 _STEP_FLAGS = {"e2e": ("--e2e", _E2E_FLAGS), "stacks": ("--stacks", _STACKS_FLAGS), "moe": ("--moe", _MOE_FLAGS)}
 
 
@@ -139,11 +143,17 @@ def _gpu_profiles(text: str) -> tuple[str, ...]:
     return names
 
 
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text}")
-    return value
+def _at_least(low: int, what: str):
+    def parse(text: str) -> int:
+        value = int(text)
+        if value < low:
+            raise argparse.ArgumentTypeError(f"expected a {what} integer, got {text}")
+        return value
+    parse.__name__ = f"{what} integer"  # argparse's "invalid positive integer value: 'x'"
+    return parse
+
+
+_positive, _non_negative = _at_least(1, "positive"), _at_least(0, "non-negative")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -295,7 +305,7 @@ def _step_run(args: argparse.Namespace, command: str, save, kind: str) -> int:
         sizes = {"models": args.moe or None, "tokens": args.moe_tokens, "routings": args.moe_routing,
                  "ops": False if args.moe_no_ops else None, "step_model": args.moe_step_model,
                  "layers": 0 if args.moe_no_steps else args.moe_layers, "batches": args.moe_batch,
-                 "steps": args.moe_steps, "scale": args.moe_scale}
+                 "steps": args.moe_steps, "scale": args.moe_scale, "masked_max_rows": args.moe_masked_max_rows}
     others = {flag: flags for k, (flag, flags) in _STEP_FLAGS.items() if k != kind}
     if _refused(args, name, {"the op bench": _OP_FLAGS, **others}):
         return 2

@@ -118,3 +118,21 @@ def test_the_run_end_to_end_through_the_command_line(tmp_path, capsys):
     assert capsys.readouterr().out == printed
     assert main(["bench", "--moe", "--stacks-m", "1"]) == 2
     assert json.loads(path.read_text())["config"]["scale"] == 16
+
+
+@pytest.mark.parametrize("bound, layout", [(0, "contiguous"), (10**6, "masked")])
+def test_the_steps_run_the_layout_the_bound_names(monkeypatch, tmp_path, bound, layout):
+    """`--moe-masked-max-rows` sets every quantized step's QuantExperts bound: one run, one layout."""
+    seen = set()
+    path = QuantExperts.path
+
+    def recording(self, *args, **kwargs):
+        chosen = path(self, *args, **kwargs)
+        seen.add(chosen.layout)
+        return chosen
+    monkeypatch.setattr(QuantExperts, "path", recording)
+    assert main(["bench", "--moe", "--moe-no-ops", "--moe-scale", "16", "--moe-layers", "1", "--moe-batch", "2",
+                 "--moe-steps", "1", "--moe-masked-max-rows", str(bound), "--json", str(tmp_path / "m.json")]) == 0
+    assert seen == {layout}
+    saved = moe.MoEResult.model_validate_json((tmp_path / "m.json").read_text())
+    assert saved.config.masked_max_rows == bound

@@ -29,6 +29,7 @@ from torch import nn
 
 from .. import ops
 from ..formats import DEFAULT_BLOCK
+from ..nn.experts import QuantExperts
 from . import baselines
 from .run import Record, attempt, contenders, timed_records
 from .shapes import MOE_MODELS, MOE_TOKENS, READ_CEILING, ROUTINGS, MoEShape
@@ -124,6 +125,8 @@ class MoEConfig(BaseModel):
     steps: int = Field(64, ge=1, description="timed steps per loop")
     warmup: int = Field(8, ge=1, description="untimed steps before timing (compiles the kernels)")
     scale: int = Field(1, ge=1, description="every size divided by this (1: the models' own)")
+    masked_max_rows: int | None = Field(None, ge=0, description="the decode steps' QuantExperts layout bound: routed "
+                                        "rows up to it run the masked layout (0: always contiguous; None: the default)")
     seed: int = 0
 
     @field_validator("models")
@@ -243,10 +246,16 @@ def _torch_baselines(rec: dict, x, rows, ids, b, b_s, a, a_s, bounds: list[int],
              loop)]
 
 
-def _step_factory(shape: MoEShape) -> Callable[[nn.Module, int], tuple[Callable[[], object], dict[str, int]]]:
+def _step_factory(shape: MoEShape, masked_max_rows: int | None = None
+                  ) -> Callable[[nn.Module, int], tuple[Callable[[], object], dict[str, int]]]:
     """`measure`'s make_step: a decode step of `batch` tokens through the layers, and its floor's weight
-    bytes (the routers, and each layer's experts that this step's routing hits, as the module stores them)."""
+    bytes (the routers, and each layer's experts that this step's routing hits, as the module stores them).
+    `masked_max_rows` (not None): every QuantExperts' layout bound, so that one run times one layout."""
     def make(module: nn.Module, batch: int):
+        if masked_max_rows is not None:
+            for experts in module.modules():
+                if isinstance(experts, QuantExperts):
+                    experts.masked_max_rows = masked_max_rows
         device = next(module.parameters()).device
         x = torch.randn(batch, shape.hidden, generator=torch.Generator().manual_seed(batch)).to(device, torch.bfloat16)
 
@@ -292,7 +301,7 @@ def run_moe(cfg: MoEConfig | None = None, *, device: str | torch.device | None =
         with torch.no_grad():
             base = nn.Sequential(*(MoEBlock(shape, weights_gen) for _ in range(cfg.layers)))
         done = progress(log, checkpoint and (lambda: checkpoint(result)))
-        measure(result.steps, base, cfg.batches, _step_factory(shape), tokens=cfg.steps, warmup=cfg.warmup,
+        measure(result.steps, base, cfg.batches, _step_factory(shape, cfg.masked_max_rows), tokens=cfg.steps, warmup=cfg.warmup,
                 copy_gbps=result.copy_gbps, done=done(f"{cfg.step_model} x{cfg.layers}"))
     return result
 

@@ -43,8 +43,9 @@ GATED_ACTIVATIONS = ("silu", "gelu", "gelu_tanh")
 # its quantization where the contiguous one moves tokens·k, so it is kept to decode batches, where those
 # rows cost little beside the weights (E = 256 experts × 8 tokens of top-8 at the bound); its grouped
 # GEMMs then start one row tile per expert instead of finding its tiles from the offsets. To be measured
-# on the GPU (tokens/s of a decode step per layout, eager and in a CUDA graph, at T = 1..64) and set here
-# with the measurement's words; `QuantExperts.masked_max_rows` overrides it per layer.
+# on the GPU (a decode step per layout, eager and in a CUDA graph, at T = 1..64: `quantcore bench --moe
+# --moe-no-ops --moe-masked-max-rows 0`, then 1000000) and set here with the measurement's words;
+# `QuantExperts.masked_max_rows` overrides it per layer.
 MASKED_MAX_ROWS = 64
 # The gate_up GEMM's output, read once by the activation: bf16, as DeepSeek-V3's and vLLM's MoE layers keep it.
 INTERMEDIATE_DTYPE = torch.bfloat16
