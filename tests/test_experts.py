@@ -405,6 +405,8 @@ def test_quant_experts_construction_and_state(gen):
 
 def test_quant_experts_path_and_errors(gen):
     layer = QuantExperts(E, H, I, dtype=I8)
+    assert layer.path(1, 8).layout == "contiguous"  # the default bound: none
+    layer.masked_max_rows = 64
     assert layer.path(8, 8) == ("masked", 8, layer.path(8, 8).reason) and "max_m = 8" in layer.path(8, 8).reason
     above = layer.path(9, 8)
     assert above.layout == "contiguous" and "72 routed rows > masked_max_rows (64)" in above.reason

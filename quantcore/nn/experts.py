@@ -14,7 +14,7 @@ ordinary modules of the model) and runs five ops, each on the backend the regist
 `silu_mul_quant` (SiLU(gate) times up in fp32, quantized; another activation: computed, then `act_quant`)
 -> `grouped_mm` (down) -> `moe_unpermute` (the weighted sum in slot order). Two layouts, chosen by the
 routed row count (`QuantExperts.path`): masked (per-expert slabs of max_m rows, `moe_permute_masked` /
-`grouped_mm_masked`) for decode, contiguous for larger batches. Both give each expert's rows the same
+`grouped_mm_masked`) up to `masked_max_rows` (none by default), contiguous above. Both give each expert's rows the same
 bits, and both read the routing on the device only, so a forward can be captured in a CUDA graph and
 replayed with new routing; under `torch.compile` it is the `torch.ops.quantcore` custom ops (exact fakes:
 the shapes depend on T, k, E and max_m alone).
@@ -38,15 +38,14 @@ from .params import QuantParams, dense_shape, frozen, resolve_dtype
 _LAYER = "QuantExperts"
 GATED_ACTIVATIONS = ("silu", "gelu", "gelu_tanh")
 
-# The masked layout up to this many routed rows (tokens × top-k), the contiguous one above. A first
-# choice, not a measurement: the masked path moves E·max_m rows (max_m = tokens) through the activation and
-# its quantization where the contiguous one moves tokens·k, so it is kept to decode batches, where those
-# rows cost little beside the weights (E = 256 experts × 8 tokens of top-8 at the bound); its grouped
-# GEMMs then start one row tile per expert instead of finding its tiles from the offsets. To be measured
-# on the GPU (a decode step per layout, eager and in a CUDA graph, at T = 1..64: `quantcore bench --moe
-# --moe-no-ops --moe-masked-max-rows 0`, then 1000000) and set here with the measurement's words;
-# `QuantExperts.masked_max_rows` overrides it per layer.
-MASKED_MAX_ROWS = 64
+# The masked layout up to this many routed rows (tokens × top-k), the contiguous one above: none by default.
+# Measured on an H100 (2026-12-07, `quantcore bench --moe`, benchmarks/results/h100-moe*.json): the contiguous
+# grouped GEMM took less GPU time than the masked one at T = 1 on every DeepSeek-V3 and Qwen3-30B-A3B projection
+# (84 vs 98 µs, 47 vs 53, 16 vs 19, FP8) and about the same at T = 64 (2170 vs 2126, 1082 vs 1178, 141 vs 143);
+# 4 Qwen3-30B-A3B MoE layers a decode step in a CUDA graph took 215 / 570 / 1072 µs contiguous against
+# 234 / 566 / 1150 masked at batch 1 / 8 / 64 (eager 641 / 674 / 1133 against 817 / 704 / 1226). Both layouts
+# replay in CUDA graphs; `QuantExperts.masked_max_rows` sets a bound per layer (the masked layout's fixed shapes).
+MASKED_MAX_ROWS = 0
 # The gate_up GEMM's output, read once by the activation: bf16, as DeepSeek-V3's and vLLM's MoE layers keep it.
 INTERMEDIATE_DTYPE = torch.bfloat16
 
