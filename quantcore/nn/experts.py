@@ -15,7 +15,8 @@ ordinary modules of the model) and runs five ops, each on the backend the regist
 -> `grouped_mm` (down) -> `moe_unpermute` (the weighted sum in slot order). Two layouts, chosen by the
 routed row count (`QuantExperts.path`): masked (per-expert slabs of max_m rows, `moe_permute_masked` /
 `grouped_mm_masked`) up to `masked_max_rows` (none by default), contiguous above. Both give each expert's rows the same
-bits, and both read the routing on the device only, so a forward can be captured in a CUDA graph and
+bits (FP8 on FP8 tensor cores: within that accumulation's tolerance, their tiles differing), and both
+read the routing on the device only, so a forward can be captured in a CUDA graph and
 replayed with new routing; under `torch.compile` it is the `torch.ops.quantcore` custom ops (exact fakes:
 the shapes depend on T, k, E and max_m alone).
 """
