@@ -39,10 +39,9 @@ device, the CPU interpreter included. A file holds:
 - `"predecode"`: `{"m_min", "max_bytes"}` or absent: the tiled GEMM on FP8 data without FP8 MMA reads
   both operands decoded to fp16 once per call from `m_min` rows, where the buffers ((M + N)·K·2
   bytes) take at most `max_bytes` (`predecode`).
-- `"blocks"`: how much work one program of the memory-bound kernels gets (`elems_per_program`;
-  `row_elems_per_program` for the kernels holding whole rows, absent for one row), its warps (at most
-  `num_warps`, at least `elems_per_thread` elements each) and how many programs per SM to keep at
-  least (`min_waves`).
+- `"blocks"`: how much work one program of the memory-bound kernels gets (`elems_per_program`),
+  its warps (at most `num_warps`, at least `elems_per_thread` elements each) and how many programs
+  per SM to keep at least (`min_waves`).
 
 This module does not import Triton: the registry may read it to describe what the backend does.
 """
@@ -320,22 +319,8 @@ def tile_2d(M: int, N: int, profile) -> tuple[int, int, int]:
     return block_m, block_n, _warps(block_m * block_n, params)
 
 
-@functools.lru_cache(maxsize=4096)
-def norm_rows(M: int, row_elems: int, profile) -> int:
-    """Whole rows of `row_elems` (padded) elements per program of the fused RMSNorm: as many as fit
-    `row_elems_per_program` (absent: one; a power of two), fewer while the grid is under `min_waves`
-    programs per SM. Each program reads the norm's weight once for all of its rows."""
-    params = _table(_arch(profile))["blocks"]
-    fit = max(1, params.get("row_elems_per_program", 0) // row_elems)
-    rows = min(1 << (fit.bit_length() - 1), _next_pow2(M))
-    min_programs = params["min_waves"] * (getattr(profile, "sm_count", 0) or 0)
-    while rows > 1 and _cdiv(M, rows) < min_programs:
-        rows //= 2
-    return rows
-
-
 def row_warps(row_elems: int, profile) -> int:
-    """num_warps of a kernel holding `row_elems` (padded) elements of whole rows per program (the fused
+    """num_warps of a kernel holding one whole row of `row_elems` (padded) elements per program (the fused
     RMSNorm): the block kernels' rule, at least `elems_per_thread` elements per thread."""
     return _warps(row_elems, _table(_arch(profile))["blocks"])
 
@@ -350,5 +335,5 @@ def _forget() -> None:
     """Forget the tuned GEMM configurations and the derived tile choices (`registry.reset()`): after a
     change of tables, environment or a simulated profile, they are derived afresh."""
     _tuned.clear()
-    for cached in (_table, gemm_candidates, decode_config, block_tiling, tile_2d, norm_rows):
+    for cached in (_table, gemm_candidates, decode_config, block_tiling, tile_2d):
         cached.cache_clear()

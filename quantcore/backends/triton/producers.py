@@ -1,5 +1,5 @@
 """The fused producers' launch functions (docs/backend-contract.md) on the kernels of `kernels/producers.py`:
-`rms_norm_quant`, a program per `configs.norm_rows` rows, and `silu_mul_quant`, the block quantizer's tiling over [M, I].
+`rms_norm_quant`, one program per row, and `silu_mul_quant`, the block quantizer's tiling over [M, I].
 Each is `prepared` as the launches of `launch.py` are: the plan fixes tiles, constants and the kernel's
 scalar arguments, and a call allocates the outputs and launches once. Both compile without floating-point
 contraction: an FMA would round the norm's v·v and the first add of its sum once instead of twice (the
@@ -20,8 +20,8 @@ from .launch import _KIND, _hw_fp8
 
 @prepared
 def rms_norm_quant(x, weight, residual, *, eps, qdtype, group_size, ue8m0, quant_eps, scale_m_major, profile):
-    """The contract's `rms_norm_quant` (docs/backend-contract.md) in one launch: a program per
-    `configs.norm_rows` rows, each held as groups of the block quantizer's tile."""
+    """The contract's `rms_norm_quant` (docs/backend-contract.md) in one launch: a program per row, the row
+    held as groups of the block quantizer's tile."""
     (M, H), device = x.shape, x.device
     outputs = quantized_outputs(M, H, group_size, qdtype, scale_m_major, device)
     if residual is not None:
@@ -37,14 +37,12 @@ def rms_norm_quant(x, weight, residual, *, eps, qdtype, group_size, ue8m0, quant
     flat = triton.next_power_of_2(H)
     width = ng_pad * g_pad if tile_sum else flat
     out_kind = _KIND[torch.promote_types(x.dtype, weight.dtype)]
-    rows = configs.norm_rows(M, width, profile)
-    launch = Launcher(rms_norm_quant_kernel, (triton.cdiv(M, rows), 1), dict(
+    launch = Launcher(rms_norm_quant_kernel, (M, 1), dict(
         GROUP=group_size, NG_PAD=ng_pad, G_PAD=g_pad, FLAT=flat, LEVELS=width.bit_length() - 1, TILE_SUM=tile_sum,
-        ROWS=rows,        SRC=_KIND[x.dtype], WKIND=_KIND[weight.dtype], OUT=out_kind, RESIDUAL=residual is not None,
+        SRC=_KIND[x.dtype], WKIND=_KIND[weight.dtype], OUT=out_kind, RESIDUAL=residual is not None,
         QFMT=_KIND[qdtype], UE8M0=bool(ue8m0), HW_FP8=_hw_fp8(profile),
         TINY_SCALES=scales_may_be_tiny(quant_eps, qdtype),
-        EVEN=H == ng_pad * g_pad and g_pad == group_size and M % rows == 0,
-        num_warps=configs.row_warps(rows * max(width, flat), profile),
+        EVEN=H == ng_pad * g_pad and g_pad == group_size, num_warps=configs.row_warps(max(width, flat), profile),
         enable_fp_fusion=False),
         device, fixed=(M, H, x.stride(0), 0 if residual is None else residual.stride(0), H, H, scale.stride(0),
                        scale.stride(1), eps, quant_eps))

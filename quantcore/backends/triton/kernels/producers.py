@@ -3,9 +3,9 @@ in the same pass (docs/numerics.md, "Fused producers").
 
 Both lay their program's values out as the block quantizer does (`quant.block_tile`: [RB, 1, CB, BC_PAD],
 whole groups padded to a power of two and masked) and end with its `store_quantized`, so that their codes
-and scales are act_quant's of the same fp32 values. The norm's program holds ROWS whole rows: each row's
-sum of squares is the contract's tree (`pairwise_sum`), spelled out as adds of neighbours, because `tl.sum`
-leaves its order to the compiler and the interpreter.
+and scales are act_quant's of the same fp32 values. The norm's program holds one row: its sum of squares
+is the contract's tree (`pairwise_sum`), spelled out as adds of neighbours, because `tl.sum` leaves its
+order to the compiler and the interpreter.
 """
 
 import triton
@@ -18,11 +18,10 @@ from .quant import block_tile, store_quantized
 
 @triton.jit
 def pairwise_sum(t, LEVELS: tl.constexpr):
-    """Σ along the rows of an fp32 [R, 2^LEVELS] tensor of non-negative values -> [R, 1]: neighbours added
-    first, level by level (t[:, 2i] + t[:, 2i+1]); a sum over an axis of two is one add, the same on the GPU
-    and in the interpreter."""
+    """Σ of a 1-D fp32 tensor of 2^LEVELS non-negative values -> [1]: neighbours added first, level by level
+    (t[2i] + t[2i+1]); a sum over an axis of two is one add, the same on the GPU and in the interpreter."""
     for _ in tl.static_range(LEVELS):
-        t = tl.sum(tl.reshape(t, (t.shape[0], t.shape[1] // 2, 2)), axis=2)
+        t = tl.sum(tl.reshape(t, (t.shape[0] // 2, 2)), axis=1)
     return t
 
 
@@ -39,38 +38,35 @@ def _norm_input(x_ptr, res_ptr, x_offs, res_offs, mask, SRC: tl.constexpr, RESID
 def rms_norm_quant_kernel(x_ptr, w_ptr, res_ptr, q_ptr, scale_ptr, new_res_ptr, M, H, stride_x, stride_res,
                           stride_new_res, stride_q, stride_sr, stride_sc, eps, quant_eps,
                           GROUP: tl.constexpr, NG_PAD: tl.constexpr, G_PAD: tl.constexpr, FLAT: tl.constexpr,
-                          LEVELS: tl.constexpr, TILE_SUM: tl.constexpr, ROWS: tl.constexpr, SRC: tl.constexpr,
-                          WKIND: tl.constexpr,
+                          LEVELS: tl.constexpr, TILE_SUM: tl.constexpr, SRC: tl.constexpr, WKIND: tl.constexpr,
                           OUT: tl.constexpr, RESIDUAL: tl.constexpr, QFMT: tl.constexpr, UE8M0: tl.constexpr,
                           HW_FP8: tl.constexpr, EVEN: tl.constexpr, TINY_SCALES: tl.constexpr):
-    """ROWS rows of x [M, H] (SRC kind; + residual when RESIDUAL, stored to new_res) per program: RMSNorm
-    with weight [H] (WKIND, loaded once for the ROWS rows), the product rounded to OUT, quantized per 1×GROUP
-    into q (QFMT) and scale.
+    """One row of x [M, H] (SRC kind; + residual when RESIDUAL, stored to new_res) per program: RMSNorm with
+    weight [H] (WKIND), the product rounded to OUT, quantized per 1×GROUP into q (QFMT) and scale.
 
-    Each row is held as NG_PAD groups of G_PAD. TILE_SUM: that tile, flattened, is the row padded with zeros
+    The row is held as NG_PAD groups of G_PAD. TILE_SUM: that tile, flattened, is the row padded with zeros
     (groups a power of two, or one group), so its squares are summed from it; else the row is loaded again
     as one vector of FLAT, the next power of two. Either way 2^LEVELS values, summed by `pairwise_sum`."""
-    rows, cols, mask, srow, scol, smask = block_tile(M, H, 1, GROUP, ROWS, NG_PAD, 1, G_PAD, EVEN)
+    rows, cols, mask, srow, scol, smask = block_tile(M, H, 1, GROUP, 1, NG_PAD, 1, G_PAD, EVEN)
     v = _norm_input(x_ptr, res_ptr, rows * stride_x + cols, rows * stride_res + cols, mask, SRC, RESIDUAL)
     if RESIDUAL:
         store_f32_as(new_res_ptr + rows * stride_new_res + cols, v, mask, SRC)
     if TILE_SUM:
-        total = pairwise_sum(tl.reshape(v * v, (ROWS, NG_PAD * G_PAD)), LEVELS)
+        total = pairwise_sum(tl.reshape(v * v, (NG_PAD * G_PAD,)), LEVELS)
     else:
-        row = tl.program_id(0) * ROWS + tl.arange(0, ROWS)[:, None]
-        offs = tl.arange(0, FLAT)[None, :]
-        flat = _norm_input(x_ptr, res_ptr, row * stride_x + offs, row * stride_res + offs, (row < M) & (offs < H),
-                           SRC, RESIDUAL)
+        row = tl.program_id(0)
+        offs = tl.arange(0, FLAT)
+        flat = _norm_input(x_ptr, res_ptr, row * stride_x + offs, row * stride_res + offs, offs < H, SRC, RESIDUAL)
         total = pairwise_sum(flat * flat, LEVELS)
-    # IEEE division and square root on tensors (tl.div_rn takes no scalars); 0 + H is H exactly (H, not
+    # IEEE division and square root, on [1] tensors (tl.div_rn takes no scalars); 0 + H is H exactly (H, not
     # H.to(): the JIT passes H = 1 as a Python int).
     zero = tl.zeros_like(total)
     mean_square = tl.div_rn(total, zero + H)
-    rstd = tl.reshape(tl.div_rn(zero + 1.0, tl.sqrt_rn(mean_square + eps)), (ROWS, 1, 1, 1))
+    rstd = tl.reshape(tl.div_rn(zero + 1.0, tl.sqrt_rn(mean_square + eps)), (1, 1, 1, 1))
     normed = round_to(v * rstd, SRC)
-    # Masked lanes are 0 here without a select: their x and weight loaded as 0 and rstd is finite (also on rows
-    # past M), or NaN for a row holding a NaN, whose every group's scale is NaN anyway.
-    y = round_to(load_f32(w_ptr + cols, cols < H, WKIND) * normed, OUT)
+    # Masked lanes are 0 here without a select: their x and weight loaded as 0 and rstd is finite, or NaN for a
+    # row holding a NaN, whose every group's scale is NaN anyway.
+    y = round_to(load_f32(w_ptr + cols, mask, WKIND) * normed, OUT)
     store_quantized(y, rows, cols, mask, srow, scol, smask, q_ptr, stride_q, scale_ptr, stride_sr, stride_sc,
                     quant_eps, QFMT, UE8M0, HW_FP8, TINY_SCALES)
 
