@@ -52,6 +52,17 @@ def _clean_registry_state(monkeypatch):
     yield
 
 
+@pytest.fixture(autouse=True)
+def _release_gpu_memory(request):
+    """After each GPU test, the blocks torch's caching allocator keeps are handed back: the GPU suite runs on
+    16 xdist workers sharing one device (`pytest -m gpu -n 16`), and memory one worker cached for a large
+    test is otherwise out of the others' reach (cuBLAS and the allocator then fail with out of memory)."""
+    yield
+    if "gpu" in request.keywords and torch.cuda.is_available():
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+
+
 @pytest.fixture(scope="session", autouse=True)
 def quantcore_cache(tmp_path_factory):
     """quantcore's cache folder (NVRTC's compiles, the native extension) for this run, shared by its
