@@ -134,6 +134,14 @@ def test_contiguous_layout(gen, qdtype, profile, mma):
     _contiguous_case(gen, [0, 1, 40, 7], 96, 256, qdtype, profile, mma, _kw())
 
 
+@pytest.mark.parametrize("group_m", [2, 3])
+def test_contiguous_tile_order_covers_every_tile_once(gen, monkeypatch, group_m):
+    """The L2 order numbers each expert's tiles GROUP_M row tiles at a time: experts of 2-7 row tiles (bands
+    cut short at the end) by three column tiles (N = 300, a tail), every tile computed and written once."""
+    monkeypatch.setattr(grouped, "_GROUP_M", group_m)
+    _contiguous_case(gen, [3, 0, 100, 1, 37], 300, 256, I8, "sm90", "int8", _kw())
+
+
 @pytest.mark.parametrize("qdtype,profile,mma,bias,kw", [
     (FP8, "sm90", "fp8", torch.bfloat16, dict(activation="gelu", out_dtype=torch.bfloat16)),
     (I8, "sm90", "int8", torch.float32, dict(activation="silu", out_quant=FP8, out_group=32, ue8m0_out=True)),

@@ -24,7 +24,7 @@ from . import configs
 from .direct import Launcher
 from .kernels.grouped import grouped_mm_kernel
 from .kernels.quant import scales_may_be_tiny
-from .launch import _KIND, _MMA_KINDS, _bias_expression, _bias_kind, _gemm_outputs, _hw_fp8, _native_bias
+from .launch import _GROUP_M, _KIND, _MMA_KINDS, _bias_expression, _bias_kind, _gemm_outputs, _hw_fp8, _native_bias
 
 
 def tile(profile, rows: int, N: int, K: int, *, mma: str, block_k: int, min_block_n: int) -> configs.GemmConfig:
@@ -56,9 +56,10 @@ def _grouped(a, a_scale, b, b_scale, rows, bias, *, masked, block_n, block_k, ac
     cfg = tile(profile, max_m if masked else triton.cdiv(max_m, E), N, K, mma=mma, block_k=block_k,
                min_block_n=out_group if quantized else 1)
     n_tiles = triton.cdiv(N, cfg.block_n)
-    # Contiguous: a slot per row tile of the bound ceil(M/BLOCK_M) + E (at most M: a tile has a row).
+    # Contiguous: a program per output tile of the bound of ceil(M/BLOCK_M) + E row tiles (at most M: a tile
+    # has a row), in the kernel's L2 order.
     grid = ((triton.cdiv(max_m, cfg.block_m), n_tiles, E) if masked
-            else (min(triton.cdiv(max_m, cfg.block_m) + E, max_m), n_tiles))
+            else (min(triton.cdiv(max_m, cfg.block_m) + E, max_m) * n_tiles,))
     groups = triton.cdiv(N, out_group) if quantized else 0
     # Expert strides of the activation, its scales and the (contiguous) outputs: 0 where the expert's first
     # row places them (contiguous).
@@ -71,7 +72,7 @@ def _grouped(a, a_scale, b, b_scale, rows, bias, *, masked, block_n, block_k, ac
         ACTIVATION=activation or "none", OUT=_KIND[out_quant or out_dtype], OUT_GROUP=out_group if quantized else 1,
         UE8M0_OUT=bool(ue8m0_out), TINY_SCALES=scales_may_be_tiny(eps, out_quant or out_dtype), HW_FP8=_hw_fp8(profile),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=block_k, K_STEP=cfg.k_step,
-        BLOCK_KS=cfg.step_k(block_k, False), E_PAD=triton.next_power_of_2(E), num_warps=cfg.num_warps,
+        BLOCK_KS=cfg.step_k(block_k, False), E_PAD=triton.next_power_of_2(E), GROUP_M=_GROUP_M, num_warps=cfg.num_warps,
         num_stages=cfg.num_stages), a.device,
         fixed=(E, max_m, N, K, *a_strides, *b.stride()[:2], *as_strides, *b_scale.stride(), *bias_strides,
                *out_strides, eps))
