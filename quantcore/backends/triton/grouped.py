@@ -8,11 +8,12 @@ which sum the same K blocks in another order, are the one place where the two di
 Both functions are `prepared` like `launch.scaled_mm`: the plan fixes tiles, grid and constants; a run
 allocates the outputs and launches once, reading the row counts on the device (no host synchronization, so a
 run can be captured in a CUDA graph). Tiles come from the dense GEMM's table (`configs.gemm_candidates`) for an
-expert's expected rows, loaded through pointers (no TMA yet) and never split.
+expert's expected rows, loaded through TMA on Hopper-class GPUs (pointers elsewhere) and never split.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import replace
 
 import torch
@@ -24,14 +25,30 @@ from . import configs
 from .direct import Launcher
 from .kernels.grouped import grouped_mm_kernel
 from .kernels.quant import scales_may_be_tiny
-from .launch import _GROUP_M, _KIND, _MMA_KINDS, _bias_expression, _bias_kind, _gemm_outputs, _hw_fp8, _native_bias
+from .launch import (_GROUP_M, _KIND, _MMA_KINDS, TensorDescriptor, _bias_expression, _bias_kind, _gemm_outputs,
+                     _hw_fp8, _native_bias)
+from .launch import _tma_ready as _dense_tma_ready
 
 
 def tile(profile, rows: int, N: int, K: int, *, mma: str, block_k: int, min_block_n: int) -> configs.GemmConfig:
     """The tile of a grouped launch whose experts hold about `rows` rows each: the dense GEMM's first candidate
-    for that M, its BLOCK_M cut to the rows (at least 16, the MMA's), through pointers, K unsplit."""
+    for that M, its BLOCK_M cut to the rows (at least 16, the MMA's), K unsplit, through TMA where the dense
+    GEMM's would be."""
     cfg = configs.gemm_candidates(profile, max(rows, 1), N, K, mma=mma, block_k=block_k, min_block_n=min_block_n)[0]
-    return replace(configs.unsplit(cfg), block_m=min(cfg.block_m, max(16, triton.next_power_of_2(rows))), tma=False)
+    return replace(configs.unsplit(cfg), block_m=min(cfg.block_m, max(16, triton.next_power_of_2(rows))))
+
+
+def _rows_descriptor(t: torch.Tensor, block_shape: list[int]):
+    """The TMA descriptor of `t` [..., R, K] (K-contiguous, leading dims flattenable) as one [rows, K] matrix."""
+    return TensorDescriptor(t, [t.numel() // t.shape[-1], t.shape[-1]], [t.stride(-2), 1], block_shape)
+
+
+def _tma_ready(a: torch.Tensor, b: torch.Tensor, profile) -> bool:
+    """Whether a and b can be read as [rows, K] matrices through TMA: the dense GEMM's conditions
+    (`launch._tma_ready`: sm_90+, 16-byte aligned bases and rows), K contiguous and leading dims that flatten."""
+    def flat(t):
+        return t.stride(-1) == 1 and all(t.stride(d) == t.shape[d + 1] * t.stride(d + 1) for d in range(t.dim() - 2))
+    return flat(a) and flat(b) and _dense_tma_ready(a, b, profile)
 
 
 def _grouped(a, a_scale, b, b_scale, rows, bias, *, masked, block_n, block_k, activation, out_dtype, out_quant,
@@ -56,6 +73,9 @@ def _grouped(a, a_scale, b, b_scale, rows, bias, *, masked, block_n, block_k, ac
     cfg = tile(profile, max_m if masked else triton.cdiv(max_m, E), N, K, mma=mma, block_k=block_k,
                min_block_n=out_group if quantized else 1)
     n_tiles = triton.cdiv(N, cfg.block_n)
+    tma = cfg.tma and _tma_ready(a, b, profile)
+    descriptors = {2: functools.partial(_rows_descriptor, block_shape=[cfg.block_m, block_k]),
+                   3: functools.partial(_rows_descriptor, block_shape=[cfg.block_n, block_k])}
     # Contiguous: a program per output tile of the bound of ceil(M/BLOCK_M) + E row tiles (at most M: a tile
     # has a row), in the kernel's L2 order.
     grid = ((triton.cdiv(max_m, cfg.block_m), n_tiles, E) if masked
@@ -68,17 +88,19 @@ def _grouped(a, a_scale, b, b_scale, rows, bias, *, masked, block_n, block_k, ac
     out_strides = (max_m * N if masked else 0, N, max_m * groups if masked else 0, groups)
     bias_strides = (0, 0) if bias is None else bias.stride()
     launch = Launcher(grouped_mm_kernel, grid, dict(
-        MASKED=masked, QFMT=qfmt, USE_FP8_MMA=mma == "fp8", SCALE_BN=block_n, BIAS=_bias_kind(bias),
+        MASKED=masked, QFMT=qfmt, USE_FP8_MMA=mma == "fp8", TMA=tma, SCALE_BN=block_n, BIAS=_bias_kind(bias),
         ACTIVATION=activation or "none", OUT=_KIND[out_quant or out_dtype], OUT_GROUP=out_group if quantized else 1,
         UE8M0_OUT=bool(ue8m0_out), TINY_SCALES=scales_may_be_tiny(eps, out_quant or out_dtype), HW_FP8=_hw_fp8(profile),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=block_k, K_STEP=cfg.k_step,
-        BLOCK_KS=cfg.step_k(block_k, False), E_PAD=triton.next_power_of_2(E), GROUP_M=_GROUP_M, num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages), a.device,
+        BLOCK_KS=cfg.step_k(block_k, tma), E_PAD=triton.next_power_of_2(E), GROUP_M=_GROUP_M, num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages), a.device, descriptors if tma else None,
         fixed=(E, max_m, N, K, *a_strides, *b.stride()[:2], *as_strides, *b_scale.stride(), *bias_strides,
                *out_strides, eps))
-    run = launch.function(params, ("a", "b", "a_scale", "b_scale", _bias_expression(bias), "_out",
-                                   "_scale" if quantized else None, rows_name), outputs, result)
-    return by_address(run) if _native_bias(bias) else run
+    run = launch.function(params, ("a", "b", "a" if tma else None, "b" if tma else None, "a_scale", "b_scale",
+                                   _bias_expression(bias), "_out", "_scale" if quantized else None, rows_name),
+                          outputs, result)
+    # Descriptors read the operands' shapes and strides.
+    return by_address(run) if not tma and _native_bias(bias) else run
 
 
 @prepared

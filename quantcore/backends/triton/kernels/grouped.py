@@ -51,10 +51,11 @@ def _contiguous_tile(offsets_ptr, pid, E, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.
 
 @triton.jit
 def grouped_mm_kernel(
-        a_ptr, b_ptr, a_scale_ptr, b_scale_ptr, bias_ptr, out_ptr, out_scale_ptr, rows_ptr, E, M, N, K,
+        a_ptr, b_ptr, a_desc, b_desc, a_scale_ptr, b_scale_ptr, bias_ptr, out_ptr, out_scale_ptr, rows_ptr, E, M, N,
+        K,
         stride_ae, stride_am, stride_be, stride_bn, stride_ase, stride_asm, stride_ask, stride_bse, stride_bsn,
         stride_bsk, stride_biase, stride_bias, stride_oe, stride_om, stride_ose, stride_osm, eps,
-        MASKED: tl.constexpr, QFMT: tl.constexpr, USE_FP8_MMA: tl.constexpr, SCALE_BN: tl.constexpr,
+        MASKED: tl.constexpr, QFMT: tl.constexpr, USE_FP8_MMA: tl.constexpr, TMA: tl.constexpr, SCALE_BN: tl.constexpr,
         BIAS: tl.constexpr, ACTIVATION: tl.constexpr, OUT: tl.constexpr, OUT_GROUP: tl.constexpr,
         UE8M0_OUT: tl.constexpr, TINY_SCALES: tl.constexpr, HW_FP8: tl.constexpr, BLOCK_M: tl.constexpr,
         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, K_STEP: tl.constexpr, BLOCK_KS: tl.constexpr,
@@ -64,7 +65,10 @@ def grouped_mm_kernel(
     rows_ptr: int32 offsets [E + 1] (contiguous; a [M, K], out [M, N], M the total rows) or masked_m [E]
     (MASKED; a [E, M, K], out [E, M, N], M = max_m). stride_*e are the expert strides (0 for a contiguous
     layout's activation, scales and output, which the expert's first row places instead). The constexprs
-    are `block_scaled_mm_kernel`'s (pointer loads, K unsplit); E_PAD: a power of two >= E; GROUP_M: row
+    are `block_scaled_mm_kernel`'s (K unsplit). TMA: the tiles of a and b come through the descriptors a_desc
+    over a's rows as one [rows, K] matrix and b_desc over b as [E·N, K]; a tile reaching past its expert's
+    rows or columns reads the next expert's (or zeros past the end), which only rows and columns the
+    epilogue never stores see. E_PAD: a power of two >= E; GROUP_M: row
     tiles an L2 group (contiguous). Masked: program (m tile, n tile, e), an expert's column tiles adjacent.
     """
     if MASKED:
@@ -90,9 +94,10 @@ def grouped_mm_kernel(
             a_ptr + ex * stride_ae + row * stride_am, b_ptr + ex * stride_be,
             a_scale_ptr + ex * stride_ase + row * stride_asm, b_scale_ptr + ex * stride_bse, offs_m, offs_n, offs_k,
             pid_n, count, N, stride_am, stride_bn, stride_asm, stride_bsn, SCALE_BN, BLOCK_N)
-        acc = scaled_k_blocks(a_ptrs, b_ptrs, None, None, a_s_ptrs, b_s_ptrs, 0, 0, offs_k, 0, tl.cdiv(K, BLOCK_K), K,
-                              stride_ask, stride_bsk, QFMT, USE_FP8_MMA, False, SCALE_BN % BLOCK_N == 0, BLOCK_M,
-                              BLOCK_N, BLOCK_K, K_STEP, BLOCK_KS)
+        off_m = (e * M if MASKED else first) + pid_m * BLOCK_M
+        acc = scaled_k_blocks(a_ptrs, b_ptrs, a_desc, b_desc, a_s_ptrs, b_s_ptrs, off_m, e * N + pid_n * BLOCK_N,
+                              offs_k, 0, tl.cdiv(K, BLOCK_K), K, stride_ask, stride_bsk, QFMT, USE_FP8_MMA, TMA,
+                              SCALE_BN % BLOCK_N == 0, BLOCK_M, BLOCK_N, BLOCK_K, K_STEP, BLOCK_KS)
         finish_tile(acc, offs_m, offs_n, pid_n, count, N, bias_ptr + ex * stride_biase, stride_bias,
                     out_ptr + ex * stride_oe + row * stride_om, stride_om,
                     out_scale_ptr + ex * stride_ose + row * stride_osm, stride_osm, eps, BIAS, ACTIVATION, OUT,
