@@ -219,3 +219,16 @@ def test_reference_is_scaled_mm_per_expert_and_zeros_elsewhere(gen, out_quant):
                                     **dict(kw, bias=kw["bias"][e])))
         assert all(torch.equal(_bits(t[e, :count]), _bits(w)) for t, w in zip(masked, want, strict=True))
     assert all(not _bits(t[0, 3]).any() for t in masked)
+
+
+def test_tma_only_where_a_descriptor_can_read_the_operands():
+    """TMA on sm_90 for K-contiguous operands whose rows are 16-byte aligned and whose leading dims flatten
+    into rows; pointers for a K of 300 bytes a row, a transposed weight, a slab of padded experts, and on sm_80."""
+    def ready(a, b, profile="sm90"):
+        return grouped._tma_ready(a, b, SIMULATED[profile])
+    a, b = torch.zeros(40, 256, dtype=I8), torch.zeros(4, 96, 256, dtype=I8)
+    slab = torch.zeros(4, 8, 256, dtype=I8)
+    assert ready(a, b) and ready(slab, b) and not ready(a, b, "sm80")
+    assert not ready(torch.zeros(40, 300, dtype=I8), torch.zeros(4, 96, 300, dtype=I8))
+    assert not ready(a, torch.zeros(4, 256, 96, dtype=I8).transpose(1, 2))
+    assert not ready(torch.zeros(4, 9, 256, dtype=I8)[:, :8], b)

@@ -45,9 +45,11 @@ def _rows_descriptor(t: torch.Tensor, block_shape: list[int]):
 
 def _tma_ready(a: torch.Tensor, b: torch.Tensor, profile) -> bool:
     """Whether a and b can be read as [rows, K] matrices through TMA: the dense GEMM's conditions
-    (`launch._tma_ready`: sm_90+, 16-byte aligned bases and rows), K contiguous and leading dims that flatten."""
+    (`launch._tma_ready`: sm_90+, 16-byte aligned bases), K contiguous, rows 16-byte aligned and leading dims
+    that flatten."""
     def flat(t):
-        return t.stride(-1) == 1 and all(t.stride(d) == t.shape[d + 1] * t.stride(d + 1) for d in range(t.dim() - 2))
+        return (t.stride(-1) == 1 and t.stride(-2) % 16 == 0
+                and all(t.stride(d) == t.shape[d + 1] * t.stride(d + 1) for d in range(t.dim() - 2)))
     return flat(a) and flat(b) and _dense_tma_ready(a, b, profile)
 
 
