@@ -104,7 +104,10 @@ def activate_dividing(x, ACTIVATION: tl.constexpr, DIV: tl.constexpr):
         return x
     else:
         t = _tail(tl.abs(x), ACTIVATION, DIV)
-        return tl.where(x >= 0, x - t, -t)
+        # −T as t · −1, not -t: Triton 3.6 compiles a float's unary minus as 0 − t, which gives +0 where T
+        # underflows to 0 (a deeply negative input), and the reference's −0 reaches an FP8 code's sign bit
+        # (0x80 against 0x00; seen in silu_mul_quant on the H100).
+        return tl.where(x >= 0, x - t, t * -1.0)
 
 
 @triton.jit
