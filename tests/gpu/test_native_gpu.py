@@ -18,9 +18,18 @@ from quantcore.runtime import native
 from quantcore.definitions import BUILTIN
 
 
-pytestmark = [pytest.mark.gpu, pytest.mark.filterwarnings("ignore::quantcore.NumericsWarning")]
+# One xdist worker runs these (the `native` group) and builds the extension once for the run (`_built`).
+pytestmark = [pytest.mark.gpu, pytest.mark.filterwarnings("ignore::quantcore.NumericsWarning"),
+              pytest.mark.xdist_group("native")]
 
 BACKENDS = ("triton", "cupy")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _built():
+    """The extension built into the run's cache folder (empty at first, conftest's `quantcore_cache`) before the
+    first test: `native.module()` alone starts a background build and answers None until it is done."""
+    native.build()
 
 
 @pytest.fixture(autouse=True)
