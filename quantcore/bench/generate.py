@@ -2,8 +2,10 @@
 weights, nothing downloaded), in bf16 and with its linears quantized to FP8 (`quantcore.nn.quantize_model`,
 the output head kept in bf16), each eagerly (dynamic cache) and compiled as transformers compiles it for a
 static cache (`cache_implementation="static"`: the forward under torch.compile, CUDA-graph trees by
-default). Prints tokens/s, the first call's seconds (compiles included) and whether the greedy tokens
-equal the eager ones of the same weights; writes the rows as JSON with `--json`. Needs transformers
+default). Prints tokens/s, the first call's seconds (compiles included) and how many greedy tokens agree
+with the eager ones of the same weights before the first that differs (Inductor's kernels round bf16
+attention and norms otherwise than eager torch, so bf16 may part from eager too: the bf16 row is the
+yardstick); writes the rows as JSON with `--json`. Needs transformers
 (`pip install transformers`) and, for the compiled rows, a GPU.
 
 Timing: one untimed `generate` (it compiles), then `--reps` timed ones, each synchronized; tokens/s is
@@ -77,20 +79,27 @@ def run(args: argparse.Namespace) -> list[dict]:
             eager_tokens = tokens if mode == "eager" else eager_tokens
             rows.append({"weights": weights, "mode": mode, "tokens_per_s": args.batch * args.new / min(times),
                          "first_call_s": first, "tokens_equal_eager": bool(torch.equal(tokens, eager_tokens)),
+                         "tokens_agreeing": _agreeing(tokens, eager_tokens, args.new), "new_tokens": args.new,
                          "device": torch.cuda.get_device_name() if device == "cuda" else "cpu"})
             print(f"{weights} {mode}: {rows[-1]['tokens_per_s']:.1f} tokens/s", file=sys.stderr, flush=True)
         del model
     return rows
 
 
+def _agreeing(tokens: torch.Tensor, eager: torch.Tensor, new: int) -> int:
+    """New tokens before the first that differs from eager's, the least over the batch's sequences."""
+    differs = (tokens[:, -new:] != eager[:, -new:]).int()
+    return int(torch.where(differs.any(1), differs.argmax(1), new).min())
+
+
 def render(rows: list[dict]) -> str:
     """The rows as a Markdown table, with each mode's FP8 speed-up over bf16."""
     bf16 = {r["mode"]: r["tokens_per_s"] for r in rows if r["weights"] == "bf16"}
-    lines = ["| weights | mode | tokens/s | vs bf16 | first call s | tokens = eager |", "|---|---|---|---|---|---|"]
+    lines = ["| weights | mode | tokens/s | vs bf16 | first call s | tokens as eager's |", "|---|---|---|---|---|---|"]
     for r in rows:
         speedup = r["tokens_per_s"] / bf16[r["mode"]]
         lines.append(f"| {r['weights']} | {r['mode']} | {r['tokens_per_s']:.1f} | {speedup:.2f}x | "
-                     f"{r['first_call_s']:.1f} | {r['tokens_equal_eager']} |")
+                     f"{r['first_call_s']:.1f} | {r['tokens_agreeing']} of {r['new_tokens']} |")
     return "\n".join(lines)
 
 
@@ -111,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"command": " ".join(sys.argv), "torch": torch.__version__, "rows": rows}, f, indent=1)
-    return 0 if all(r["tokens_equal_eager"] for r in rows) else 1
+    return 0
 
 
 if __name__ == "__main__":
