@@ -30,8 +30,8 @@ def _contiguous_tile(offsets_ptr, pid, E, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.
     its row tiles, so each is read from memory about once. Numbered column-major over the whole grid
     instead, the SMs read as many experts' weights as they run programs, none shared (H100, FP8, 128-512 rows
     an expert: 310-437 TFLOP/s that way, bound by memory; 518-687 in this order with TMA loads). A count of 0
-    past the last tile. Every program scans the E + 1 offsets itself (E_PAD >= E lanes): a few hundred bytes from L2, and no
-    schedule kernel or workspace to keep in step with them."""
+    past the last tile. Every program scans the E + 1 offsets itself (E_PAD >= E lanes): a few hundred bytes
+    from L2, and no schedule kernel or workspace to keep in step with them."""
     experts = tl.arange(0, E_PAD)
     lo = tl.load(offsets_ptr + experts, mask=experts < E, other=0)
     hi = tl.load(offsets_ptr + experts + 1, mask=experts < E, other=0)
