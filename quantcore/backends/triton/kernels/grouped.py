@@ -51,10 +51,9 @@ def _contiguous_tile(offsets_ptr, pid, E, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.
 
 @triton.jit
 def grouped_mm_kernel(
-        a_ptr, b_ptr, a_desc, b_desc, a_scale_ptr, b_scale_ptr, bias_ptr, out_ptr, out_scale_ptr, rows_ptr, E, M, N,
-        K,
-        stride_ae, stride_am, stride_be, stride_bn, stride_ase, stride_asm, stride_ask, stride_bse, stride_bsn,
-        stride_bsk, stride_biase, stride_bias, stride_oe, stride_om, stride_ose, stride_osm, eps,
+        a_ptr, b_ptr, a_desc, b_desc, a_scale_ptr, b_scale_ptr, bias_ptr, out_ptr, out_scale_ptr, rows_ptr,
+        E, M, N, K, stride_ae, stride_am, stride_be, stride_bn, stride_ase, stride_asm, stride_ask, stride_bse,
+        stride_bsn, stride_bsk, stride_biase, stride_bias, stride_oe, stride_om, stride_ose, stride_osm, eps,
         MASKED: tl.constexpr, QFMT: tl.constexpr, USE_FP8_MMA: tl.constexpr, TMA: tl.constexpr, SCALE_BN: tl.constexpr,
         BIAS: tl.constexpr, ACTIVATION: tl.constexpr, OUT: tl.constexpr, OUT_GROUP: tl.constexpr,
         UE8M0_OUT: tl.constexpr, TINY_SCALES: tl.constexpr, HW_FP8: tl.constexpr, BLOCK_M: tl.constexpr,
@@ -68,8 +67,8 @@ def grouped_mm_kernel(
     are `block_scaled_mm_kernel`'s (K unsplit). TMA: the tiles of a and b come through the descriptors a_desc
     over a's rows as one [rows, K] matrix and b_desc over b as [E·N, K]; a tile reaching past its expert's
     rows or columns reads the next expert's (or zeros past the end), which only rows and columns the
-    epilogue never stores see. E_PAD: a power of two >= E; GROUP_M: row
-    tiles an L2 group (contiguous). Masked: program (m tile, n tile, e), an expert's column tiles adjacent.
+    epilogue never stores see. E_PAD: a power of two >= E; GROUP_M: row tiles an L2 group (contiguous).
+    Masked: program (m tile, n tile, e), an expert's column tiles adjacent.
     """
     if MASKED:
         e = tl.program_id(2)
