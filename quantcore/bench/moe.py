@@ -301,8 +301,8 @@ def run_moe(cfg: MoEConfig | None = None, *, device: str | torch.device | None =
         with torch.no_grad():
             base = nn.Sequential(*(MoEBlock(shape, weights_gen) for _ in range(cfg.layers)))
         done = progress(log, checkpoint and (lambda: checkpoint(result)))
-        measure(result.steps, base, cfg.batches, _step_factory(shape, cfg.masked_max_rows), tokens=cfg.steps, warmup=cfg.warmup,
-                copy_gbps=result.copy_gbps, done=done(f"{cfg.step_model} x{cfg.layers}"))
+        measure(result.steps, base, cfg.batches, _step_factory(shape, cfg.masked_max_rows), tokens=cfg.steps,
+                warmup=cfg.warmup, copy_gbps=result.copy_gbps, done=done(f"{cfg.step_model} x{cfg.layers}"))
     return result
 
 

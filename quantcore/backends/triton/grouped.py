@@ -77,7 +77,7 @@ def _grouped(a, a_scale, b, b_scale, rows, bias, *, masked, block_n, block_k, ac
     n_tiles = triton.cdiv(N, cfg.block_n)
     tma = cfg.tma and _tma_ready(a, b, profile)
     descriptors = {2: functools.partial(_rows_descriptor, block_shape=[cfg.block_m, block_k]),
-                   3: functools.partial(_rows_descriptor, block_shape=[cfg.block_n, block_k])}
+                   3: functools.partial(_rows_descriptor, block_shape=[cfg.block_n, block_k])} if tma else None
     # Contiguous: a program per output tile of the bound of ceil(M/BLOCK_M) + E row tiles (at most M: a tile
     # has a row), in the kernel's L2 order.
     grid = ((triton.cdiv(max_m, cfg.block_m), n_tiles, E) if masked
@@ -95,7 +95,7 @@ def _grouped(a, a_scale, b, b_scale, rows, bias, *, masked, block_n, block_k, ac
         UE8M0_OUT=bool(ue8m0_out), TINY_SCALES=scales_may_be_tiny(eps, out_quant or out_dtype), HW_FP8=_hw_fp8(profile),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=block_k, K_STEP=cfg.k_step,
         BLOCK_KS=cfg.step_k(block_k, tma), E_PAD=triton.next_power_of_2(E), GROUP_M=_GROUP_M, num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages), a.device, descriptors if tma else None,
+        num_stages=cfg.num_stages), a.device, descriptors,
         fixed=(E, max_m, N, K, *a_strides, *b.stride()[:2], *as_strides, *b_scale.stride(), *bias_strides,
                *out_strides, eps))
     run = launch.function(params, ("a", "b", "a" if tma else None, "b" if tma else None, "a_scale", "b_scale",
