@@ -414,8 +414,9 @@ def test_an_activation_lowers_to_the_staged_epilogue(qdtype, out_quant, config):
     assert count(k, r"bar\.sync\s+\d+, 128") >= 2 * 2 + 2
     # The erf's one exponential per element of one step (`rows` a thread), in each copy of the loop.
     assert count(k, r"ex2\.approx") == 4 * rows
-    # 32 rows a step hold 32 elements a thread: the partition's 56 registers then spill a few words.
-    assert spill_bytes(k) <= (0 if rows == 8 else 64)
+    # 32 rows a step hold 32 elements a thread: the partition's 56 registers then spill a few words (128
+    # bytes on Triton 3.6 since the activations negate as t · -1.0 for the sign of zero).
+    assert spill_bytes(k) <= (0 if rows == 8 else 128)
 
 
 # bf16's six stages: test_fp8_main_path_lowers_to_the_warp_specialized_schedule (at 4096 rows).

@@ -232,3 +232,15 @@ def test_tma_only_where_a_descriptor_can_read_the_operands():
     assert not ready(torch.zeros(40, 300, dtype=I8), torch.zeros(4, 96, 300, dtype=I8))
     assert not ready(a, torch.zeros(4, 256, 96, dtype=I8).transpose(1, 2))
     assert not ready(torch.zeros(4, 9, 256, dtype=I8)[:, :8], b)
+
+
+def test_decode_sized_launches_read_through_pointers_and_by_address(gen):
+    """An expert's few decode rows (16-row tiles) load through pointers, so the plan reads its tensors by
+    address and the native launch path can replay it; prefill-sized tiles (64 rows and more) use TMA, whose
+    descriptors are made per call in Python."""
+    def plan(rows_per_expert):
+        a, a_s, b, b_s = _operands(gen, (4 * rows_per_expert,), 4, 128, 256, FP8)
+        offsets = torch.arange(0, 5, dtype=torch.int32) * rows_per_expert
+        return grouped.grouped_mm.prepare(a, a_s, b, b_s, offsets, **_on("sm90", "fp8"), **_kw())
+    assert getattr(plan(2), "by_address", False)
+    assert not getattr(plan(128), "by_address", False)

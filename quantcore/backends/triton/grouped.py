@@ -8,7 +8,8 @@ which sum the same K blocks in another order, are the one place where the two di
 Both functions are `prepared` like `launch.scaled_mm`: the plan fixes tiles, grid and constants; a run
 allocates the outputs and launches once, reading the row counts on the device (no host synchronization, so a
 run can be captured in a CUDA graph). Tiles come from the dense GEMM's table (`configs.gemm_candidates`) for an
-expert's expected rows, loaded through TMA on Hopper-class GPUs (pointers elsewhere) and never split.
+expert's expected rows, loaded through TMA on Hopper-class GPUs from 64-row tiles (pointers elsewhere, and
+for decode-sized launches, whose plans the native launch path replays) and never split.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from .kernels.quant import scales_may_be_tiny
 from .launch import (_GROUP_M, _KIND, _MMA_KINDS, TensorDescriptor, _bias_expression, _bias_kind, _gemm_outputs,
                      _hw_fp8, _native_bias)
 from .launch import _tma_ready as _dense_tma_ready
+
+TMA_MIN_BLOCK_M = 64  # row tiles below this (an expert's few decode rows) load through pointers
 
 
 def tile(profile, rows: int, N: int, K: int, *, mma: str, block_k: int, min_block_n: int) -> configs.GemmConfig:
@@ -75,7 +78,10 @@ def _grouped(a, a_scale, b, b_scale, rows, bias, *, masked, block_n, block_k, ac
     cfg = tile(profile, max_m if masked else triton.cdiv(max_m, E), N, K, mma=mma, block_k=block_k,
                min_block_n=out_group if quantized else 1)
     n_tiles = triton.cdiv(N, cfg.block_n)
-    tma = cfg.tma and _tma_ready(a, b, profile)
+    # TMA from 64-row tiles (prefill) only: below, decode-sized launches keep pointer loads and with them a
+    # plan replayed by address (the native launch path), as the dense decode kernel does; descriptors are
+    # made again on each Python call.
+    tma = cfg.tma and cfg.block_m >= TMA_MIN_BLOCK_M and _tma_ready(a, b, profile)
     descriptors = {2: functools.partial(_rows_descriptor, block_shape=[cfg.block_m, block_k]),
                    3: functools.partial(_rows_descriptor, block_shape=[cfg.block_n, block_k])} if tma else None
     # Contiguous: a program per output tile of the bound of ceil(M/BLOCK_M) + E row tiles (at most M: a tile
