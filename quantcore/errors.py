@@ -40,10 +40,14 @@ class UnsupportedError(QuantcoreError, NotImplementedError):
 
 def caller_stacklevel() -> int:
     """The `stacklevel` that makes a warning issued by the function calling this point at the first frame
-    outside quantcore: the user's line, however deep inside quantcore the warning is raised. (Python
-    3.12's `skip_file_prefixes` does this, but quantcore supports 3.10.)"""
+    outside quantcore and torch: the user's line, however deep inside quantcore the warning is raised and
+    whether it was reached through an `nn.Module` call or `torch.ops`. (Python 3.12's `skip_file_prefixes`
+    does this, but quantcore supports 3.10.)"""
+    torch = sys.modules.get("torch")
+    skipped = (_PACKAGE,) + ((os.path.dirname(os.path.abspath(torch.__file__)) + os.sep,)
+                             if getattr(torch, "__file__", None) else ())
     level, frame = 2, sys._getframe(2)
-    while frame is not None and (frame.f_code.co_filename.startswith(_PACKAGE)
+    while frame is not None and (frame.f_code.co_filename.startswith(skipped)
                                  or frame.f_code.co_filename == GENERATED):
         level += 1
         frame = frame.f_back

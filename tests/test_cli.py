@@ -240,6 +240,16 @@ def test_numerics_warning_points_at_the_callers_line():
     assert caught[0].filename == __file__
 
 
+def test_numerics_warning_from_a_quantized_model_points_at_the_model_call():
+    # Reached through nn.Module.__call__, the first frame outside quantcore is torch's: skipped too.
+    from quantcore.nn import quantize_model
+    model = quantize_model(torch.nn.Sequential(torch.nn.Linear(256, 64)), skip=())
+    registry.clear_caches()
+    with pytest.warns(quantcore.NumericsWarning) as caught, quantcore.priority("torch[bf16_dequant]"):
+        model(torch.randn(2, 256))
+    assert caught[0].filename == __file__
+
+
 @pytest.mark.parametrize("text, problem", [("not json", "Invalid JSON"), ("", "Invalid JSON"),
                                            ("[1, 2]", "Input should be an object"), ("{}", "device: Field required"),
                                            ('{"kind": "e2e"}', "device: Field required")])
