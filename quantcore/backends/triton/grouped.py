@@ -30,7 +30,10 @@ from .launch import (_GROUP_M, _KIND, _MMA_KINDS, TensorDescriptor, _bias_expres
                      _hw_fp8, _native_bias)
 from .launch import _tma_ready as _dense_tma_ready
 
-TMA_MIN_BLOCK_M = 64  # row tiles below this (an expert's few decode rows) load through pointers
+# TMA from 64-row tiles (prefill) only: decode-sized launches (an expert's few rows) keep pointer loads and with
+# them a plan replayed by address (the native launch path), as the dense decode kernel's; TMA descriptors are
+# made again on each Python call.
+TMA_MIN_BLOCK_M = 64
 
 
 def tile(profile, rows: int, N: int, K: int, *, mma: str, block_k: int, min_block_n: int) -> configs.GemmConfig:
@@ -78,9 +81,6 @@ def _grouped(a, a_scale, b, b_scale, rows, bias, *, masked, block_n, block_k, ac
     cfg = tile(profile, max_m if masked else triton.cdiv(max_m, E), N, K, mma=mma, block_k=block_k,
                min_block_n=out_group if quantized else 1)
     n_tiles = triton.cdiv(N, cfg.block_n)
-    # TMA from 64-row tiles (prefill) only: below, decode-sized launches keep pointer loads and with them a
-    # plan replayed by address (the native launch path), as the dense decode kernel does; descriptors are
-    # made again on each Python call.
     tma = cfg.tma and cfg.block_m >= TMA_MIN_BLOCK_M and _tma_ready(a, b, profile)
     descriptors = {2: functools.partial(_rows_descriptor, block_shape=[cfg.block_m, block_k]),
                    3: functools.partial(_rows_descriptor, block_shape=[cfg.block_n, block_k])} if tma else None
