@@ -4,6 +4,7 @@ measured priority lists it, and run where a call names it."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.machinery
 import itertools
 import re
@@ -16,7 +17,7 @@ from quantcore.registry import measured
 from quantcore.registry import impl as base
 from quantcore.backends.triton import gluon
 from quantcore.definitions.query import m_bucket
-from quantcore.definitions.query import GemmQuery
+from quantcore.definitions.query import GemmQuery, GroupedGemmQuery
 
 # Selecting an FP8 tensor-core GEMM warns of its numerics once; what is selected is what these tests judge.
 pytestmark = pytest.mark.filterwarnings("ignore::quantcore.NumericsWarning")
@@ -53,6 +54,23 @@ def test_it_can_run_on_sm90_but_automatic_selection_never_takes_it(installed, op
     assert reasons(q) == []
     assert registry.select(q).label != GLUON
     assert registry.select(q, backend="triton").label == "triton"  # the backend's name alone neither
+
+
+@pytest.mark.parametrize("fmt", ["fp8_e4m3", "int8"])
+@pytest.mark.parametrize("m", [64, 4096, 32768])
+def test_its_grouped_gemm_runs_where_named_and_never_automatically(installed, fmt, m):
+    """The contiguous grouped GEMM has a Gluon form, reached only by name (no measured table ranks it yet); the
+    masked layout (decode-sized rows) has none."""
+    p = capability.simulated_profile("sm90")
+    q = GroupedGemmQuery("grouped_mm", p, fmt, None, (128, 128), m_bucket(m), nk=(4096, 7168), block_k=128,
+                         out_group=0, fused=False, experts=256)
+    assert reasons(q) == []
+    assert registry.select(q).label != GLUON
+    assert registry.select(q, backend=GLUON).label == GLUON
+    masked = dataclasses.replace(q, op="grouped_mm_masked")
+    assert GLUON not in [c.impl for c in registry.explain_query(masked).candidates]
+    with pytest.raises(UnsupportedError):
+        registry.select(masked, backend=GLUON)
 
 
 def test_a_gpu_with_the_shipped_tables_selects_it_exactly_where_they_rank_it_first(installed):

@@ -103,8 +103,8 @@ class GemmQuery(Query):
 class GroupedGemmQuery(GemmQuery):
     """A grouped (mixture-of-experts) GEMM call: a `GemmQuery` whose (N, K) are one expert's, with
     `experts` the stacked weight's E. The tile constraints are the dense GEMM's (the grouped kernels run
-    its tile program), but its ranking is its own: the bench times no grouped GEMM yet, and scaled_mm's
-    measured table names implementations (cuBLAS, Gluon) that have no grouped form."""
+    its tile program), but its ranking is its own: scaled_mm's measured table names cuBLAS, which has no
+    grouped form, and ranks the dense Gluon GEMM, not its grouped one."""
 
     experts: int = 0
 

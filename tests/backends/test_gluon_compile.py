@@ -30,10 +30,11 @@ GPU = pytest.mark.gpu  # compiled in the GPU suite only: a configuration whose p
 
 
 def compile_launch(M, N, K, qdtype, out_dtype="bfloat16", bias=None, activation=None, block=(128, 128),
-                   out_quant=None, out_group=128, ue8m0_out=False, config=None) -> dict:
+                   out_quant=None, out_group=128, ue8m0_out=False, config=None, experts=None) -> dict:
     """In this process: run the prepared launch on CPU tensors with its one kernel launch compiled for
     sm_90 instead; return the grid, constexprs, shared memory, PTX instruction counts and ptxas -v report.
-    `config`: the fields of a `GluonConfig` (None: the default)."""
+    `config`: the fields of a `GluonConfig` (None: the default). `experts`: the grouped GEMM's launch
+    (`gluon_launch.grouped_mm`) over that many experts of N×K weights, M rows spread evenly over them."""
     import torch
     import triton
     from triton.backends.compiler import GPUTarget
@@ -86,12 +87,18 @@ def compile_launch(M, N, K, qdtype, out_dtype="bfloat16", bias=None, activation=
     if qdtype == torch.float8_e4m3fn:
         a, b = a.view(qdtype), b.view(qdtype)
     kb = -(-K // block[1])
-    bias = None if bias is None else torch.randn(N).to(getattr(torch, bias))
-    out = gluon_launch.scaled_mm(a, torch.rand(M, kb, generator=g), b, torch.rand(-(-N // block[0]), kb, generator=g),
-                                 block_n=block[0], block_k=block[1], bias=bias, activation=activation,
-                                 out_dtype=out_dtype, out_quant=out_quant and getattr(torch, out_quant),
-                                 out_group=out_group, ue8m0_out=ue8m0_out, eps=1e-4, profile=profile,
-                                 config=gluon_launch.GluonConfig(**(config or {})))
+    options = dict(block_n=block[0], block_k=block[1], activation=activation, out_dtype=out_dtype,
+                   out_quant=out_quant and getattr(torch, out_quant), out_group=out_group, ue8m0_out=ue8m0_out,
+                   eps=1e-4, profile=profile, config=gluon_launch.GluonConfig(**(config or {})))
+    a_scale, b_scale = torch.rand(M, kb, generator=g), torch.rand(-(-N // block[0]), kb, generator=g)
+    bias = None if bias is None else torch.randn(N if experts is None else (experts, N)).to(getattr(torch, bias))
+    if experts is None:
+        out = gluon_launch.scaled_mm(a, a_scale, b, b_scale, bias=bias, **options)
+    else:
+        offsets = torch.tensor([e * M // experts for e in range(experts + 1)], dtype=torch.int32)
+        out = gluon_launch.grouped_mm(a, a_scale, b.expand(experts, N, K).contiguous(),
+                                      b_scale.expand(experts, *b_scale.shape).contiguous(), offsets, bias=bias,
+                                      **options)
     out, scale = out if out_quant else (out, None)
     (launch,) = compiled
     return dict(launch, out_shape=list(out.shape), out_dtype=str(out.dtype), sm_count=profile.sm_count,
@@ -424,6 +431,36 @@ def test_an_activation_lowers_to_the_staged_epilogue(qdtype, out_quant, config):
 def test_stages_fill_shared_memory(out_dtype, stages):
     k = compiled(M=512, N=2112, K=7168, qdtype="float8_e4m3fn", out_dtype=out_dtype)
     assert k["constants"]["STAGES"] == stages and k["shared"] <= k["smem_per_block"]
+
+
+@pytest.mark.parametrize("qdtype, M, extra", [
+    ("float8_e4m3fn", 2048, {}),  # the default tile
+    pytest.param("int8", 4096, dict(bias="bfloat16", out_quant="int8"), marks=GPU),  # wide, bias staged, re-quantized
+    pytest.param("float8_e4m3fn", 4096, dict(bias="bfloat16", activation="silu"), marks=GPU),  # the staged epilogue
+])
+def test_the_grouped_gemm_lowers_to_the_dense_schedule_with_masked_stores(qdtype, M, extra):
+    """`gluon_launch.grouped_mm` over 256 experts: the dense kernel's tile and main loop (its TMA loads, one box of
+    A and one of B a sub-tile, its wgmmas), the expert of each tile found by a scan whose reductions stay in each
+    warp (shuffles and warp reductions: no more shared-memory stores or barriers than the dense kernel's), the output
+    stored with masks instead of TMA (a box would cross into the next expert's rows). With the staged epilogue ptxas
+    keeps one value a partition on the stack (16 bytes, Triton 3.6 and 3.9), reloaded once a tile, outside every K
+    loop (read in the SASS); the wide tile of the bias and re-quantized output spills nothing."""
+    grouped, dense = compiled_all(*(dict(M=M, N=4096, K=7168, qdtype=qdtype, experts=experts, **extra)
+                                    for experts in (256, None)))
+    c = grouped["constants"]
+    assert c["E_PAD"] == 256 and not c["TMA_OUT"] and c["TAIL_NSUB"] == 0 and dense["constants"]["E_PAD"] == 0
+    assert grouped["grid"] == [grouped["sm_count"]] and grouped["out_shape"] == [M, 4096]
+    assert {k: v for k, v in c.items() if k not in ("E_PAD", "TMA_OUT", "STAGES")} == \
+        {k: v for k, v in dense["constants"].items() if k not in ("E_PAD", "TMA_OUT", "STAGES")}
+    wgmma = r"wgmma\.mma_async\.sync\.aligned"
+    assert count(grouped, wgmma) == count(dense, wgmma) > 0
+    tma_load, tma_store = r"cp\.async\.bulk\.tensor\.2d\.shared::\w+\.global", r"cp\.async\.bulk\.tensor\.2d\.global\.shared"
+    assert count(grouped, tma_load) == count(dense, tma_load) and count(grouped, tma_store) == 0
+    assert count(grouped, r"shfl\.sync|redux\.sync") > count(dense, r"shfl\.sync|redux\.sync")
+    for pattern in (r"st\.shared", r"bar\.sync|barrier\.sync"):
+        assert count(grouped, pattern) <= count(dense, pattern), pattern
+    assert spill_bytes(grouped) <= (0 if not extra else 32)
+    assert "C7514" not in grouped["ptxas"] and "C7515" not in grouped["ptxas"], grouped["ptxas"]
 
 
 if __name__ == "__main__":  # the child process of `compiled`

@@ -2,6 +2,8 @@
 `quantcore.ops.scaled_mm` on the same backend computes for those rows, on DeepSeek-like shapes with uneven
 routing (empty experts, one row, decode-sized, past the decode kernel's 64 rows and the TMA tiles' 512); the
 masked layout; and the masked launch captured in a CUDA graph, replayed on new counts and activations.
+The warp-specialized Gluon variant (`triton[gluon]`, sm_90, contiguous layout) likewise against its own
+scaled_mm, on its 128-row tiles and the wide tile it takes from 4096 rows, eager and replayed in a CUDA graph.
 
 The grouped kernels never split K, and scaled_mm splits it where its output tiles leave SMs idle (summing
 the same K blocks in another order), so scaled_mm runs unsplit here (`helpers.whole_k`).
@@ -22,7 +24,7 @@ from quantcore.backends import torch as ref
 from quantcore.capability import profile_for
 
 from helpers import assert_gemm_rows_agree, whole_k  # noqa: F401 (a fixture: pytestmark uses it)
-from test_parity import poison, rand
+from test_parity import poison, rand, run
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("whole_k")]
 
@@ -143,3 +145,67 @@ def test_masked_launch_replays_in_a_cuda_graph(backend, qdtype):
         assert torch.equal(_bits(captured[e, :count]), _bits(eager[e, :count])), f"expert {e}"
         if count:
             _assert_scaled_mm_rows(backend, (captured[e, :count],), a[e, :count], a_s[e, :count], b, b_s, e, {})
+
+
+GLUON = "triton[gluon]"
+# Rows per expert around the Gluon kernel's 128-row tiles: COUNTS, then a whole tile, one row past it, several.
+GLUON_COUNTS = COUNTS + [128, 129, 384, 1000]
+# From 4096 rows in all and N a multiple of 256, the wide 128x256 tile (config_for), staggered at K <= 2048.
+WIDE_COUNTS = [0, 700, 1, 1500, 129, 2000]
+
+
+def _offsets(counts):
+    return torch.tensor([sum(counts[:e]) for e in range(len(counts) + 1)], dtype=torch.int32, device="cuda")
+
+
+@pytest.mark.parametrize("qdtype", [FP8, I8])
+@pytest.mark.parametrize("counts,N,K,epilogue", [
+    (GLUON_COUNTS, 4096, 7168, {}),
+    (GLUON_COUNTS, 2112, 2048, {}),  # N's last column tile part empty: its columns read the next expert's weight
+    (GLUON_COUNTS, 512, 7168, dict(bias=True, activation="silu", requantize=True)),  # the staged epilogue
+    (GLUON_COUNTS, 4096, 2048, dict(bias=True, requantize=True)),  # the bias staged by the producer, re-quantized
+    (WIDE_COUNTS, 4096, 2048, {}),
+], ids=["4096x7168", "2112x2048", "silu-requantized", "bias-requantized", "wide"])
+def test_gluon_contiguous_is_its_scaled_mm_per_expert(qdtype, counts, N, K, epilogue):
+    """Each expert's rows of the Gluon grouped GEMM are those of the Gluon scaled_mm on them (FP8 float outputs within
+    the reduced-precision accumulation's tolerance where the two pick tiles of different widths), with tiles that end
+    inside an expert, empty experts and rows of other experts read past each tile's end never stored."""
+    a, a_s, b, b_s = _operands(qdtype, (sum(counts),), len(counts), N, K)
+    if epilogue:
+        epilogue = dict(activation=epilogue.get("activation"), out_quant=qdtype,
+                        bias=rand((len(counts), N), torch.bfloat16, seed=99))
+    offsets = _offsets(counts)
+    out = _parts(run(GLUON, None, ops.grouped_mm, a, a_s, b, b_s, offsets, **epilogue))
+    assert quantcore.explain("grouped_mm", a, a_s, b, b_s, offsets, backend=GLUON).selected == GLUON
+    for e, (lo, hi) in enumerate(zip(offsets.tolist(), offsets.tolist()[1:])):
+        if hi > lo:
+            _assert_scaled_mm_rows(GLUON, tuple(t[lo:hi] for t in out), a[lo:hi], a_s[lo:hi], b, b_s, e, epilogue)
+
+
+@pytest.mark.parametrize("qdtype", [FP8, I8])
+def test_gluon_contiguous_replays_in_a_cuda_graph(qdtype):
+    """The Gluon grouped GEMM reads the offsets on the device: captured once, replayed after the offsets and the
+    activations changed in place (other experts' rows, an expert emptied), it computes what an eager call does."""
+    counts, N, K = [3, 0, 300, 129, 1, 200, 0, 64], 1024, 2048
+    a, a_s, b, b_s = _operands(qdtype, (sum(counts),), len(counts), N, K)
+    offsets = _offsets(counts)
+    run(GLUON, None, ops.grouped_mm, a, a_s, b, b_s, offsets)  # skips where the variant cannot run
+    launch = importlib.import_module("quantcore.backends.triton.gluon_launch")
+    options = dict(block_n=128, block_k=128, bias=None, activation=None, out_dtype=torch.bfloat16, out_quant=None,
+                   out_group=128, ue8m0_out=False, eps=1e-4, profile=profile_for(a.device))
+    prepared = launch.grouped_mm.prepare(a, a_s, b, b_s, offsets, **options)
+    prepared(a, a_s, b, b_s, offsets)  # compiles and binds the direct launch outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = prepared(a, a_s, b, b_s, offsets)
+    for old, new in zip((a, a_s), _activations(qdtype, (sum(counts),), K, seed=7)):
+        old.copy_(new)
+    counts = [0, 130, 2, 400, 0, 128, 36, 1]  # the same rows in all
+    offsets.copy_(_offsets(counts))
+    graph.replay()
+    eager = prepared(a, a_s, b, b_s, offsets)
+    torch.cuda.synchronize()
+    for e, (lo, hi) in enumerate(zip(offsets.tolist(), offsets.tolist()[1:])):
+        assert torch.equal(_bits(captured[lo:hi]), _bits(eager[lo:hi])), f"expert {e}"
+        if hi > lo:
+            _assert_scaled_mm_rows(GLUON, (captured[lo:hi],), a[lo:hi], a_s[lo:hi], b, b_s, e, {})

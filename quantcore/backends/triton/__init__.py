@@ -64,8 +64,10 @@ IMPLS = (
     # The Gluon variant on sm_90 (`triton[gluon]`): registered after the tiled kernels, which take every
     # call it takes, so that "triton" in a priority never reaches it; it runs where a call names it or a
     # measured priority table lists it, and the bench times it under its own label to write such tables.
+    # Its grouped GEMM is the contiguous (prefill) layout's: the masked one's decode-sized rows fill no
+    # 128-row tile.
     *(Impl(op, "triton", f"triton.gluon_launch:{op}", GluonConstraints(**_GLUON, formats=(fmt,)), variant="gluon",
            numerics=numerics, compared_alone=True)
-      for op in ("scaled_mm", "quant_linear")
+      for op in ("scaled_mm", "quant_linear", "grouped_mm")
       for fmt, numerics in (("int8", "exact"), ("fp8_e4m3", REDUCED_FP8_ACCUMULATION))),
 )

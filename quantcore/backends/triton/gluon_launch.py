@@ -246,15 +246,17 @@ def _fitted(cfg: GluonConfig, block_k: int, out_bytes: int, block_n: int, profil
 
 
 def _aligned(t: torch.Tensor) -> bool:
-    """TMA's rules for an 8-bit 2-D operand: 16-byte aligned base and row stride, contiguous rows."""
-    return t.stride(-1) == 1 and t.data_ptr() % 16 == 0 and t.stride(0) % 16 == 0
+    """TMA's rules for an 8-bit operand seen as one [rows, K] matrix: 16-byte aligned base and row stride,
+    contiguous rows, leading dims (stacked experts) that flatten into the rows."""
+    return (t.stride(-1) == 1 and t.data_ptr() % 16 == 0 and t.stride(-2) % 16 == 0
+            and all(t.stride(d) == t.shape[d + 1] * t.stride(d + 1) for d in range(t.dim() - 2)))
 
 
 def _staged(t: torch.Tensor, width: int) -> torch.Tensor:
-    """A fresh copy of 8-bit `t` [R, K] with rows `width` >= K wide, zero past K: TMA-aligned, and
-    the zeros add nothing to any K block's dot (TMA fills past K with zeros all the same)."""
-    buf = torch.zeros((t.shape[0], width), dtype=torch.uint8, device=t.device)
-    buf[:, : t.shape[1]].copy_(t.view(torch.uint8))
+    """A fresh copy of 8-bit `t` [..., R, K] as [rows, width], rows `width` >= K wide, zero past K: TMA-aligned,
+    and the zeros add nothing to any K block's dot (TMA fills past K with zeros all the same)."""
+    buf = torch.zeros((t.numel() // t.shape[-1], width), dtype=torch.uint8, device=t.device)
+    buf[:, : t.shape[-1]].copy_(t.reshape(-1, t.shape[-1]).view(torch.uint8))
     return buf.view(t.dtype)
 
 
@@ -278,36 +280,76 @@ def scaled_mm(a, a_scale, b, b_scale, *, block_n, block_k, bias, activation, out
     ue8m0_out, floored at eps). block_k (the K tile) a power of two from 32 to 128. `config` picks the
     tile, ring and schedule (`GluonConfig`; None: `config_for` the call).
     """
+    launch = _prepare(a, a_scale, b, b_scale, None, block_n=block_n, block_k=block_k, bias=bias, activation=activation,
+                      out_dtype=out_dtype, out_quant=out_quant, out_group=out_group, ue8m0_out=ue8m0_out, eps=eps,
+                      profile=profile, config=config)
+
+    def run(a, a_scale, b, b_scale, bias=None):
+        return launch(a, a_scale, b, b_scale, None, bias)
+    return run
+
+
+@prepared
+def grouped_mm(a, a_scale, b, b_scale, expert_offsets, *, block_n, block_k, bias, activation, out_dtype, out_quant,
+               out_group, ue8m0_out, eps, profile, config: GluonConfig | None = None):
+    """Grouped block-scaled GEMM, contiguous layout (prefill), on the warp-specialized kernel: out[r] = a[r] @
+    b[e]^T for the rows r of each expert e, each expert's rows bit for bit what `scaled_mm` gives them.
+
+    a [M, K] fp8_e4m3fn/int8, rows sorted by expert; a_scale [M, ceil(K/Bk)] fp32 (any strides); b [E, N, K] (a's
+    dtype, K-contiguous), b_scale [E, ceil(N/Bn), ceil(K/Bk)] fp32; expert_offsets int32 [E + 1] on the device,
+    non-decreasing (expert e's rows offsets[e]:offsets[e+1]; empty experts allowed, no padding), read by the kernel
+    only (no host synchronization); bias [E, N] or None; the rest as `scaled_mm`'s. Returns out [M, N], or (q,
+    scale) re-quantized; rows outside offsets[0]:offsets[E] are left unwritten. `config` as `scaled_mm`'s, chosen
+    for M rows in all; a tile never crosses into a second expert.
+    """
+    launch = _prepare(a, a_scale, b, b_scale, expert_offsets, block_n=block_n, block_k=block_k, bias=bias,
+                      activation=activation, out_dtype=out_dtype, out_quant=out_quant, out_group=out_group,
+                      ue8m0_out=ue8m0_out, eps=eps, profile=profile, config=config)
+
+    def run(a, a_scale, b, b_scale, expert_offsets, bias=None):
+        return launch(a, a_scale, b, b_scale, expert_offsets, bias)
+    return run
+
+
+def _prepare(a, a_scale, b, b_scale, offsets, *, block_n, block_k, bias, activation, out_dtype, out_quant, out_group,
+             ue8m0_out, eps, profile, config):
+    """`launch(a, a_scale, b, b_scale, offsets, bias)` of `scaled_mm` (offsets None; b [N, K]) or `grouped_mm`
+    (b [E, N, K], offsets the experts' row boundaries), as they describe it."""
+    op = "scaled_mm" if offsets is None else "grouped_mm"
     M, K = a.shape
-    N = b.shape[0]
+    E, N = (1, b.shape[0]) if offsets is None else b.shape[:2]
     config = config or config_for(M, N, K, block_n, None if out_quant is None else out_group, activation is not None)
     if config.epi_rows is not None:
         epi_rows = config.epi_rows
     else:
         epi_rows = EPI_ROWS if activation is not None else 0
     if not config.holds_groups(None if out_quant is None else out_group, bool(epi_rows)):
-        raise InvalidInputError(f"triton[gluon] scaled_mm: out_group_size {out_group} must divide the tile's N "
+        raise InvalidInputError(f"triton[gluon] {op}: out_group_size {out_group} must divide the tile's N "
                                 f"sub-tile ({config.sub}) or, with the epilogue in registers (epi_rows 0), be a "
                                 f"multiple of it dividing block_n ({config.block_n}); use a GluonConfig whose tile "
                                 f"holds whole groups, or backend='triton'")
     outputs = _gemm_outputs(M, N, a.device, out_dtype, out_quant, out_group)
     new_out, new_scale = outputs["_out"], outputs.get("_scale")
-    if M == 0 or N == 0:
-        return lambda a, a_scale, b, b_scale, bias=None: _returned(new_out(), new_scale and new_scale())
+    if M == 0 or N == 0 or E == 0:
+        return lambda *tensors: _returned(new_out(), new_scale and new_scale())
     kind = out_quant or out_dtype
     out_bits = {torch.bfloat16: torch.int16, torch.float8_e4m3fn: torch.uint8}.get(kind, kind)  # bf16, FP8 as bits
     out_bytes = out_bits.itemsize
-    # The output is fresh and contiguous: its row stride decides. A staged epilogue stores with masks.
-    tma_out = (N * out_bytes) % 16 == 0 and not epi_rows
+    # The output is fresh and contiguous: its row stride decides. A staged epilogue stores with masks, and so does
+    # the grouped GEMM, whose boxes would cross into the next expert's rows.
+    tma_out = (N * out_bytes) % 16 == 0 and not epi_rows and offsets is None
     stages, pipeline = _fitted(config, block_k, out_bytes if tma_out else 0, block_n, profile, bool(epi_rows),
                                bias is not None)
     bm, bn = config.block_m, config.block_n
-    tiles = triton.cdiv(M, bm) * triton.cdiv(N, bn)
-    programs = min(tiles, profile.sm_count or tiles)
+    row_tiles = triton.cdiv(M, bm)
+    # Grouped: each expert adds at most one partial row tile (and a tile holds a row).
+    bound = row_tiles if offsets is None else min(row_tiles + E, M)
+    programs = min(bound * triton.cdiv(N, bn), profile.sm_count or bound * triton.cdiv(N, bn))
     own_rows = 0 if not epi_rows else config.own_rows if config.own_rows is not None else \
-        own_rows_for(triton.cdiv(tiles, programs), triton.cdiv(K, block_k)) // epi_rows * epi_rows
+        own_rows_for(triton.cdiv(row_tiles * triton.cdiv(N, bn), programs), triton.cdiv(K, block_k)) \
+        // epi_rows * epi_rows
     stagger = config.stagger and triton.cdiv(K, block_k) <= stages
-    tail = tail_sub_tiles(config, N, bool(epi_rows))
+    tail = tail_sub_tiles(config, N, bool(epi_rows)) if offsets is None else 0
     preloaded = preload(config, out_quant is not None, bias is not None, bool(epi_rows), stagger, tail)
     boxes = ([bm, block_k], [config.sub, block_k], [bm // 2, config.sub])
     layouts = _layout(boxes[0], a.dtype), _layout(boxes[1], b.dtype), _layout(boxes[2], out_bits)
@@ -323,30 +365,36 @@ def scaled_mm(a, a_scale, b, b_scale, *, block_n, block_k, bias, activation, out
         EPI_ROWS=epi_rows, EPILOGUE_REGS=config.epilogue_regs, num_warps=_WARPS,
         STAGGER=stagger, TAIL_NSUB=tail, PRELOAD=preloaded,
         K_POSITIVE=k_positive(config, out_quant is not None, preloaded, tail, a.dtype == torch.float8_e4m3fn),
+        E_PAD=0 if offsets is None else max(32, triton.next_power_of_2(E)),
         # The promotion is one FMA per element, as the tiled kernel's under Triton 3.6's default (which
         # later versions turn off).
         enable_fp_fusion=True), a.device, descriptors,
-        fixed=(M, N, K, a_scale.stride(0), a_scale.stride(1), b_scale.stride(0), b_scale.stride(1),
-               0 if bias is None else bias.stride(0), N, triton.cdiv(N, out_group) if out_quant is not None else 0, eps,
-               own_rows // max(epi_rows, 1)))
-    # Operands whose base or row stride TMA cannot take (K not a multiple of 16 included) are copied
-    # into fresh buffers with rows padded to a multiple of 16 bytes.
+        fixed=(M, N, K, a_scale.stride(0), a_scale.stride(1), b_scale.stride(-2), b_scale.stride(-1),
+               0 if bias is None else bias.stride(-1), N, triton.cdiv(N, out_group) if out_quant is not None else 0, eps,
+               own_rows // max(epi_rows, 1), E, 0 if offsets is None else b_scale.stride(0),
+               0 if bias is None or offsets is None else bias.stride(0)))
+    # Operands whose base or row stride TMA cannot take (K not a multiple of 16 included), or stacked weights
+    # whose experts do not follow one another row after row, are copied into fresh buffers with rows padded to a
+    # multiple of 16 bytes.
     width = triton.cdiv(K, 16) * 16
     copy_a, copy_b = not _aligned(a), not _aligned(b)
 
-    def run(a, a_scale, b, b_scale, bias=None):
+    def launch_gemm(a, a_scale, b, b_scale, offsets, bias):
         out, out_scale = new_out(), new_scale and new_scale()
         a = _staged(a, width) if copy_a else a
         b = _staged(b, width) if copy_b else b
         launch(a, b, out if tma_out else None, a_scale, b_scale,
-               out if bias is None else _kernel_bias(bias), out, out if out_scale is None else out_scale)
+               out if bias is None else _kernel_bias(bias), out, out if out_scale is None else out_scale,
+               out if offsets is None else offsets)
         return _returned(out, out_scale)
-    return run
+    return launch_gemm
 
 
 def _descriptor(t: torch.Tensor, box: list[int], layout, bits: torch.dtype) -> TensorDescriptor:
-    """The TMA descriptor of `t` (seen as `bits`) in boxes of `box` with shared-memory `layout`."""
-    return TensorDescriptor.from_tensor(t.view(bits), box, layout)
+    """The TMA descriptor of `t` (seen as `bits`; stacked experts [E, N, K] as [E·N, K]) in boxes of `box` with
+    shared-memory `layout`."""
+    t = t.view(bits)
+    return TensorDescriptor.from_tensor(t if t.dim() == 2 else t.reshape(-1, t.shape[-1]), box, layout)
 
 
 def _returned(out, out_scale):

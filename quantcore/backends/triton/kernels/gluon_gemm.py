@@ -42,6 +42,11 @@ block-wise kernel and DeepGEMM hide it by giving the work to different warps. So
   column sub-tiles wholly past N (TAIL_NSUB: 128 × 256 at N = 2112 keeps one of four), that column's
   tiles come after all others, in loops of their own that load, multiply and store only the sub-tiles
   within N: a program with one tile more than others then mostly has a short one more.
+- Grouped (E_PAD, the contiguous layout of mixture-of-experts layers): the same tiles over each expert's rows
+  of a and its weight, numbered expert by expert (`_place`); each partition finds a tile's expert from the
+  row offsets on the device with a scan in every warp, so a launch needs no host synchronization and no
+  schedule of its own, and an expert's rows get the dense kernel's sums. Its output leaves with masked
+  stores: a TMA box of a tile ending inside an expert would overwrite the next one's rows.
 - Epilogue, per consumer warpgroup: + bias, activation, then the cast or a re-quantization per
   1×OUT_GROUP group of its rows (`quant.group_quantize`, the tiled kernel's own formulas: the same
   fp32 values give the same codes and scales; a group wider than a column sub-tile spans several, their
@@ -115,11 +120,44 @@ def _grouped(tile, M, col_tiles, BLOCK_M: gl.constexpr, GROUP_M: gl.constexpr):
 
 
 @gluon.jit
-def _walk(M, N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, TAIL_NSUB: gl.constexpr):
-    """(whole, tiles) of the output's tiles in `_tile`'s order: the first `whole` in grouped order, the rest (with
+def _dense_walk(M, N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, TAIL_NSUB: gl.constexpr):
+    """(whole, tiles) of an M×N output's tiles in `_tile`'s order: the first `whole` in grouped order, the rest (with
     TAIL_NSUB, N's last column) after them."""
     tiles = gl.cdiv(M, BLOCK_M) * gl.cdiv(N, BLOCK_N)
     whole = tiles - gl.cdiv(M, BLOCK_M) if TAIL_NSUB else tiles
+    return whole, tiles
+
+
+@gluon.jit
+def _add(a, b):
+    return a + b
+
+
+@gluon.jit
+def _experts(params, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, E_PAD: gl.constexpr, WARPS: gl.constexpr):
+    """The grouped GEMM's tiles per expert, from its offsets [E + 1] (`params`): per lane of E_PAD (0 past E) the
+    expert's tiles and the end of its tiles in `_place`'s numbering (their running sum), and the tiles of all.
+    Every warp of the calling partition's WARPS holds every lane (the layout repeats over the warps), so that the
+    scan and the reductions of `_place` stay within a warp: no shared memory, no barrier between the partition's
+    warps. A few hundred bytes, from L1 after a program's first tile."""
+    N, rows_ptr, E = params[6], params[17], params[18]
+    lane = gl.arange(0, E_PAD, layout=gl.BlockedLayout([E_PAD // 32], [32], [WARPS], [0]))
+    rows = gl.load(rows_ptr + lane + 1, mask=lane < E, other=0) - gl.load(rows_ptr + lane, mask=lane < E, other=0)
+    tiles = gl.cdiv(rows, BLOCK_M) * gl.cdiv(N, BLOCK_N)
+    ends = gl.associative_scan(tiles, 0, _add)
+    return tiles, ends, gl.max(ends, 0)
+
+
+@gluon.jit
+def _walk(params, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, TAIL_NSUB: gl.constexpr, E_PAD: gl.constexpr,
+          WARPS: gl.constexpr):
+    """(whole, tiles) of the output's tiles in `_place`'s order: the first `whole` in grouped order, the rest (with
+    TAIL_NSUB, N's last column) after them; with E_PAD (grouped), every expert's tiles (`_experts`), all whole."""
+    if E_PAD:
+        _tiles, _ends, tiles = _experts(params, BLOCK_M, BLOCK_N, E_PAD, WARPS)
+        whole = tiles
+    else:
+        whole, tiles = _dense_walk(params[5], params[6], BLOCK_M, BLOCK_N, TAIL_NSUB)
     return whole, tiles
 
 
@@ -129,7 +167,7 @@ def _tile(tile, M, N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.
     empty, its sub-tiles past N skipped: `_consume`) the whole column tiles first, then the last column's, so that
     the programs of one more tile than others are the ones whose extra tile is the short one."""
     if TAIL_NSUB:
-        whole, _tiles = _walk(M, N, BLOCK_M, BLOCK_N, TAIL_NSUB)
+        whole, _tiles = _dense_walk(M, N, BLOCK_M, BLOCK_N, TAIL_NSUB)
         full_n = N // BLOCK_N
         pid_m = tile - whole
         pid_n = full_n
@@ -138,6 +176,32 @@ def _tile(tile, M, N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.
     else:
         pid_m, pid_n = _grouped(tile, M, gl.cdiv(N, BLOCK_N), BLOCK_M, GROUP_M)
     return pid_m, pid_n
+
+
+@gluon.jit
+def _place(tile, params, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr,
+           TAIL_NSUB: gl.constexpr, E_PAD: gl.constexpr, WARPS: gl.constexpr):
+    """(row, end, pid_n, e) of the tile-th tile of the walk: its rows of a and out are row … min(row + BLOCK_M,
+    end) - 1, its columns column tile pid_n's, of expert e's weight. Dense (E_PAD 0): `_tile`'s (pid_m, pid_n),
+    end M, expert 0. Grouped: the tiles numbered expert by expert, inside an expert in `_grouped` order over its
+    rows (the order of `grouped.py`'s programs), end the expert's last row + 1. A tile index below 0 (the walk
+    of no tiles) reads as tile 0."""
+    if E_PAD:
+        tiles, ends, _total = _experts(params, BLOCK_M, BLOCK_N, E_PAD, WARPS)
+        tile = gl.maximum(tile, 0)
+        # The experts whose tiles end at or before this one come before it (ends never decrease); past the last
+        # tile (no rows at all) the last expert, whose rows are then none.
+        before = ends <= tile
+        e = gl.minimum(gl.sum(before.to(gl.int32), 0), params[18] - 1)
+        local = tile - gl.sum(gl.where(before, tiles, 0), 0)
+        row = gl.load(params[17] + e)
+        count = gl.load(params[17] + e + 1) - row
+        pid_m, pid_n = _grouped(local, gl.maximum(count, 1), gl.cdiv(params[6], BLOCK_N), BLOCK_M, GROUP_M)
+        place = (row + pid_m * BLOCK_M, row + count, pid_n, e)
+    else:
+        pid_m, pid_n = _tile(tile, params[5], params[6], BLOCK_M, BLOCK_N, GROUP_M, TAIL_NSUB)
+        place = (pid_m * BLOCK_M, params[5], pid_n, 0)
+    return place
 
 
 @gluon.jit
@@ -167,16 +231,15 @@ def _next_tile(start):
 
 
 @gluon.jit
-def _load_tile(a_desc, b_desc, ring, pid_m, pid_n, K, it, BLOCK_N: gl.constexpr, LIVE: gl.constexpr):
-    """Every K block of tile (pid_m, pid_n) into the slot ring (`ring`: a_bufs, b_bufs, ready, empty), from the
-    it-th slot of this program on: A's rows whole, B's first LIVE column sub-tiles' boxes (the rest of the slot
-    is not read); returns the next `it`."""
+def _load_tile(a_desc, b_desc, ring, a_row, b_row, K, it, LIVE: gl.constexpr):
+    """Every K block of the tile whose rows start at row a_row of A and b_row of B into the slot ring (`ring`:
+    a_bufs, b_bufs, ready, empty), from the it-th slot of this program on: A's rows whole, B's first LIVE column
+    sub-tiles' boxes (the rest of the slot is not read); returns the next `it`."""
     a_bufs, b_bufs, ready, empty, _stagger_bar = ring
-    BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
     SUB_N: gl.constexpr = b_desc.block_type.shape[0]
-    NSUB: gl.constexpr = BLOCK_N // SUB_N
     STAGES: gl.constexpr = a_bufs.type.shape[0]
+    NSUB: gl.constexpr = b_bufs.type.shape[0] // STAGES
     for kb in range(gl.cdiv(K, BLOCK_K)):
         slot = it % STAGES
         # A fresh mbarrier counts as having completed the phase before its first: the first pass
@@ -185,40 +248,43 @@ def _load_tile(a_desc, b_desc, ring, pid_m, pid_n, K, it, BLOCK_N: gl.constexpr,
         bar = ready.index(slot)
         # Bytes filled with zeros past the tensor's edge count too: the expected total is fixed.
         mbarrier.expect(bar, a_desc.block_type.nbytes + LIVE * b_desc.block_type.nbytes)
-        _tma_load(a_desc, [pid_m * BLOCK_M, kb * BLOCK_K], bar, a_bufs.index(slot))
+        _tma_load(a_desc, [a_row, kb * BLOCK_K], bar, a_bufs.index(slot))
         for j in gl.static_range(LIVE):
-            _tma_load(b_desc, [pid_n * BLOCK_N + j * SUB_N, kb * BLOCK_K], bar, b_bufs.index(slot * NSUB + j))
+            _tma_load(b_desc, [b_row + j * SUB_N, kb * BLOCK_K], bar, b_bufs.index(slot * NSUB + j))
         it += 1
     return it
 
 
 @gluon.jit
 def _produce(a_desc, b_desc, ring, bias_stage, params, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr,
-             BIAS: gl.constexpr, BIAS_SMEM: gl.constexpr, TAIL_NSUB: gl.constexpr):
+             BIAS: gl.constexpr, BIAS_SMEM: gl.constexpr, TAIL_NSUB: gl.constexpr, E_PAD: gl.constexpr):
     """The load partition: every K block of every tile of this program into the slot ring (`ring`: a_bufs,
     b_bufs, ready, empty), in the order the consumers take them (`_load_tile`; with TAIL_NSUB, N's last column
-    tile's first TAIL_NSUB sub-tiles only); with BIAS_SMEM, after each tile's K blocks, its bias (of kind BIAS) into
-    bias_stage's shared memory (`_stage_bias`). `params` as the consumers'."""
+    tile's first TAIL_NSUB sub-tiles only; grouped, expert e's B rows from e·N on); with BIAS_SMEM, after each
+    tile's K blocks, its bias (of kind BIAS) into bias_stage's shared memory (`_stage_bias`). `params` as the
+    consumers'."""
     bias_smem, bias_ready, bias_free = bias_stage
-    _a_s, _b_s, bias_ptr, _out, _out_s, M, N, K, _sam, _sak, _sbn, _sbk, stride_bias, _som, _sos, _eps, _own = params
+    _a_s, _b_s, bias_ptr, _out, _out_s, _M, N, K, _sam, _sak, _sbn, _sbk, stride_bias, _som, _sos, _eps, _own, \
+        _rows, _E, _sbe, stride_biase = params
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
     NSUB: gl.constexpr = BLOCK_N // b_desc.block_type.shape[0]
     it = 0
     t = 0  # this program's tiles so far
     # As the consumers walk them (`_consume`): with TAIL_NSUB, the last column's tiles in a loop of their own.
-    whole, tiles = _walk(M, N, BLOCK_M, BLOCK_N, TAIL_NSUB)
+    whole, tiles = _walk(params, BLOCK_M, BLOCK_N, TAIL_NSUB, E_PAD, 1)
     for tile in range(gl.program_id(0), whole, gl.num_programs(0)):
-        pid_m, pid_n = _tile(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M, TAIL_NSUB)
-        it = _load_tile(a_desc, b_desc, ring, pid_m, pid_n, K, it, BLOCK_N, NSUB)
+        row, _end, pid_n, e = _place(tile, params, BLOCK_M, BLOCK_N, GROUP_M, TAIL_NSUB, E_PAD, 1)
+        it = _load_tile(a_desc, b_desc, ring, row, e * N + pid_n * BLOCK_N, K, it, NSUB)
         if BIAS_SMEM:
             # Here the ring is full of this tile's K blocks: the loads' latency stalls this warp, not the consumers,
             # and the bias lands long before their epilogue.
-            _stage_bias(bias_ptr, stride_bias, pid_n * BLOCK_N, N, bias_smem, bias_ready, bias_free, t, BIAS)
+            _stage_bias(bias_ptr + e * stride_biase, stride_bias, pid_n * BLOCK_N, N, bias_smem, bias_ready,
+                        bias_free, t, BIAS)
         t += 1
     if TAIL_NSUB:
         for tile in range(_next_tile(whole), tiles, gl.num_programs(0)):
-            pid_m, pid_n = _tile(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M, TAIL_NSUB)
-            it = _load_tile(a_desc, b_desc, ring, pid_m, pid_n, K, it, BLOCK_N, TAIL_NSUB)
+            row, _end, pid_n, _e = _place(tile, params, BLOCK_M, BLOCK_N, GROUP_M, TAIL_NSUB, 0, 1)
+            it = _load_tile(a_desc, b_desc, ring, row, pid_n * BLOCK_N, K, it, TAIL_NSUB)
             if BIAS_SMEM:
                 _stage_bias(bias_ptr, stride_bias, pid_n * BLOCK_N, N, bias_smem, bias_ready, bias_free, t, BIAS)
             t += 1
@@ -359,25 +425,26 @@ def _b_scale_ptrs(b_scale_ptr, pid_n, N, stride_bsn, zero, SCALE_BN: gl.constexp
 
 
 @gluon.jit
-def _scale_ptrs(params, pid_m, pid_n, zero, C: gl.constexpr, SCALE_BN: gl.constexpr, NSUB: gl.constexpr,
+def _scale_ptrs(params, place, zero, C: gl.constexpr, SCALE_BN: gl.constexpr, NSUB: gl.constexpr,
                 LIVE: gl.constexpr):
-    """Consumer C's pointers to tile (pid_m, pid_n)'s K block 0 scales: its rows' activation scales and the weight
-    scales of the first LIVE of the tile's NSUB column sub-tiles (`_b_scale_ptrs`)."""
+    """Consumer C's pointers to the K block 0 scales of the tile at `place` (`_place`): its rows' activation scales
+    and the weight scales of the first LIVE of the tile's NSUB column sub-tiles (`_b_scale_ptrs`), expert e's."""
     a_scale_ptr, b_scale_ptr, _bias, _out, _out_s, M, N, _K, stride_asm, _sak, stride_bsn, _sbk, _sb, _som, _sos, \
-        _eps, _own = params
+        _eps, _own, _rows, _E, stride_bse, _sbie = params
+    row, _end, pid_n, e = place
     ROWS: gl.constexpr = zero.shape[0]
-    rows = pid_m * 2 * ROWS + C * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, zero.type.layout))
+    rows = row + C * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, zero.type.layout))
     # Tail rows wrap back into range: their scale loads need no mask, and they are never stored.
-    b_s_ptrs = _b_scale_ptrs(b_scale_ptr, pid_n, N, stride_bsn, zero, SCALE_BN, NSUB, LIVE,
+    b_s_ptrs = _b_scale_ptrs(b_scale_ptr + e * stride_bse, pid_n, N, stride_bsn, zero, SCALE_BN, NSUB, LIVE,
                              SCALE_BN % zero.shape[1] == 0)
     return a_scale_ptr + (rows % M) * stride_asm, b_s_ptrs
 
 
 @gluon.jit
-def _first_scales(params, pid_m, pid_n, zero, C: gl.constexpr, SCALE_BN: gl.constexpr, NSUB: gl.constexpr):
-    """Consumer C's K block 0 scales of tile (pid_m, pid_n), all its NSUB column sub-tiles' (`_k_scales`)."""
-    _a_s, _b_s, _bias, _out, _out_s, _M, _N, _K, _sam, stride_ask, _sbn, stride_bsk, _sb, _som, _sos, _e, _o = params
-    a_s_ptrs, b_s_ptrs = _scale_ptrs(params, pid_m, pid_n, zero, C, SCALE_BN, NSUB, NSUB)
+def _first_scales(params, place, zero, C: gl.constexpr, SCALE_BN: gl.constexpr, NSUB: gl.constexpr):
+    """Consumer C's K block 0 scales of the tile at `place`, all its NSUB column sub-tiles' (`_k_scales`)."""
+    stride_ask, stride_bsk = params[9], params[11]
+    a_s_ptrs, b_s_ptrs = _scale_ptrs(params, place, zero, C, SCALE_BN, NSUB, NSUB)
     return _k_scales(a_s_ptrs, b_s_ptrs, 0, stride_ask, stride_bsk)
 
 
@@ -553,7 +620,7 @@ def _staged_rows(scratch, first, last, row0, col0, M, N, bias_ptr, stride_bias, 
 @gluon.jit
 def _epilogue(c_smem, acc_ready, acc_free, params, BIAS: gl.constexpr, ACTIVATION: gl.constexpr, OUT: gl.constexpr,
               OUT_GROUP: gl.constexpr, UE8M0_OUT: gl.constexpr, GROUP_TAIL: gl.constexpr, TINY_SCALES: gl.constexpr,
-              BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr, EPI_ROWS: gl.constexpr):
+              BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr, EPI_ROWS: gl.constexpr, E_PAD: gl.constexpr):
     """The epilogue partition (EPI_ROWS > 0): of every sub-tile the consumers hand over through c_smem
     (per consumer one fp32 [BLOCK_M / 2, SUB_N] buffer), in the consumers' order, the steps from
     own_steps on (`_staged_rows`), while the consumers run their own first own_steps and then the next
@@ -561,21 +628,22 @@ def _epilogue(c_smem, acc_ready, acc_free, params, BIAS: gl.constexpr, ACTIVATIO
     code was unrolled over every element a thread holds (64 at 128 × 128, in each consumer's copy;
     under ncu the GELU kernel's warps spent 42 % of their stall samples waiting for instructions,
     on the H100)."""
-    _a_s, _b_s, bias_ptr, out_ptr, out_scale_ptr, M, N, _K, _sam, _sak, _sbn, _sbk, stride_bias, stride_om, \
-        stride_osm, eps, own_steps = params
+    _a_s, _b_s, bias_ptr, out_ptr, out_scale_ptr, _M, N, _K, _sam, _sak, _sbn, _sbk, stride_bias, stride_om, \
+        stride_osm, eps, own_steps, _rows, _E, _sbe, stride_biase = params
     ROWS: gl.constexpr = c_smem.type.shape[1]
     SUB_N: gl.constexpr = c_smem.type.shape[2]
     BLOCK_M: gl.constexpr = 2 * ROWS
     h = 0
-    for tile in range(gl.program_id(0), gl.cdiv(M, BLOCK_M) * gl.cdiv(N, BLOCK_N), gl.num_programs(0)):
-        pid_m, pid_n = _tile(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M, 0)  # no TAIL_NSUB beside this partition
+    _whole, tiles = _walk(params, BLOCK_M, BLOCK_N, 0, E_PAD, 4)  # no TAIL_NSUB beside this partition
+    for tile in range(gl.program_id(0), tiles, gl.num_programs(0)):
+        row, end, pid_n, e = _place(tile, params, BLOCK_M, BLOCK_N, GROUP_M, 0, E_PAD, 4)
         for j in gl.static_range(BLOCK_N // SUB_N):
             for c in gl.static_range(2):
                 mbarrier.wait(acc_ready.index(c), h & 1)
-                _staged_rows(c_smem.index(c), own_steps, ROWS // EPI_ROWS, pid_m * BLOCK_M + c * ROWS,
-                             pid_n * BLOCK_N + j * SUB_N, M, N, bias_ptr, stride_bias, out_ptr, stride_om,
-                             out_scale_ptr, stride_osm, eps, BIAS, ACTIVATION, OUT, OUT_GROUP, UE8M0_OUT, GROUP_TAIL,
-                             TINY_SCALES, EPI_ROWS)
+                _staged_rows(c_smem.index(c), own_steps, ROWS // EPI_ROWS, row + c * ROWS, pid_n * BLOCK_N + j * SUB_N,
+                             end, N, bias_ptr + e * stride_biase, stride_bias, out_ptr, stride_om, out_scale_ptr,
+                             stride_osm, eps, BIAS, ACTIVATION, OUT, OUT_GROUP, UE8M0_OUT, GROUP_TAIL, TINY_SCALES,
+                             EPI_ROWS)
                 _barrier()  # every row read before the buffer is handed back
                 mbarrier.arrive(acc_free.index(c), count=1)
             h += 1
@@ -590,14 +658,17 @@ def _tile_work(work, at, C: gl.constexpr, SCALE_BN: gl.constexpr, BIAS: gl.const
     bias_stage and params): the main loop over num_kb K blocks and the tile's first LIVE column sub-tiles (all
     of them, but on N's last column tile, whose sub-tiles past N are skipped) from the it-th slot on, then their
     epilogue, the TMA stores taken only with all sub-tiles (their buffers are taken in turn by whole tiles).
-    `at`: (it, h, t, num_kb, pid_m, pid_n, zero, first, nxt_m, nxt_n) of `_consume`'s loop: with PRELOAD ("loop" or
-    "stores", else "none"), `first` this tile's K block 0 scales (`_k_scales`, all BLOCK_N / SUB_N sub-tiles' weight
-    scales) and (nxt_m, nxt_n) this program's next tile, whose K block 0 scales are loaded once the main loop is done
-    ("loop") or once the epilogue's stores are issued ("stores"). Returns the next (it, h, first)."""
+    `at`: (it, h, t, num_kb, place, zero, first, nxt) of `_consume`'s loop: `place` the tile's (`_place`: rows from
+    row to end, column tile pid_n, expert e); with PRELOAD ("loop" or "stores", else "none"), `first` this tile's K
+    block 0 scales (`_k_scales`, all BLOCK_N / SUB_N sub-tiles' weight scales) and `nxt` the place of this program's
+    next tile, whose K block 0 scales are loaded once the main loop is done ("loop") or once the epilogue's stores
+    are issued ("stores"). Returns the next (it, h, first)."""
     ring, out_desc, epi_smem, bias_stage, params = work
-    it, h, t, num_kb, pid_m, pid_n, zero, first, nxt_m, nxt_n = at
-    _a_s, _b_s, bias_ptr, out_ptr, out_scale_ptr, M, N, K, _sam, stride_ask, _sbn, stride_bsk, stride_bias, \
-        stride_om, stride_osm, eps, own_steps = params
+    it, h, t, num_kb, place, zero, first, nxt = at
+    _a_s, _b_s, bias_ptr, out_ptr, out_scale_ptr, _M, N, K, _sam, stride_ask, _sbn, stride_bsk, stride_bias, \
+        stride_om, stride_osm, eps, own_steps, _rows, _E, _sbe, stride_biase = params
+    row, end, pid_n, e = place
+    bias_ptr = bias_ptr + e * stride_biase
     a_bufs, b_bufs, ready, empty, stagger_bar = ring
     c_smem, acc_ready, acc_free = epi_smem
     bias_smem, bias_ready, bias_free = bias_stage
@@ -610,15 +681,15 @@ def _tile_work(work, at, C: gl.constexpr, SCALE_BN: gl.constexpr, BIAS: gl.const
     # Column sub-tiles per re-quantization group (1 where a group lies within one, or without one).
     SPAN: gl.constexpr = OUT_GROUP // SUB_N if OUT_GROUP > SUB_N else 1
     NSUB: gl.constexpr = BLOCK_N // SUB_N
-    row0 = pid_m * 2 * ROWS + C * ROWS
-    a_s_ptrs, b_s_ptrs = _scale_ptrs(params, pid_m, pid_n, zero, C, SCALE_BN, NSUB, LIVE)
+    row0 = row + C * ROWS
+    a_s_ptrs, b_s_ptrs = _scale_ptrs(params, place, zero, C, SCALE_BN, NSUB, LIVE)
     if PRELOAD != "none":
         first = (first[0], first[1][:LIVE])
     accs, it = _mainloop(a_bufs, b_bufs, ready, empty, it, num_kb, a_s_ptrs, b_s_ptrs, stride_ask, stride_bsk, first,
                          zero, C, UNIFORM_BS, PIPELINE, PRELOAD != "none")
     if PRELOAD == "loop":
         # Their latency passes in this tile's epilogue, not before the next tile's first wgmma.
-        first = _first_scales(params, nxt_m, nxt_n, zero, C, SCALE_BN, NSUB)
+        first = _first_scales(params, nxt, zero, C, SCALE_BN, NSUB)
     if STAGGER and C == 0:
         if t == 0:  # a branch: the arrival's barrier over the warpgroup would cost every tile
             mbarrier.arrive(stagger_bar, count=1)
@@ -629,7 +700,7 @@ def _tile_work(work, at, C: gl.constexpr, SCALE_BN: gl.constexpr, BIAS: gl.const
             _hand_over(accs[j], c_smem.index(C), acc_free.index(C), acc_ready.index(C), h)
             h += 1
             # This warpgroup's own share, while the epilogue partition runs the rest.
-            _staged_rows(c_smem.index(C), 0, own_steps, row0, col0, M, N, bias_ptr, stride_bias, out_ptr,
+            _staged_rows(c_smem.index(C), 0, own_steps, row0, col0, end, N, bias_ptr, stride_bias, out_ptr,
                          stride_om, out_scale_ptr, stride_osm, eps, BIAS, ACTIVATION, OUT, OUT_GROUP, UE8M0_OUT,
                          GROUP_TAIL, TINY_SCALES, EPI_ROWS)
             _barrier()  # every own row read before the next sub-tile is stored
@@ -650,10 +721,10 @@ def _tile_work(work, at, C: gl.constexpr, SCALE_BN: gl.constexpr, BIAS: gl.const
             for j in gl.static_range(g * SPAN, (g + 1) * SPAN if (g + 1) * SPAN <= LIVE else LIVE):
                 biases = biases + (_staged_bias(bias_smem, t, j, BIAS, gl.SliceLayout(0, mma)), )
             if SPAN == 1:
-                done = (_finished(accs[g], row0, col0, M, N, biases[0], out_scale_ptr, stride_osm, eps, BIAS_KIND,
+                done = (_finished(accs[g], row0, col0, end, N, biases[0], out_scale_ptr, stride_osm, eps, BIAS_KIND,
                                   ACTIVATION, OUT, OUT_GROUP, UE8M0_OUT, GROUP_TAIL, TINY_SCALES), )
             else:
-                done = _requantized(accs, biases, g, row0, col0, M, N, out_scale_ptr, stride_osm, eps, BIAS_KIND,
+                done = _requantized(accs, biases, g, row0, col0, end, N, out_scale_ptr, stride_osm, eps, BIAS_KIND,
                                     ACTIVATION, OUT, OUT_GROUP, UE8M0_OUT, GROUP_TAIL, TINY_SCALES)
             for i in gl.static_range(len(done)):
                 res, rows, cols, mask = done[i]
@@ -671,7 +742,7 @@ def _tile_work(work, at, C: gl.constexpr, SCALE_BN: gl.constexpr, BIAS: gl.const
                     gl.store(out_ptr + rows[:, None] * stride_om + cols[None, :],
                              res.to(out_ptr.dtype.element_ty), mask=mask)
         if PRELOAD == "stores":
-            first = _first_scales(params, nxt_m, nxt_n, zero, C, SCALE_BN, NSUB)
+            first = _first_scales(params, nxt, zero, C, SCALE_BN, NSUB)
         if BIAS != "none":
             _barrier()  # every thread's bias reads done before the one arrival
             mbarrier.arrive(bias_free.index(t % 2), count=1)
@@ -683,7 +754,8 @@ def _consume(ring, out_desc, epi_smem, bias_stage, params, C: gl.constexpr, SCAL
              BIAS: gl.constexpr, ACTIVATION: gl.constexpr, OUT: gl.constexpr, OUT_GROUP: gl.constexpr,
              UE8M0_OUT: gl.constexpr, GROUP_TAIL: gl.constexpr, TINY_SCALES: gl.constexpr, BLOCK_N: gl.constexpr,
              GROUP_M: gl.constexpr, PIPELINE: gl.constexpr, TMA_OUT: gl.constexpr, EPI_ROWS: gl.constexpr,
-             STAGGER: gl.constexpr, TAIL_NSUB: gl.constexpr, PRELOAD: gl.constexpr, K_POSITIVE: gl.constexpr):
+             STAGGER: gl.constexpr, TAIL_NSUB: gl.constexpr, PRELOAD: gl.constexpr, K_POSITIVE: gl.constexpr,
+             E_PAD: gl.constexpr):
     """Consumer warpgroup C: rows [C·ROWS, (C+1)·ROWS) of every tile of this program, K block by K
     block from the slot ring (`ring`: a_bufs, b_bufs, ready, empty), in column sub-tiles of SUB_N, then the
     epilogue sub-tile by sub-tile (`epi_smem`: c_smem, acc_ready, acc_free):
@@ -696,8 +768,9 @@ def _consume(ring, out_desc, epi_smem, bias_stage, params, C: gl.constexpr, SCAL
     sizes, strides, eps and own_steps (`block_scaled_mm_ws_kernel`). STAGGER: consumer 1 starts a main loop behind
     consumer 0 (`block_scaled_mm_ws_kernel`). TAIL_NSUB: N's last column tiles, walked after the others in a loop of
     their own, take only their first TAIL_NSUB sub-tiles (`_tile_work`). PRELOAD ("loop", "stores"; "none"): each
-    tile's K block 0 scales are loaded during the tile before (`_tile_work`). K_POSITIVE: as the kernel's."""
-    _a_s, _b_s, _bias, _out, _out_s, M, N, K, _sam, _sak, _sbn, _sbk, _sb, _som, _sos, _eps, _own = params
+    tile's K block 0 scales are loaded during the tile before (`_tile_work`). K_POSITIVE: as the kernel's. E_PAD:
+    grouped (`_place`)."""
+    K = params[7]
     a_bufs, b_bufs, _ready, _empty, stagger_bar = ring
     BLOCK_M: gl.constexpr = a_bufs.type.shape[1]
     BLOCK_K: gl.constexpr = a_bufs.type.shape[2]
@@ -727,30 +800,34 @@ def _consume(ring, out_desc, epi_smem, bias_stage, params, C: gl.constexpr, SCAL
     # The producer's walk over this program's tiles (persistent: pid, pid + programs, ...), in step: with
     # TAIL_NSUB, the whole column tiles' loop, then the last column's (`_tile` orders them so). (A branch per
     # tile between the two in one loop made ptxas spill the weight scales' pointers inside the main loop.)
-    whole, tiles = _walk(M, N, BLOCK_M, BLOCK_N, TAIL_NSUB)
+    whole, tiles = _walk(params, BLOCK_M, BLOCK_N, TAIL_NSUB, E_PAD, 4)
     first = 0
     if PRELOAD != "none":
         # The first tile's K block 0 scales (a program past the last tile reads the last tile's, unused).
-        pid_m, pid_n = _tile(gl.minimum(gl.program_id(0), tiles - 1), M, N, BLOCK_M, BLOCK_N, GROUP_M, TAIL_NSUB)
-        first = _first_scales(params, pid_m, pid_n, zero, C, SCALE_BN, NSUB)
+        first = _first_scales(params, _place(gl.minimum(gl.program_id(0), tiles - 1), params, BLOCK_M, BLOCK_N,
+                                             GROUP_M, TAIL_NSUB, E_PAD, 4), zero, C, SCALE_BN, NSUB)
     for tile in range(gl.program_id(0), whole, gl.num_programs(0)):
-        pid_m, pid_n = _tile(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M, TAIL_NSUB)
-        # This program's next tile (after the last whole column tile, the last column's first; after the last tile,
-        # the last again), whose K block 0 scales PRELOAD loads (without it unused, and compiled away).
-        nxt_m, nxt_n = _tile(gl.minimum(tile + gl.num_programs(0), tiles - 1), M, N, BLOCK_M, BLOCK_N, GROUP_M,
-                             TAIL_NSUB)
-        it, h, first = _tile_work(work, (it, h, t, num_kb, pid_m, pid_n, zero, first, nxt_m, nxt_n), C, SCALE_BN, BIAS,
-                                  ACTIVATION, OUT, OUT_GROUP, UE8M0_OUT, GROUP_TAIL, TINY_SCALES, PIPELINE, TMA_OUT,
-                                  EPI_ROWS, STAGGER, BLOCK_N, NSUB, PRELOAD)
+        place = _place(tile, params, BLOCK_M, BLOCK_N, GROUP_M, TAIL_NSUB, E_PAD, 4)
+        nxt = place
+        if PRELOAD != "none":
+            # This program's next tile (after the last whole column tile, the last column's first; after the last
+            # tile, the last again), whose K block 0 scales PRELOAD loads.
+            nxt = _place(gl.minimum(tile + gl.num_programs(0), tiles - 1), params, BLOCK_M, BLOCK_N, GROUP_M, TAIL_NSUB,
+                         E_PAD, 4)
+        it, h, first = _tile_work(work, (it, h, t, num_kb, place, zero, first, nxt), C, SCALE_BN, BIAS, ACTIVATION,
+                                  OUT, OUT_GROUP, UE8M0_OUT, GROUP_TAIL, TINY_SCALES, PIPELINE, TMA_OUT, EPI_ROWS,
+                                  STAGGER, BLOCK_N, NSUB, PRELOAD)
         t += 1
     if TAIL_NSUB:
         for tile in range(_next_tile(whole), tiles, gl.num_programs(0)):
-            pid_m, pid_n = _tile(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M, TAIL_NSUB)
-            nxt_m, nxt_n = _tile(gl.minimum(tile + gl.num_programs(0), tiles - 1), M, N, BLOCK_M, BLOCK_N, GROUP_M,
-                                 TAIL_NSUB)
-            it, h, first = _tile_work(work, (it, h, t, num_kb, pid_m, pid_n, zero, first, nxt_m, nxt_n), C, SCALE_BN,
-                                      BIAS, ACTIVATION, OUT, OUT_GROUP, UE8M0_OUT, GROUP_TAIL, TINY_SCALES, PIPELINE,
-                                      TMA_OUT, EPI_ROWS, STAGGER, BLOCK_N, TAIL_NSUB, PRELOAD)
+            place = _place(tile, params, BLOCK_M, BLOCK_N, GROUP_M, TAIL_NSUB, 0, 4)
+            nxt = place
+            if PRELOAD != "none":
+                nxt = _place(gl.minimum(tile + gl.num_programs(0), tiles - 1), params, BLOCK_M, BLOCK_N, GROUP_M,
+                             TAIL_NSUB, 0, 4)
+            it, h, first = _tile_work(work, (it, h, t, num_kb, place, zero, first, nxt), C, SCALE_BN, BIAS, ACTIVATION,
+                                      OUT, OUT_GROUP, UE8M0_OUT, GROUP_TAIL, TINY_SCALES, PIPELINE, TMA_OUT, EPI_ROWS,
+                                      STAGGER, BLOCK_N, TAIL_NSUB, PRELOAD)
             t += 1
     if TMA_OUT:
         tma.store_wait(pendings=0)
@@ -758,15 +835,16 @@ def _consume(ring, out_desc, epi_smem, bias_stage, params, C: gl.constexpr, SCAL
 
 @gluon.jit
 def block_scaled_mm_ws_kernel(
-        a_desc, b_desc, out_desc, a_scale_ptr, b_scale_ptr, bias_ptr, out_ptr, out_scale_ptr, M, N, K,
-        stride_asm, stride_ask, stride_bsn, stride_bsk, stride_bias, stride_om, stride_osm, eps, own_steps,
-        SCALE_BN: gl.constexpr, BIAS: gl.constexpr, ACTIVATION: gl.constexpr, OUT: gl.constexpr,
+        a_desc, b_desc, out_desc, a_scale_ptr, b_scale_ptr, bias_ptr, out_ptr, out_scale_ptr, rows_ptr, M, N, K,
+        stride_asm, stride_ask, stride_bsn, stride_bsk, stride_bias, stride_om, stride_osm, eps, own_steps, E,
+        stride_bse, stride_biase, SCALE_BN: gl.constexpr, BIAS: gl.constexpr, ACTIVATION: gl.constexpr, OUT: gl.constexpr,
         OUT_GROUP: gl.constexpr, UE8M0_OUT: gl.constexpr, GROUP_TAIL: gl.constexpr, TINY_SCALES: gl.constexpr,
         BLOCK_N: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr, PIPELINE: gl.constexpr,
         TMA_OUT: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, EPI_ROWS: gl.constexpr,
         EPILOGUE_REGS: gl.constexpr, STAGGER: gl.constexpr, TAIL_NSUB: gl.constexpr, PRELOAD: gl.constexpr,
-        K_POSITIVE: gl.constexpr):
-    """a [M, K] @ b [N, K]^T with block scales and a fused epilogue, on sm_90.
+        K_POSITIVE: gl.constexpr, E_PAD: gl.constexpr):
+    """a [M, K] @ b [N, K]^T with block scales and a fused epilogue, on sm_90; with E_PAD, the grouped GEMM of
+    mixture-of-experts layers (below).
 
     a_desc / b_desc: Gluon TMA descriptors over a and b (e4m3 or int8, both alike) with blocks
     [BLOCK_M, BLOCK_K] and [SUB_N, BLOCK_K], BLOCK_K the scale block along K, SUB_N a power of two dividing
@@ -790,7 +868,18 @@ def block_scaled_mm_ws_kernel(
     PRELOAD (column sub-tiles only; "none" without): each tile's K block 0 scales are loaded during the tile before,
     once its main loop is done ("loop") or once its epilogue's stores are issued ("stores"). K_POSITIVE: the compiler
     is told that K is at least 1, as it always is (`gluon_launch.k_positive` says where).
+
+    Grouped (E_PAD > 0, a power of two >= max(E, 32)): a [M, K] holds E experts' rows sorted by expert, expert e's
+    rows offsets[e]:offsets[e+1] (rows_ptr: int32 offsets [E + 1] on the device; empty experts allowed), b_desc
+    describes the stacked weights [E, N, K] as [E·N, K], b_scale [E, ceil(N/SCALE_BN), ceil(K/BLOCK_K)] and bias
+    [E, N] with expert strides stride_bse and stride_biase: each expert's rows get out = a_e @ b[e]^T with its
+    scales and bias, the dense tile program on them (`_place` numbers the tiles expert by expert), so bit for bit
+    the dense kernel's rows. A tile's rows past its expert read the next expert's (or TMA's zeros past a) and are
+    never stored, nor its columns past N, which read the next expert's weight; the output is stored with masks
+    (no TMA_OUT: a box would cross into the next expert's rows) and every tile whole (no TAIL_NSUB). Dense:
+    rows_ptr unused, E 1, the expert strides 0.
     """
+    gl.static_assert(E_PAD == 0 or (not TMA_OUT and TAIL_NSUB == 0), "a grouped GEMM stores with masks, tiles whole")
     gl.static_assert(TAIL_NSUB == 0 or EPI_ROWS == 0, "a tail of skipped sub-tiles needs the register epilogue")
     # The staged epilogue never reaches the loads "stores" places after the register epilogue's stores.
     gl.static_assert(PRELOAD != "stores" or EPI_ROWS == 0, "PRELOAD 'stores' needs the register epilogue")
@@ -842,7 +931,8 @@ def block_scaled_mm_ws_kernel(
         mbarrier.init(bias_free.index(i), count=2)  # one arrival per consumer warpgroup
 
     params = (a_scale_ptr, b_scale_ptr, bias_ptr, out_ptr, out_scale_ptr, M, N, K, stride_asm, stride_ask,
-              stride_bsn, stride_bsk, stride_bias, stride_om, stride_osm, eps, own_steps)
+              stride_bsn, stride_bsk, stride_bias, stride_om, stride_osm, eps, own_steps, rows_ptr, E, stride_bse,
+              stride_biase)
     ring = (a_bufs, b_bufs, ready, empty, stagger_bar)
     epi_smem = (c_smem, acc_ready, acc_free)
     bias_stage = (bias_smem, bias_ready, bias_free)
@@ -851,21 +941,21 @@ def block_scaled_mm_ws_kernel(
         gl.warp_specialize([
             (_consume, (ring, out_desc, epi_smem, bias_stage, params, 0, SCALE_BN, BIAS, ACTIVATION, OUT, OUT_GROUP,
                         UE8M0_OUT, GROUP_TAIL, TINY_SCALES, BLOCK_N, GROUP_M, PIPELINE, TMA_OUT, EPI_ROWS,
-                        STAGGER, TAIL_NSUB, PRELOAD, K_POSITIVE)),
+                        STAGGER, TAIL_NSUB, PRELOAD, K_POSITIVE, E_PAD)),
             (_consume, (ring, out_desc, epi_smem, bias_stage, params, 1, SCALE_BN, BIAS, ACTIVATION, OUT, OUT_GROUP,
                         UE8M0_OUT, GROUP_TAIL, TINY_SCALES, BLOCK_N, GROUP_M, PIPELINE, TMA_OUT, EPI_ROWS,
-                        STAGGER, TAIL_NSUB, PRELOAD, K_POSITIVE)),
-            (_produce, (a_desc, b_desc, ring, bias_stage, params, BLOCK_N, GROUP_M, BIAS, BIAS_SMEM, TAIL_NSUB)),
+                        STAGGER, TAIL_NSUB, PRELOAD, K_POSITIVE, E_PAD)),
+            (_produce, (a_desc, b_desc, ring, bias_stage, params, BLOCK_N, GROUP_M, BIAS, BIAS_SMEM, TAIL_NSUB, E_PAD)),
             (_epilogue, (c_smem, acc_ready, acc_free, params, BIAS, ACTIVATION, OUT, OUT_GROUP, UE8M0_OUT, GROUP_TAIL,
-                         TINY_SCALES, BLOCK_N, GROUP_M, EPI_ROWS)),
+                         TINY_SCALES, BLOCK_N, GROUP_M, EPI_ROWS, E_PAD)),
         ], [4, 1, 4], [CONSUMER_REGS, PRODUCER_REGS, EPILOGUE_REGS])
     else:
         gl.warp_specialize([
             (_consume, (ring, out_desc, epi_smem, bias_stage, params, 0, SCALE_BN, BIAS, ACTIVATION, OUT, OUT_GROUP,
                         UE8M0_OUT, GROUP_TAIL, TINY_SCALES, BLOCK_N, GROUP_M, PIPELINE, TMA_OUT, EPI_ROWS,
-                        STAGGER, TAIL_NSUB, PRELOAD, K_POSITIVE)),
+                        STAGGER, TAIL_NSUB, PRELOAD, K_POSITIVE, E_PAD)),
             (_consume, (ring, out_desc, epi_smem, bias_stage, params, 1, SCALE_BN, BIAS, ACTIVATION, OUT, OUT_GROUP,
                         UE8M0_OUT, GROUP_TAIL, TINY_SCALES, BLOCK_N, GROUP_M, PIPELINE, TMA_OUT, EPI_ROWS,
-                        STAGGER, TAIL_NSUB, PRELOAD, K_POSITIVE)),
-            (_produce, (a_desc, b_desc, ring, bias_stage, params, BLOCK_N, GROUP_M, BIAS, BIAS_SMEM, TAIL_NSUB)),
+                        STAGGER, TAIL_NSUB, PRELOAD, K_POSITIVE, E_PAD)),
+            (_produce, (a_desc, b_desc, ring, bias_stage, params, BLOCK_N, GROUP_M, BIAS, BIAS_SMEM, TAIL_NSUB, E_PAD)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
