@@ -54,7 +54,8 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--write-priority", nargs="?", const="", metavar="DIR",
                        help="write the run's measured priority table for its GPU model into DIR, by default "
                             "the user data folder the registry reads ($QUANTCORE_DATA_DIR/priority, else "
-                            "e.g. ~/.local/share/quantcore/priority); never into the installed package")
+                            "e.g. ~/.local/share/quantcore/priority); never into the installed package. With "
+                            "--moe, the grouped GEMM's ranking; the ops a run did not time keep theirs")
     bench.add_argument("--simulate", metavar="PROFILES", type=_gpu_profiles, default=(),
                        help="also time the GEMMs as these older (or newer) GPUs, comma-separated, e.g. sm80,sm75: "
                             f"their fallback paths beside this GPU's baselines ({', '.join(capability.SIMULATED)})")
@@ -199,7 +200,6 @@ def _native() -> int:
 
 
 def _bench(args: argparse.Namespace, argv: list[str] | None) -> int:
-    from .registry import measured
     from .bench.run import BenchResult, run
     from .bench.summary import summarize, write_priority
     from .errors import UnsupportedError
@@ -247,12 +247,18 @@ def _bench(args: argparse.Namespace, argv: list[str] | None) -> int:
 
         plot(result, args.plot)
     if args.write_priority is not None:
-        path = write_priority(result, Path(args.write_priority) if args.write_priority else None)
-        read = measured.user_folder()
-        print(f"wrote {path}" + ("" if path.parent == read else f" (the registry reads tables from {read}: copy it "
-                                                                 "there to use it)"))
+        _wrote(write_priority(result, Path(args.write_priority) if args.write_priority else None))
     print(summarize(result))
     return 0
+
+
+def _wrote(path: Path) -> None:
+    """Say where `--write-priority` wrote the table, and that the registry reads it elsewhere where it does."""
+    from .registry import measured
+
+    read = measured.user_folder()
+    print(f"wrote {path}" + ("" if path.parent == read else f" (the registry reads tables from {read}: copy it "
+                                                             "there to use it)"))
 
 
 def _saved_kind(path: str) -> str | None:
@@ -307,7 +313,9 @@ def _step_run(args: argparse.Namespace, command: str, save, kind: str) -> int:
                  "layers": 0 if args.moe_no_steps else args.moe_layers, "batches": args.moe_batch,
                  "steps": args.moe_steps, "scale": args.moe_scale, "masked_max_rows": args.moe_masked_max_rows}
     others = {flag: flags for k, (flag, flags) in _STEP_FLAGS.items() if k != kind}
-    if _refused(args, name, {"the op bench": _OP_FLAGS, **others}):
+    # A --moe run ranks the grouped GEMM's implementations, as the op bench ranks the other ops'.
+    op_flags = {flag: name for flag, name in _OP_FLAGS.items() if kind != "moe" or flag != "--write-priority"}
+    if _refused(args, name, {"the op bench": op_flags, **others}):
         return 2
     if args.from_json:
         result = _saved(args.from_json, result_type, "--from-json", f"quantcore bench --{kind} --json")
@@ -317,5 +325,7 @@ def _step_run(args: argparse.Namespace, command: str, save, kind: str) -> int:
                      checkpoint=save if args.json else None)
     if args.json:
         save(result)
+    if kind == "moe" and args.write_priority is not None:
+        _wrote(moe.write_priority(result, Path(args.write_priority) if args.write_priority else None))
     print(render(result))
     return 0

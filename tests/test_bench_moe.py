@@ -136,3 +136,43 @@ def test_the_steps_run_the_layout_the_bound_names(monkeypatch, tmp_path, bound, 
     assert seen == {layout}
     saved = moe.MoEResult.model_validate_json((tmp_path / "m.json").read_text())
     assert saved.config.masked_max_rows == bound
+
+
+@pytest.mark.filterwarnings("ignore::quantcore.NumericsWarning")  # what is selected is what this test judges
+def test_a_saved_run_writes_the_grouped_gemms_ranking_by_routed_rows(tmp_path, monkeypatch, capsys):
+    """`--write-priority` of a --moe run: quantcore's contiguous grouped GEMMs ranked per bucket of T·k routed rows
+    (the bucket a `grouped_mm` call's query has), the masked layout and the baselines left out, every other entry of
+    the GPU model's table kept; the selection then follows it. (The times are placeholders, not measurements.)"""
+    from quantcore import capability
+    from quantcore.definitions.query import GroupedGemmQuery
+    from quantcore.registry import measured
+
+    monkeypatch.setenv("QUANTCORE_DATA_DIR", str(tmp_path / "data"))
+    gpu = capability.simulated_profile("sm90").model_copy(update={"name": "NVIDIA H100 80GB HBM3"})
+    times = {1: {"triton": 10, "triton[gluon]": 30, "masked:triton": 5, "torch._grouped_mm-bf16": 1},
+             512: {"triton": 100, "triton[gluon]": 120, "dense-scaled_mm": 50},
+             4096: {"triton": 1200, "triton[gluon]": 800, "cublas-blockwise-loop": 100}}
+    records = [Record(op="grouped_mm", fmt="fp8_e4m3", shape=[tokens, 4096, 7168, 256, 8], impl=impl, us=us,
+                      unit="TFLOP/s") for tokens, by_impl in times.items() for impl, us in by_impl.items()]
+    result = moe.MoEResult(device=gpu, date="2026-12-08", command="quantcore bench --moe", copy_gbps=3000.0,
+                           config=moe.MoEConfig(), records=records)
+    path = tmp_path / "moe.json"
+    path.write_text(result.model_dump_json())
+    shipped = measured.load(gpu.name)
+    assert main(["bench", "--from-json", str(path), "--write-priority"]) == 0
+    written = tmp_path / "data" / "priority" / "nvidia-h100-80gb-hbm3.json"
+    assert f"wrote {written}\n" in capsys.readouterr().out
+    table = measured.load(gpu.name)
+    assert table.path == str(written)
+    assert table.priority["grouped_mm/fp8_e4m3"] == {8: ("triton", "triton[gluon]"), 4096: ("triton", "triton[gluon]"),
+                                                     16384: ("triton[gluon]", "triton")}
+    assert {k: v for k, v in table.priority.items() if k != "grouped_mm/fp8_e4m3"} == shipped.priority
+
+    def selected(rows):
+        q = GroupedGemmQuery("grouped_mm", gpu, "fp8_e4m3", None, (128, 128), registry.m_bucket(rows),
+                             nk=(4096, 7168), block_k=128, out_group=0, fused=False, experts=256)
+        return registry.select(q).label
+
+    assert [selected(rows) for rows in (8, 4096, 32768, 131072)] == ["triton", "triton", "triton[gluon]", "triton[gluon]"]
+    assert main(["bench", "--e2e", "--write-priority"]) == 2  # the end-to-end run ranks no implementation
+    assert "--write-priority" in capsys.readouterr().err

@@ -35,6 +35,7 @@ def test_build_ranks_by_geometric_mean_and_penalises_missing_shapes():
 
 
 def test_lookup_takes_the_nearest_bucket_below(monkeypatch, tmp_path):
+    monkeypatch.setattr(measured, "load", lambda name: None)  # no table in force: the written one holds only these
     path = measured.write(H100.name, {"scaled_mm/fp8_e4m3": {"1": ["cupy"], "128": ["torch[cublas]", "triton"]}},
                           "test", tmp_path)
     assert path.name == "nvidia-h100-80gb-hbm3.json" and json.loads(path.read_text())["source"] == "test"
@@ -91,6 +92,26 @@ def test_written_tables_go_to_the_user_data_folder_and_take_precedence(monkeypat
     assert registry.current_priority(q) == ("cupy", "triton", "torch")
     monkeypatch.setenv("QUANTCORE_DATA_DIR", str(tmp_path / "elsewhere"))
     assert measured.load(H100.name) == shipped
+
+
+def test_a_run_of_some_ops_keeps_the_other_entries_of_the_table_in_force(monkeypatch, tmp_path):
+    """`bench --moe --write-priority` ranks the grouped GEMM alone: the shipped rankings of every other op stay, per-K
+    ones included; a later run ranking scaled_mm replaces its entry whole and keeps the grouped GEMM's."""
+    monkeypatch.setenv("QUANTCORE_DATA_DIR", str(tmp_path))
+    shipped = measured.load(H100.name)
+    grouped = {"4096": ["triton", "triton[gluon]"], "16384": ["triton[gluon]", "triton"]}
+    measured.write(H100.name, {"grouped_mm/fp8_e4m3": grouped}, "moe run")
+    table = measured.load(H100.name)
+    assert not table.shipped and table.arch == shipped.arch == "sm_90"
+    assert table.priority["grouped_mm/fp8_e4m3"] == {4096: ("triton", "triton[gluon]"), 16384: ("triton[gluon]", "triton")}
+    assert {k: v for k, v in table.priority.items() if k != "grouped_mm/fp8_e4m3"} == shipped.priority
+    assert table.by_k == shipped.by_k and shipped.by_k
+    assert table.source == f"moe run; the other entries from: {shipped.source}"
+    measured.write(H100.name, {"scaled_mm/fp8_e4m3": {"1": ["cupy"]}}, "ops run")
+    again = measured.load(H100.name)
+    assert again.priority["scaled_mm/fp8_e4m3"] == {1: ("cupy",)} and "scaled_mm/fp8_e4m3" not in again.by_k
+    assert again.priority["grouped_mm/fp8_e4m3"] == table.priority["grouped_mm/fp8_e4m3"]
+    assert again.by_k == {k: v for k, v in shipped.by_k.items() if k != "scaled_mm/fp8_e4m3"}
 
 
 @pytest.mark.parametrize("op", ["scaled_mm", "quant_linear"])

@@ -21,15 +21,17 @@ quantized by `quantize_model` (FP8 and INT8 `QuantExperts`), eager and replayed 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Callable, Literal
 
 import torch
 from pydantic import BaseModel, Field, PositiveInt, field_validator
 from torch import nn
 
-from .. import ops
+from .. import ops, registry
 from ..formats import DEFAULT_BLOCK
 from ..nn.experts import QuantExperts
+from ..registry import measured
 from . import baselines
 from .run import Record, attempt, contenders, timed_records
 from .shapes import MOE_MODELS, MOE_TOKENS, READ_CEILING, ROUTINGS, MoEShape
@@ -348,3 +350,15 @@ def render(result: MoEResult) -> str:
     if result.notes:
         out += [""] + [f"- {n}" for n in result.notes]
     return "\n".join(out)
+
+
+def write_priority(result: MoEResult, root: Path | None = None) -> Path:
+    """The grouped GEMM's measured ranking into the priority table of the run's GPU model (`measured.write`: its
+    other entries stay): quantcore's implementations of the contiguous layout, per format and bucket of routed
+    rows T·k (what a `grouped_mm` call's query buckets), by geometric-mean time over the models, projections and
+    routings of the bucket."""
+    records = [r for r in result.records if r.op == "grouped_mm" and r.impl in registry.compared("grouped_mm")]
+    priority = measured.build(records, lambda r: registry.m_bucket(r.shape[0] * r.shape[4]))
+    path = measured.write(result.device.name, priority, f"{result.command} on {result.date}", root, result.device.arch)
+    registry.clear_caches()  # selections and kept plans made under the previous table
+    return path

@@ -6,7 +6,8 @@ installed package. A table there takes precedence over the shipped one for its G
 A file maps "op/format" to {M bucket: [implementation labels, fastest first]} ("priority"), and for
 GEMMs, whose ranking changes with K too, optionally "op/format" to {K bucket: {M bucket: labels}}
 ("by_k", ranked over the shapes of each K bucket alone). Only the implementations that were measured
-are listed; the registry appends the rest in default order.
+are listed; the registry appends the rest in default order. A run that ranks some op/format pairs
+(`--ops`, `--moe`) leaves the others' entries as the table in force had them.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ class Table:
     """One GPU model's measured priorities: {"op/format": {M bucket: labels}}, and `by_k` {"op/format":
     {K bucket: {M bucket: labels}}} where a GEMM's ranking was also built per K bucket, for GPU `device`
     of architecture `arch` ("sm_90"; None in tables written before it was recorded), read from `path`
-    (`shipped`: the package's own table, else the user's)."""
+    (`shipped`: the package's own table, else the user's); `source` says which runs measured it."""
 
     device: str
     arch: str | None
@@ -40,6 +41,7 @@ class Table:
     shipped: bool
     priority: dict[str, dict[int, tuple[str, ...]]]
     by_k: dict[str, dict[int, dict[int, tuple[str, ...]]]] = field(default_factory=dict)
+    source: str = ""
 
 
 def device_slug(name: str) -> str:
@@ -72,7 +74,7 @@ def _load(slug: str, folder: str) -> Table | None:
         if not path.is_file():
             continue
         try:
-            device, arch, priority, by_k = _read(path, slug)
+            device, arch, priority, by_k, source = _read(path, slug)
         except (OSError, ValueError) as err:
             # Read on every op call on a GPU (through the selection cache): one bad file written by hand or
             # cut short by a full disk must not fail them all. The shipped table still applies. Warned once
@@ -81,12 +83,12 @@ def _load(slug: str, folder: str) -> Table | None:
                           "the default priority apply instead. Delete the file or write it again with "
                           "`quantcore bench --write-priority`")
             continue
-        return Table(device, arch, str(path), is_shipped, priority, by_k)
+        return Table(device, arch, str(path), is_shipped, priority, by_k, source)
     return None
 
 
-def _read(path: Any, slug: str) -> tuple[str, str | None, dict, dict]:
-    """(device, arch, priority, by_k) of a table file, or ValueError saying what is malformed."""
+def _read(path: Any, slug: str) -> tuple[str, str | None, dict, dict, str]:
+    """(device, arch, priority, by_k, source) of a table file, or ValueError saying what is malformed."""
     try:
         data = json.loads(path.read_text())
     except ValueError as err:  # undecodable text too
@@ -100,7 +102,8 @@ def _read(path: Any, slug: str) -> tuple[str, str | None, dict, dict]:
     if not isinstance(by_k, dict):
         raise ValueError('"by_k" must be an object ({"op/format": {K bucket: {M bucket: [labels]}}})')
     priority = {key: _by_m(by_m, f"priority[{key!r}]") for key, by_m in data["priority"].items()}
-    return device, arch, priority, {key: _buckets(per_k, f"by_k[{key!r}]", _by_m) for key, per_k in by_k.items()}
+    by_k = {key: _buckets(per_k, f"by_k[{key!r}]", _by_m) for key, per_k in by_k.items()}
+    return device, arch, priority, by_k, str(data.get("source", ""))
 
 
 def _buckets(value: Any, where: str, entry: Callable[[Any, str], Any]) -> dict[int, Any]:
@@ -184,6 +187,11 @@ def build_by_k(records, m_of, k_of) -> dict[str, dict[str, dict[str, list[str]]]
     return dict(out)
 
 
+def _as_json(by_m: dict[int, tuple[str, ...]]) -> dict[str, list[str]]:
+    """{M bucket: labels} as a table file holds it."""
+    return {str(m): list(labels) for m, labels in by_m.items()}
+
+
 def _ranked(records, key_of) -> dict:
     """{key: {M bucket: labels by geometric-mean time}} for `key_of(record)` = (key, M bucket)."""
     times: dict[tuple, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
@@ -206,9 +214,18 @@ def write(device_name: str, priority: dict, source: str, root: Path | None = Non
           by_k: dict | None = None) -> Path:
     """Write a priority table for `device_name` (of architecture `arch`, "sm_90"; `by_k` its per-K GEMM
     rankings, `build_by_k`) into folder `root` (default `user_folder()`, which the registry reads) as
-    `<device slug>.json`, whole or not at all, and return its path."""
+    `<device slug>.json`, whole or not at all, and return its path. The op/format pairs that `priority` does not
+    rank keep their entries (and per-K rankings) from the table in force for the device, the user's else the
+    shipped one; a pair it ranks is replaced whole."""
     path = (user_folder() if root is None else Path(root)) / f"{device_slug(device_name)}.json"
-    data = {"device": device_name, "arch": arch, "source": source, "priority": priority}
+    kept = load(device_name)
+    if kept is not None and set(kept.priority) - set(priority):
+        others = sorted(set(kept.priority) - set(priority))
+        priority = {**{key: _as_json(kept.priority[key]) for key in others}, **priority}
+        by_k = {**{key: {str(k): _as_json(by_m) for k, by_m in kept.by_k[key].items()}
+                   for key in others if key in kept.by_k}, **(by_k or {})}
+        source = f"{source}; the other entries from: {kept.source or kept.path}"
+    data = {"device": device_name, "arch": arch or (kept and kept.arch), "source": source, "priority": priority}
     if by_k:
         data["by_k"] = by_k
     text = json.dumps(data, indent=1) + "\n"
