@@ -21,7 +21,7 @@ from .direct import Launcher
 from .gluon import TILE_N
 from .kernels.gluon_gemm import block_scaled_mm_ws_kernel
 from .kernels.quant import scales_may_be_tiny
-from .launch import _KIND, _bias_kind, _gemm_outputs, _kernel_bias, act_quant, fused_linear
+from .launch import _KIND, _bias_kind, _gemm_outputs, _kernel_bias, act_quant, flat_rows, fused_linear
 
 _WARPS = 4  # the default partition: consumer warpgroup 0 (the kernel adds a consumer warpgroup and a producer warp)
 # Triton 3.6 starts the partitions' warpgroups at an equal share of the 65536 registers (three: 168 a
@@ -246,10 +246,8 @@ def _fitted(cfg: GluonConfig, block_k: int, out_bytes: int, block_n: int, profil
 
 
 def _aligned(t: torch.Tensor) -> bool:
-    """TMA's rules for an 8-bit operand seen as one [rows, K] matrix: 16-byte aligned base and row stride,
-    contiguous rows, leading dims (stacked experts) that flatten into the rows."""
-    return (t.stride(-1) == 1 and t.data_ptr() % 16 == 0 and t.stride(-2) % 16 == 0
-            and all(t.stride(d) == t.shape[d + 1] * t.stride(d + 1) for d in range(t.dim() - 2)))
+    """TMA's rules for an 8-bit operand seen as one [rows, K] matrix: a 16-byte aligned base and `flat_rows`."""
+    return t.data_ptr() % 16 == 0 and flat_rows(t)
 
 
 def _staged(t: torch.Tensor, width: int) -> torch.Tensor:

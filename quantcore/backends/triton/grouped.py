@@ -27,7 +27,7 @@ from .direct import Launcher
 from .kernels.grouped import grouped_mm_kernel
 from .kernels.quant import scales_may_be_tiny
 from .launch import (_GROUP_M, _KIND, _MMA_KINDS, TensorDescriptor, _bias_expression, _bias_kind, _gemm_outputs,
-                     _hw_fp8, _native_bias)
+                     _hw_fp8, _native_bias, flat_rows)
 from .launch import _tma_ready as _dense_tma_ready
 
 # TMA from 64-row tiles (prefill) only: decode-sized launches (an expert's few rows) keep pointer loads and with
@@ -51,12 +51,8 @@ def _rows_descriptor(t: torch.Tensor, block_shape: list[int]):
 
 def _tma_ready(a: torch.Tensor, b: torch.Tensor, profile) -> bool:
     """Whether a and b can be read as [rows, K] matrices through TMA: the dense GEMM's conditions
-    (`launch._tma_ready`: sm_90+, 16-byte aligned bases), K contiguous, rows 16-byte aligned and leading dims
-    that flatten."""
-    def flat(t):
-        return (t.stride(-1) == 1 and t.stride(-2) % 16 == 0
-                and all(t.stride(d) == t.shape[d + 1] * t.stride(d + 1) for d in range(t.dim() - 2)))
-    return flat(a) and flat(b) and _dense_tma_ready(a, b, profile)
+    (`launch._tma_ready`: sm_90+, 16-byte aligned bases) and `launch.flat_rows`."""
+    return flat_rows(a) and flat_rows(b) and _dense_tma_ready(a, b, profile)
 
 
 def _grouped(a, a_scale, b, b_scale, rows, bias, *, masked, block_n, block_k, activation, out_dtype, out_quant,

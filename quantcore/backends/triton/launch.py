@@ -439,6 +439,13 @@ def _hw_fp8(profile) -> bool:
     return profile.kind == "cuda" and bool(profile.fp8_mma) and not capability.triton_interpreter()
 
 
+def flat_rows(t: torch.Tensor) -> bool:
+    """Whether `t` [..., R, K] reads as one [rows, K] matrix through a TMA descriptor: K contiguous, rows 16-byte
+    aligned, leading dims (stacked experts) that flatten into the rows."""
+    return (t.stride(-1) == 1 and t.stride(-2) % 16 == 0
+            and all(t.stride(d) == t.shape[d + 1] * t.stride(d + 1) for d in range(t.dim() - 2)))
+
+
 def _tma_ready(a, b, profile) -> bool:
     """Whether a and b can be read through TMA descriptors: a Hopper-class device (a simulated
     older GPU gets its own path) and 16-byte aligned bases and row strides (TMA's rules)."""
