@@ -278,13 +278,9 @@ def scaled_mm(a, a_scale, b, b_scale, *, block_n, block_k, bias, activation, out
     ue8m0_out, floored at eps). block_k (the K tile) a power of two from 32 to 128. `config` picks the
     tile, ring and schedule (`GluonConfig`; None: `config_for` the call).
     """
-    launch = _prepare(a, a_scale, b, b_scale, None, block_n=block_n, block_k=block_k, bias=bias, activation=activation,
-                      out_dtype=out_dtype, out_quant=out_quant, out_group=out_group, ue8m0_out=ue8m0_out, eps=eps,
-                      profile=profile, config=config)
-
-    def run(a, a_scale, b, b_scale, bias=None):
-        return launch(a, a_scale, b, b_scale, None, bias)
-    return run
+    return _prepare(a, a_scale, b, b_scale, None, block_n=block_n, block_k=block_k, bias=bias, activation=activation,
+                    out_dtype=out_dtype, out_quant=out_quant, out_group=out_group, ue8m0_out=ue8m0_out, eps=eps,
+                    profile=profile, config=config)
 
 
 @prepared
@@ -305,14 +301,15 @@ def grouped_mm(a, a_scale, b, b_scale, expert_offsets, *, block_n, block_k, bias
                       ue8m0_out=ue8m0_out, eps=eps, profile=profile, config=config)
 
     def run(a, a_scale, b, b_scale, expert_offsets, bias=None):
-        return launch(a, a_scale, b, b_scale, expert_offsets, bias)
+        return launch(a, a_scale, b, b_scale, bias, expert_offsets)
     return run
 
 
 def _prepare(a, a_scale, b, b_scale, offsets, *, block_n, block_k, bias, activation, out_dtype, out_quant, out_group,
              ue8m0_out, eps, profile, config):
-    """`launch(a, a_scale, b, b_scale, offsets, bias)` of `scaled_mm` (offsets None; b [N, K]) or `grouped_mm`
-    (b [E, N, K], offsets the experts' row boundaries), as they describe it."""
+    """The prepared `run(a, a_scale, b, b_scale, bias=None, expert_offsets=None)` of `scaled_mm` (offsets None; b
+    [N, K]; its run as it is, no frame between) or `grouped_mm` (b [E, N, K], offsets the experts' row boundaries,
+    given to each run), as they describe them."""
     op = "scaled_mm" if offsets is None else "grouped_mm"
     M, K = a.shape
     E, N = (1, b.shape[0]) if offsets is None else b.shape[:2]
@@ -329,7 +326,8 @@ def _prepare(a, a_scale, b, b_scale, offsets, *, block_n, block_k, bias, activat
     outputs = _gemm_outputs(M, N, a.device, out_dtype, out_quant, out_group)
     new_out, new_scale = outputs["_out"], outputs.get("_scale")
     if M == 0 or N == 0 or E == 0:
-        return lambda *tensors: _returned(new_out(), new_scale and new_scale())
+        return lambda a, a_scale, b, b_scale, bias=None, expert_offsets=None: _returned(new_out(),
+                                                                                     new_scale and new_scale())
     kind = out_quant or out_dtype
     out_bits = {torch.bfloat16: torch.int16, torch.float8_e4m3fn: torch.uint8}.get(kind, kind)  # bf16, FP8 as bits
     out_bytes = out_bits.itemsize
@@ -377,15 +375,15 @@ def _prepare(a, a_scale, b, b_scale, offsets, *, block_n, block_k, bias, activat
     width = triton.cdiv(K, 16) * 16
     copy_a, copy_b = not _aligned(a), not _aligned(b)
 
-    def launch_gemm(a, a_scale, b, b_scale, offsets, bias):
+    def run(a, a_scale, b, b_scale, bias=None, expert_offsets=None):
         out, out_scale = new_out(), new_scale and new_scale()
         a = _staged(a, width) if copy_a else a
         b = _staged(b, width) if copy_b else b
         launch(a, b, out if tma_out else None, a_scale, b_scale,
                out if bias is None else _kernel_bias(bias), out, out if out_scale is None else out_scale,
-               out if offsets is None else offsets)
+               out if expert_offsets is None else expert_offsets)
         return _returned(out, out_scale)
-    return launch_gemm
+    return run
 
 
 def _descriptor(t: torch.Tensor, box: list[int], layout, bits: torch.dtype) -> TensorDescriptor:
