@@ -337,13 +337,12 @@ def _prepare(a, a_scale, b, b_scale, offsets, *, block_n, block_k, bias, activat
     stages, pipeline = _fitted(config, block_k, out_bytes if tma_out else 0, block_n, profile, bool(epi_rows),
                                bias is not None)
     bm, bn = config.block_m, config.block_n
-    row_tiles = triton.cdiv(M, bm)
+    row_tiles, col_tiles = triton.cdiv(M, bm), triton.cdiv(N, bn)
     # Grouped: each expert adds at most one partial row tile (and a tile holds a row).
-    bound = row_tiles if offsets is None else min(row_tiles + E, M)
-    programs = min(bound * triton.cdiv(N, bn), profile.sm_count or bound * triton.cdiv(N, bn))
+    tiles = col_tiles * (row_tiles if offsets is None else min(row_tiles + E, M))
+    programs = min(tiles, profile.sm_count or tiles)
     own_rows = 0 if not epi_rows else config.own_rows if config.own_rows is not None else \
-        own_rows_for(triton.cdiv(row_tiles * triton.cdiv(N, bn), programs), triton.cdiv(K, block_k)) \
-        // epi_rows * epi_rows
+        own_rows_for(triton.cdiv(row_tiles * col_tiles, programs), triton.cdiv(K, block_k)) // epi_rows * epi_rows
     stagger = config.stagger and triton.cdiv(K, block_k) <= stages
     tail = tail_sub_tiles(config, N, bool(epi_rows)) if offsets is None else 0
     preloaded = preload(config, out_quant is not None, bias is not None, bool(epi_rows), stagger, tail)
